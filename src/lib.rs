@@ -1,0 +1,7 @@
+//! shardgate: a multi-tenant edge gateway on Pingora.
+//!
+//! [`routing`] and [`limits`] are the pure decision core (usable without
+//! Pingora); the gateway around them arrives with the proxy modules.
+
+pub mod limits;
+pub mod routing;

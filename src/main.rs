@@ -1,0 +1,3 @@
+fn main() {
+    println!("shardgate {}", env!("CARGO_PKG_VERSION"));
+}

@@ -1,0 +1,200 @@
+//! Counters that every worker thread bumps on every request. Each thread
+//! writes its own cache line (a stripe) and readers sum the stripes, so the
+//! metrics never become the one line all cores fight over.
+
+use crossbeam_utils::CachePadded;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+pub(crate) const STRIPES: usize = 16;
+
+/// This thread's stripe: threads take stripes in turn as they first count.
+#[inline]
+pub(crate) fn stripe() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static STRIPE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+    }
+    STRIPE.with(|s| *s)
+}
+
+/// A monotonically increasing counter.
+pub struct StripedCounter {
+    cells: [CachePadded<AtomicU64>; STRIPES],
+}
+
+impl StripedCounter {
+    pub fn new() -> Self {
+        StripedCounter {
+            cells: std::array::from_fn(|_| CachePadded::new(AtomicU64::new(0))),
+        }
+    }
+
+    #[inline]
+    pub fn incr(&self) {
+        self.cells[stripe()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.cells.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+}
+
+impl Default for StripedCounter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for StripedCounter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.get())
+    }
+}
+
+/// One stripe of a gauge. Guards hold an `Arc` to the stripe they bumped, so
+/// even the reference count stays on the acquiring thread's cache line.
+pub(crate) type GaugeCell = Arc<CachePadded<AtomicI64>>;
+
+/// A live count (connections on a shard) that goes up and down, possibly on
+/// different threads; the sum of the stripes is the value.
+pub struct Gauge {
+    cells: [GaugeCell; STRIPES],
+    /// Set by the first acquire: metrics list a gauge once it was used.
+    touched: AtomicBool,
+}
+
+impl Gauge {
+    pub fn new() -> Self {
+        Gauge {
+            cells: std::array::from_fn(|_| Arc::new(CachePadded::new(AtomicI64::new(0)))),
+            touched: AtomicBool::new(false),
+        }
+    }
+
+    /// Adds one on this thread's stripe and returns the stripe, to be handed
+    /// to [`Gauge::release`] exactly once.
+    #[inline]
+    pub(crate) fn acquire(&self) -> GaugeCell {
+        if !self.touched.load(Ordering::Relaxed) {
+            self.touched.store(true, Ordering::Relaxed);
+        }
+        let cell = &self.cells[stripe()];
+        cell.fetch_add(1, Ordering::Relaxed);
+        Arc::clone(cell)
+    }
+
+    #[inline]
+    pub(crate) fn release(cell: &GaugeCell) {
+        cell.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Whether any admission was ever counted here.
+    pub fn is_touched(&self) -> bool {
+        self.touched.load(Ordering::Relaxed)
+    }
+
+    /// The live count; never reported below zero.
+    pub fn get(&self) -> i64 {
+        self.cells
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum::<i64>()
+            .max(0)
+    }
+
+    /// Overwrites the value (restoring a snapshot). Guards taken before keep
+    /// decrementing their stripes, as the reference's release does.
+    pub(crate) fn set(&self, value: i64) {
+        self.touched.store(true, Ordering::Relaxed);
+        for (i, c) in self.cells.iter().enumerate() {
+            c.store(if i == 0 { value } else { 0 }, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Default for Gauge {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for Gauge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.get())
+    }
+}
+
+/// The duration of the most recent operation across all threads: each
+/// stripe remembers when its last operation ended and how long it took.
+pub struct LastDuration {
+    cells: [CachePadded<(AtomicU64, AtomicU64)>; STRIPES],
+}
+
+impl LastDuration {
+    pub fn new() -> Self {
+        LastDuration {
+            cells: std::array::from_fn(|_| {
+                CachePadded::new((AtomicU64::new(0), AtomicU64::new(0)))
+            }),
+        }
+    }
+
+    #[inline]
+    pub fn record(&self, ended_at_ms: f64, duration_ms: f64) {
+        let cell = &self.cells[stripe()];
+        cell.0.store(ended_at_ms.to_bits(), Ordering::Relaxed);
+        cell.1.store(duration_ms.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Milliseconds the latest recorded operation took (0 before any).
+    pub fn get(&self) -> f64 {
+        let mut latest = f64::NEG_INFINITY;
+        let mut duration = 0.0;
+        for c in &self.cells {
+            let at = f64::from_bits(c.0.load(Ordering::Relaxed));
+            let d = f64::from_bits(c.1.load(Ordering::Relaxed));
+            let recorded = d.to_bits() != 0 || at.to_bits() != 0;
+            if recorded && at >= latest {
+                latest = at;
+                duration = d;
+            }
+        }
+        duration
+    }
+}
+
+impl Default for LastDuration {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counter_sums_across_threads() {
+        let c = Arc::new(StripedCounter::new());
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let c = Arc::clone(&c);
+                std::thread::spawn(move || (0..1000).for_each(|_| c.incr()))
+            })
+            .collect();
+        handles.into_iter().for_each(|h| h.join().unwrap());
+        assert_eq!(c.get(), 4000);
+    }
+
+    #[test]
+    fn gauge_released_on_another_thread_sums_to_zero() {
+        let g = Arc::new(Gauge::new());
+        let cells: Vec<GaugeCell> = (0..10).map(|_| g.acquire()).collect();
+        assert_eq!(g.get(), 10);
+        std::thread::spawn(move || cells.iter().for_each(Gauge::release))
+            .join()
+            .unwrap();
+        assert_eq!(g.get(), 0);
+    }
+}
