@@ -1,1 +1,193 @@
-fn main() {}
+//! Routing-core micro-benchmarks (targets from the routing-core issue):
+//! - route(), jump, 16 shards, cap and buckets on, 1 000 tenants: ≤ 75 ns
+//! - route(), rendezvous and hrw, 64 shards with a load hook: ≤ 1 µs
+//! - domain resolve, exact / wildcard / fallback, 10 000 entries: ≤ 60 ns
+//! - admit + release, 2 threads on distinct tenants: ≥ 1.8× one thread
+
+use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
+use shardgate::limits::{Limits, RateRule};
+use shardgate::routing::{
+    DomainMap, Fallback, HashStrategy, Load, RouteRequest, Router, RouterOptions, Shard, ShardId,
+};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn tenants(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("tenant-{i}")).collect()
+}
+
+fn shards(n: usize) -> Vec<Shard> {
+    (0..n)
+        .map(|i| {
+            Shard::new(format!("shard-{i:02}"), format!("http://10.0.0.{i}:3000"))
+                .with_weight(1.0 + (i % 4) as f64)
+        })
+        .collect()
+}
+
+/// Limits that are on but never run dry at benchmark rates.
+fn limits() -> Limits {
+    Limits::new(
+        Some(1_000),
+        RateRule::new(1e12, 1e12),
+        [("/api/export".to_string(), RateRule::new(1e12, 1e12))],
+    )
+}
+
+fn bench_jump(c: &mut Criterion) {
+    let router = Router::new(RouterOptions {
+        shards: shards(16),
+        limits: limits(),
+        ..Default::default()
+    });
+    let tenants = tenants(1_000);
+    let mut i = 0;
+    let mut g = c.benchmark_group("route");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("jump_16_shards_limits_on_1000_tenants", |b| {
+        b.iter(|| {
+            i = (i + 1) % tenants.len();
+            let r = router.route(&RouteRequest::new(&tenants[i]));
+            black_box(r.decision);
+        })
+    });
+    g.finish();
+}
+
+fn bench_rendezvous(c: &mut Criterion) {
+    let tenants = tenants(1_000);
+    let mut g = c.benchmark_group("route");
+    g.throughput(Throughput::Elements(1));
+    for (name, hash) in [
+        ("rendezvous", HashStrategy::Rendezvous),
+        ("hrw", HashStrategy::Hrw),
+    ] {
+        let loads: Arc<Vec<f64>> = Arc::new((0..64).map(|i| 1.0 + (i % 7) as f64).collect());
+        let hook = move |id: &ShardId| {
+            let n: usize = id.as_str()[6..].parse().unwrap_or(0);
+            loads[n % loads.len()]
+        };
+        let router = Router::new(RouterOptions {
+            shards: shards(64),
+            limits: limits(),
+            hash,
+            load: Load::Hook(Arc::new(hook)),
+            ..Default::default()
+        });
+        let mut i = 0;
+        g.bench_function(format!("{name}_64_shards_load_hook"), |b| {
+            b.iter(|| {
+                i = (i + 1) % tenants.len();
+                let r = router.route(&RouteRequest::new(&tenants[i]));
+                black_box(r.decision);
+            })
+        });
+    }
+    g.finish();
+}
+
+fn bench_domains(c: &mut Criterion) {
+    let mut entries: Vec<(String, String)> = (0..9_000)
+        .map(|i| (format!("app{i}.customer{i}.com"), format!("tenant-{i}")))
+        .collect();
+    entries.extend((0..1_000).map(|i| (format!("*.wild{i}.net"), format!("wild-{i}"))));
+    let map = DomainMap::from_entries(entries, Fallback::suffix(".apps.example.com")).unwrap();
+    let exact: Vec<String> = (0..1_000)
+        .map(|i| format!("app{}.customer{}.com", i * 9, i * 9))
+        .collect();
+    let wildcard: Vec<String> = (0..1_000).map(|i| format!("www.wild{i}.net")).collect();
+    let fallback: Vec<String> = (0..1_000)
+        .map(|i| format!("t{i}.apps.example.com"))
+        .collect();
+    let mut g = c.benchmark_group("domain_resolve_10k");
+    g.throughput(Throughput::Elements(1));
+    for (name, hosts) in [
+        ("exact", &exact),
+        ("wildcard", &wildcard),
+        ("fallback", &fallback),
+    ] {
+        let mut i = 0;
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                i = (i + 1) % hosts.len();
+                black_box(map.resolve(&hosts[i]).map(|r| r.matched))
+            })
+        });
+    }
+    g.finish();
+}
+
+/// Long-lived worker threads (as Pingora's are), each with its own tenants,
+/// doing admit + release on command.
+struct Workers {
+    orders: Vec<std::sync::mpsc::Sender<u64>>,
+    done: std::sync::mpsc::Receiver<()>,
+}
+
+impl Workers {
+    fn start(router: &Arc<Router>, threads: usize) -> Workers {
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let orders = (0..threads)
+            .map(|t| {
+                let (tx, rx) = std::sync::mpsc::channel::<u64>();
+                let router = Arc::clone(router);
+                let done_tx = done_tx.clone();
+                std::thread::spawn(move || {
+                    let tenants: Vec<String> = (0..500).map(|i| format!("t{t}-{i}")).collect();
+                    let mut next = 0;
+                    while let Ok(n) = rx.recv() {
+                        for _ in 0..n {
+                            next = (next + 1) % tenants.len();
+                            let r = router.admit(&RouteRequest::new(&tenants[next]));
+                            black_box(r.shard_id());
+                        }
+                        if done_tx.send(()).is_err() {
+                            return;
+                        }
+                    }
+                });
+                tx
+            })
+            .collect();
+        Workers { orders, done }
+    }
+
+    /// Runs `iters` operations split over the workers; wall time for all.
+    fn run(&self, iters: u64) -> Duration {
+        let per_thread = iters.div_ceil(self.orders.len() as u64);
+        let start = Instant::now();
+        for o in &self.orders {
+            o.send(per_thread).expect("worker alive");
+        }
+        for _ in &self.orders {
+            self.done.recv().expect("worker alive");
+        }
+        start.elapsed()
+    }
+}
+
+fn bench_scaling(c: &mut Criterion) {
+    let router = Arc::new(Router::new(RouterOptions {
+        shards: shards(16),
+        limits: limits(),
+        ..Default::default()
+    }));
+    let mut g = c.benchmark_group("admit_release");
+    g.throughput(Throughput::Elements(1));
+    for threads in [1, 2] {
+        let workers = Workers::start(&router, threads);
+        g.bench_function(format!("{threads}_threads"), |b| {
+            b.iter_custom(|iters| workers.run(iters))
+        });
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    targets = bench_jump, bench_rendezvous, bench_domains, bench_scaling
+}
+criterion_main!(benches);

@@ -1,18 +1,15 @@
 //! The deny list: the static part of the allow decision, editable at
-//! runtime. Readers see an immutable set (no lock on the request path);
-//! writers publish a new one.
+//! runtime. The router publishes it inside the same immutable snapshot as
+//! the shard membership, so the request path reads both with one load.
 
-use arc_swap::ArcSwap;
 use compact_str::CompactString;
-use parking_lot::Mutex;
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
 type DenySet = hashbrown::HashSet<CompactString, foldhash::fast::RandomState>;
 
+#[derive(Clone, Debug, Default)]
 pub struct DenyList {
-    set: ArcSwap<DenySet>,
-    write: Mutex<()>,
+    set: DenySet,
 }
 
 impl DenyList {
@@ -21,70 +18,45 @@ impl DenyList {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let set: DenySet = tenants
-            .into_iter()
-            .map(|t| CompactString::from(t.as_ref()))
-            .collect();
         DenyList {
-            set: ArcSwap::from_pointee(set),
-            write: Mutex::new(()),
+            set: tenants
+                .into_iter()
+                .map(|t| CompactString::from(t.as_ref()))
+                .collect(),
         }
     }
 
     #[inline]
     pub fn contains(&self, tenant: &str) -> bool {
-        let set = self.set.load();
-        !set.is_empty() && set.contains(tenant)
+        !self.set.is_empty() && self.set.contains(tenant)
     }
 
     /// Adds a tenant; returns whether it was new.
-    pub fn deny(&self, tenant: &str) -> bool {
-        self.edit(|set| set.insert(CompactString::from(tenant)))
+    pub fn deny(&mut self, tenant: &str) -> bool {
+        self.set.insert(CompactString::from(tenant))
     }
 
     /// Removes a tenant; returns whether it was there.
-    pub fn allow(&self, tenant: &str) -> bool {
-        self.edit(|set| set.remove(tenant))
-    }
-
-    /// Replaces the whole list.
-    pub fn replace<I, S>(&self, tenants: I)
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        let _w = self.write.lock();
-        let set: DenySet = tenants
-            .into_iter()
-            .map(|t| CompactString::from(t.as_ref()))
-            .collect();
-        self.set.store(Arc::new(set));
+    pub fn allow(&mut self, tenant: &str) -> bool {
+        self.set.remove(tenant)
     }
 
     /// The denied tenants, sorted.
     pub fn list(&self) -> Vec<String> {
-        let set = self.set.load();
-        set.iter()
+        self.set
+            .iter()
             .map(|t| t.to_string())
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect()
     }
 
-    fn edit(&self, f: impl FnOnce(&mut DenySet) -> bool) -> bool {
-        let _w = self.write.lock();
-        let mut next = DenySet::clone(&self.set.load());
-        let changed = f(&mut next);
-        if changed {
-            self.set.store(Arc::new(next));
-        }
-        changed
+    pub fn len(&self) -> usize {
+        self.set.len()
     }
-}
 
-impl Default for DenyList {
-    fn default() -> Self {
-        DenyList::new(std::iter::empty::<&str>())
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty()
     }
 }
 
@@ -93,8 +65,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn edits_take_effect_for_the_next_lookup() {
-        let deny = DenyList::new(["suspended"]);
+    fn edits_and_listing() {
+        let mut deny = DenyList::new(["suspended"]);
         assert!(deny.contains("suspended"));
         assert!(!deny.contains("acme"));
         assert!(deny.deny("acme"));

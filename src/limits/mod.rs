@@ -11,7 +11,9 @@ mod tenants;
 pub use admission::AdmissionGuard;
 pub use bucket::{RateRule, TokenBucket};
 pub use deny::DenyList;
-pub use tenants::{TenantBuckets, TenantEntry, TenantTable, FORGETTABLE_BOUND, SWEEP_FLOOR};
+pub use tenants::{
+    TenantBuckets, TenantEntry, TenantState, TenantTable, FORGETTABLE_BOUND, SWEEP_FLOOR,
+};
 
 use compact_str::CompactString;
 use std::fmt;
@@ -132,37 +134,35 @@ impl Limits {
         }
     }
 
-    /// An entry that is idle and whose buckets are all full at `now` is
-    /// indistinguishable from a new tenant: it may be forgotten.
-    pub fn is_forgettable(&self, entry: &TenantEntry, now: f64) -> bool {
-        if entry.active.load(Ordering::Acquire) != 0 {
-            return false;
-        }
-        let b = entry.buckets.lock();
-        b.tenant.is_full_at(&self.rate, now)
+    /// A tenant that is idle and whose buckets are all full at `now` is
+    /// indistinguishable from a new one: it may be forgotten.
+    pub fn is_forgettable(&self, entry: &TenantEntry, state: &TenantState, now: f64) -> bool {
+        let b = &state.buckets;
+        entry.active() == 0
+            && b.tenant.is_full_at(&self.rate, now)
             && b.routes.iter().all(|(i, bucket)| {
                 self.route_rule(*i)
                     .is_none_or(|rule| bucket.is_full_at(rule, now))
             })
     }
 
-    /// Cap, tenant bucket, route bucket, then commit — under the entry's
-    /// lock, so the cap check and the admission count are one atomic step.
+    /// Cap, tenant bucket, route bucket, then commit. Callers hold the
+    /// entry's lock, so the cap check and the admission count are one
+    /// atomic step.
     pub fn check(
         &self,
         entry: &TenantEntry,
+        state: &mut TenantState,
         route: Option<u16>,
         now: f64,
         spend: Spend,
     ) -> Verdict<'_> {
-        let mut buckets = entry.buckets.lock();
-        let active = entry.active.load(Ordering::Acquire);
+        let active = entry.active();
         if spend == Spend::Nothing {
-            let mut copy = buckets.clone();
-            drop(buckets);
+            let mut copy = state.buckets.clone();
             return self.evaluate(&mut copy, active, route, now, spend);
         }
-        let verdict = self.evaluate(&mut buckets, active, route, now, spend);
+        let verdict = self.evaluate(&mut state.buckets, active, route, now, spend);
         if verdict == Verdict::Admit && spend == Spend::TokensAndAdmission {
             entry.active.fetch_add(1, Ordering::AcqRel);
         }

@@ -1,25 +1,38 @@
 //! The tenant table: per-tenant live connections and token buckets, shared by
-//! every worker thread. It is split into independently locked shards (no
-//! global lock), each entry has its own small lock, and entries that carry no
-//! information (idle, buckets full) are forgotten when a shard grows, so an
-//! attacker inventing tenant ids cannot grow it without bound.
+//! every worker thread.
+//!
+//! Each tenant's state sits behind its own small lock. The table that finds
+//! it is split into 64 locked shards, and in front of it every thread keeps a
+//! small cache of the entries it used recently, so a warm lookup writes no
+//! cache line that another thread's tenants use: distinct tenants scale
+//! across cores. Entries that carry no information (idle, buckets full) are
+//! forgotten when a shard grows, so invented tenant ids cannot grow the table
+//! without bound; a forgotten entry is marked dead under its own lock, and a
+//! thread that finds a dead entry in its cache goes back to the table.
 
 use super::bucket::TokenBucket;
 use compact_str::CompactString;
 use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
+use std::cell::RefCell;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use thread_local::ThreadLocal;
 
 const TABLE_SHARDS: usize = 64;
+
+/// A thread's cache starts over once it holds this many entries.
+const LOCAL_ENTRIES: usize = 4096;
 
 /// A table shard sweeps out forgettable entries before it grows past this
 /// many entries (and then past twice what survived the sweep). With 64
 /// shards the table holds at most `64 × 256` entries plus twice the number
-/// of tenants that are active or have spent tokens not yet refilled.
+/// of tenants that are active or have spent tokens not yet refilled; each
+/// worker thread's cache may keep up to 4 096 more (possibly forgotten)
+/// entries alive in memory.
 pub const SWEEP_FLOOR: usize = 256;
 
 /// The bound [`SWEEP_FLOOR`] gives when every tenant is forgettable.
@@ -33,28 +46,45 @@ pub struct TenantBuckets {
     pub routes: SmallVec<[(u16, TokenBucket); 2]>,
 }
 
-impl TenantBuckets {
-    pub fn route_mut(&mut self, index: u16) -> Option<&mut TokenBucket> {
-        self.routes
-            .iter_mut()
-            .find(|(i, _)| *i == index)
-            .map(|(_, b)| b)
-    }
+/// A tenant's mutable state, behind the entry's lock.
+#[derive(Debug)]
+pub struct TenantState {
+    /// False once the entry left the table (forgotten, cleared, replaced):
+    /// whoever still holds it must look the tenant up again.
+    alive: bool,
+    pub buckets: TenantBuckets,
+    /// `(membership generation, shard position)` of the tenant's last
+    /// deterministic sticky pick over the unfiltered live list: valid while
+    /// the generation is current.
+    pub placement: Option<(u64, u32)>,
 }
 
-/// One tenant's state.
+/// One tenant. Admission guards hold it to release their count.
 #[derive(Debug)]
 pub struct TenantEntry {
     id: CompactString,
     hash: u64,
-    /// Live admissions. Incremented only under `buckets`' lock (so a cap
+    /// Live admissions. Incremented only under `state`'s lock (so a cap
     /// check and its increment are one step); decremented lock-free by
     /// guards, which can only make a later check more permissive.
     pub(crate) active: AtomicU64,
-    pub(crate) buckets: Mutex<TenantBuckets>,
+    state: Mutex<TenantState>,
 }
 
 impl TenantEntry {
+    fn new(id: &str, hash: u64, active: u64, buckets: TenantBuckets) -> Arc<Self> {
+        Arc::new(TenantEntry {
+            id: CompactString::from(id),
+            hash,
+            active: AtomicU64::new(active),
+            state: Mutex::new(TenantState {
+                alive: true,
+                buckets,
+                placement: None,
+            }),
+        })
+    }
+
     pub fn id(&self) -> &str {
         &self.id
     }
@@ -69,6 +99,17 @@ impl TenantEntry {
             .active
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |a| a.checked_sub(1));
     }
+
+    /// Locks the state; `None` if the entry is dead.
+    fn lock_alive(&self) -> Option<MutexGuard<'_, TenantState>> {
+        let state = self.state.lock();
+        state.alive.then_some(state)
+    }
+
+    /// Marks the entry dead (it is leaving the table).
+    fn kill(&self) {
+        self.state.lock().alive = false;
+    }
 }
 
 struct TableShard {
@@ -76,10 +117,19 @@ struct TableShard {
     high_water: usize,
 }
 
+impl TableShard {
+    fn find(&self, hash: u64, tenant: &str) -> Option<&Arc<TenantEntry>> {
+        self.entries.find(hash, |e| e.id.as_str() == tenant)
+    }
+}
+
+type LocalCache = RefCell<HashTable<Arc<TenantEntry>>>;
+
 /// Concurrent map tenant id → [`TenantEntry`].
 pub struct TenantTable {
-    shards: Box<[CachePadded<RwLock<TableShard>>]>,
+    shards: Box<[CachePadded<Mutex<TableShard>>]>,
     hasher: foldhash::fast::RandomState,
+    local: ThreadLocal<LocalCache>,
 }
 
 impl Default for TenantTable {
@@ -93,117 +143,190 @@ impl TenantTable {
         TenantTable {
             shards: (0..TABLE_SHARDS)
                 .map(|_| {
-                    CachePadded::new(RwLock::new(TableShard {
+                    CachePadded::new(Mutex::new(TableShard {
                         entries: HashTable::new(),
                         high_water: SWEEP_FLOOR,
                     }))
                 })
                 .collect(),
             hasher: foldhash::fast::RandomState::default(),
+            local: ThreadLocal::new(),
         }
     }
 
     #[inline]
-    fn locate(&self, tenant: &str) -> (u64, &RwLock<TableShard>) {
-        let hash = self.hasher.hash_one(tenant);
+    fn shard(&self, hash: u64) -> &Mutex<TableShard> {
         // The low bits pick the bucket inside hashbrown; use the high ones.
-        let shard = (hash >> 58) as usize % TABLE_SHARDS;
-        (hash, &self.shards[shard])
+        &self.shards[(hash >> 58) as usize % TABLE_SHARDS]
     }
 
-    /// Runs `f` on the tenant's entry if it exists.
+    fn cache(&self) -> &LocalCache {
+        self.local.get_or(|| RefCell::new(HashTable::new()))
+    }
+
+    /// The tenant's entry from this thread's cache, if it is there.
+    #[inline]
+    fn cached(&self, hash: u64, tenant: &str) -> Option<Arc<TenantEntry>> {
+        let cache = self.cache().borrow();
+        cache
+            .find(hash, |e| e.id.as_str() == tenant)
+            .map(Arc::clone)
+    }
+
+    /// Puts an entry in this thread's cache (replacing a dead one).
+    fn remember(&self, entry: &Arc<TenantEntry>) {
+        let Ok(mut cache) = self.cache().try_borrow_mut() else {
+            return;
+        };
+        if cache.len() >= LOCAL_ENTRIES {
+            cache.clear();
+        }
+        match cache.entry(entry.hash, |e| e.id == entry.id, |e| e.hash) {
+            hashbrown::hash_table::Entry::Occupied(mut o) => *o.get_mut() = Arc::clone(entry),
+            hashbrown::hash_table::Entry::Vacant(v) => {
+                v.insert(Arc::clone(entry));
+            }
+        }
+    }
+
+    /// Runs `f` on the tenant's live entry and its locked state, if the
+    /// tenant is known.
     pub fn with_existing<R>(
         &self,
         tenant: &str,
-        f: impl FnOnce(&Arc<TenantEntry>) -> R,
+        f: impl FnOnce(&Arc<TenantEntry>, &mut TenantState) -> R,
     ) -> Option<R> {
-        let (hash, shard) = self.locate(tenant);
-        let guard = shard.read();
-        guard.entries.find(hash, |e| e.id.as_str() == tenant).map(f)
+        let hash = self.hasher.hash_one(tenant);
+        loop {
+            let entry = match self.cached(hash, tenant) {
+                Some(e) => e,
+                None => Arc::clone(self.shard(hash).lock().find(hash, tenant)?),
+            };
+            let state = entry.lock_alive();
+            if let Some(mut state) = state {
+                return Some(f(&entry, &mut state));
+            }
+        }
     }
 
-    /// Runs `f` on the tenant's entry, creating it with `fresh` if missing.
-    /// `f` runs while the table shard is locked, so an entry it makes
-    /// active cannot be swept concurrently. Before the shard grows past its
-    /// high-water mark it forgets every entry `forgettable` approves.
+    /// Runs `f` on the tenant's entry and its locked state, creating the
+    /// entry with `fresh` if missing. Before a table shard grows past its
+    /// high-water mark it forgets every entry `forgettable` approves (an
+    /// entry `f` holds cannot be forgotten meanwhile: forgetting takes the
+    /// entry's lock).
     pub fn with_entry<R>(
         &self,
         tenant: &str,
-        fresh: impl FnOnce() -> TenantBuckets,
-        forgettable: impl Fn(&TenantEntry) -> bool,
-        f: impl FnOnce(&Arc<TenantEntry>) -> R,
+        fresh: impl Fn() -> TenantBuckets,
+        forgettable: impl Fn(&Arc<TenantEntry>, &TenantState) -> bool,
+        f: impl FnOnce(&Arc<TenantEntry>, &mut TenantState) -> R,
     ) -> R {
-        let (hash, shard) = self.locate(tenant);
+        let hash = self.hasher.hash_one(tenant);
         {
-            let guard = shard.read();
-            if let Some(e) = guard.entries.find(hash, |e| e.id.as_str() == tenant) {
-                return f(e);
+            // Warm path: this thread's cache, no shared write but the
+            // entry's own lock.
+            let cache = self.cache().borrow();
+            if let Some(entry) = cache.find(hash, |e| e.id.as_str() == tenant) {
+                let state = entry.lock_alive();
+                if let Some(mut state) = state {
+                    return f(entry, &mut state);
+                }
             }
         }
-        let mut guard = shard.write();
-        if let Some(e) = guard.entries.find(hash, |e| e.id.as_str() == tenant) {
-            return f(e);
+        loop {
+            let entry = self.find_or_insert(hash, tenant, &fresh, &forgettable);
+            self.remember(&entry);
+            let state = entry.lock_alive();
+            if let Some(mut state) = state {
+                return f(&entry, &mut state);
+            }
         }
-        if guard.entries.len() >= guard.high_water {
-            guard.entries.retain(|e| !forgettable(e));
-            guard.entries.shrink_to(0, |e| e.hash);
-            guard.high_water = SWEEP_FLOOR.max(guard.entries.len() * 2);
-        }
-        let entry = Arc::new(TenantEntry {
-            id: CompactString::from(tenant),
-            hash,
-            active: AtomicU64::new(0),
-            buckets: Mutex::new(fresh()),
-        });
-        let slot = guard.entries.insert_unique(hash, entry, |e| e.hash);
-        f(slot.get())
     }
 
-    /// Inserts or replaces an entry (restoring a snapshot).
+    fn find_or_insert(
+        &self,
+        hash: u64,
+        tenant: &str,
+        fresh: &impl Fn() -> TenantBuckets,
+        forgettable: &impl Fn(&Arc<TenantEntry>, &TenantState) -> bool,
+    ) -> Arc<TenantEntry> {
+        let mut guard = self.shard(hash).lock();
+        let shard = &mut *guard;
+        if let Some(e) = shard.find(hash, tenant) {
+            return Arc::clone(e);
+        }
+        if shard.entries.len() >= shard.high_water {
+            shard.entries.retain(|e| {
+                let mut state = e.state.lock();
+                let forget = forgettable(e, &state);
+                state.alive &= !forget;
+                !forget
+            });
+            shard.entries.shrink_to(0, |e| e.hash);
+            shard.high_water = SWEEP_FLOOR.max(shard.entries.len() * 2);
+        }
+        let entry = TenantEntry::new(tenant, hash, 0, fresh());
+        shard
+            .entries
+            .insert_unique(hash, Arc::clone(&entry), |e| e.hash);
+        entry
+    }
+
+    /// Inserts or overwrites a tenant's state (restoring a snapshot). An
+    /// existing entry keeps its identity, so guards taken before still
+    /// release against it.
     pub fn put(&self, tenant: &str, active: u64, buckets: TenantBuckets) {
-        let (hash, shard) = self.locate(tenant);
-        let mut guard = shard.write();
-        if let Some(e) = guard.entries.find(hash, |e| e.id.as_str() == tenant) {
+        let hash = self.hasher.hash_one(tenant);
+        let mut shard = self.shard(hash).lock();
+        if let Some(e) = shard.find(hash, tenant) {
+            let mut state = e.state.lock();
             e.active.store(active, Ordering::Release);
-            *e.buckets.lock() = buckets;
+            state.buckets = buckets;
+            state.placement = None;
             return;
         }
-        let entry = Arc::new(TenantEntry {
-            id: CompactString::from(tenant),
-            hash,
-            active: AtomicU64::new(active),
-            buckets: Mutex::new(buckets),
-        });
-        guard.entries.insert_unique(hash, entry, |e| e.hash);
+        let entry = TenantEntry::new(tenant, hash, active, buckets);
+        shard.entries.insert_unique(hash, entry, |e| e.hash);
     }
 
-    /// Keeps only the entries `keep` approves.
+    /// Keeps only the entries `keep` approves; the others die.
     pub fn retain(&self, mut keep: impl FnMut(&TenantEntry) -> bool) {
         for shard in self.shards.iter() {
-            shard.write().entries.retain(|e| keep(e));
+            shard.lock().entries.retain(|e| {
+                let kept = keep(e);
+                if !kept {
+                    e.kill();
+                }
+                kept
+            });
         }
     }
 
     /// Forgets everything. Guards still held decrement their own (now
-    /// detached) entries, so they cannot disturb tenants created afterwards.
+    /// dead) entries, so they cannot disturb tenants created afterwards.
     pub fn clear(&self) {
         for shard in self.shards.iter() {
-            let mut guard = shard.write();
+            let mut guard = shard.lock();
+            for e in guard.entries.iter() {
+                e.kill();
+            }
             guard.entries = HashTable::new();
             guard.high_water = SWEEP_FLOOR;
         }
     }
 
-    /// Visits every entry (for snapshots and metrics).
-    pub fn for_each(&self, mut f: impl FnMut(&Arc<TenantEntry>)) {
+    /// Visits every live entry with its state (for snapshots).
+    pub fn for_each(&self, mut f: impl FnMut(&TenantEntry, &TenantState)) {
         for shard in self.shards.iter() {
-            shard.read().entries.iter().for_each(&mut f);
+            for e in shard.lock().entries.iter() {
+                f(e, &e.state.lock());
+            }
         }
     }
 
-    /// Number of tenants currently remembered.
+    /// Number of tenants currently in the table.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.read().entries.len()).sum()
+        self.shards.iter().map(|s| s.lock().entries.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {

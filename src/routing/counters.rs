@@ -1,26 +1,61 @@
 //! Counters that every worker thread bumps on every request. Each thread
 //! writes its own cache line (a stripe) and readers sum the stripes, so the
-//! metrics never become the one line all cores fight over.
+//! metrics never become the one line all cores fight over. A thread that
+//! owns its stripe even counts without a locked instruction.
 
 use crossbeam_utils::CachePadded;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 pub(crate) const STRIPES: usize = 16;
 
-/// This thread's stripe: threads take stripes in turn as they first count.
+/// A thread's claim on a stripe. The first `STRIPES` threads alive at once
+/// own one each (returned when the thread exits); any further thread shares
+/// the overflow stripe `STRIPES` and counts atomically there.
+struct StripeClaim {
+    index: usize,
+}
+
+static FREE_STRIPES: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+static NEXT_STRIPE: AtomicUsize = AtomicUsize::new(0);
+
+impl StripeClaim {
+    fn claim() -> Self {
+        if let Some(index) = FREE_STRIPES.lock().pop() {
+            return StripeClaim { index };
+        }
+        let next = NEXT_STRIPE.fetch_add(1, Ordering::Relaxed);
+        StripeClaim {
+            index: next.min(STRIPES),
+        }
+    }
+}
+
+impl Drop for StripeClaim {
+    fn drop(&mut self) {
+        if self.index < STRIPES {
+            // The mutex orders this thread's last writes before the next
+            // owner's first.
+            FREE_STRIPES.lock().push(self.index);
+        }
+    }
+}
+
+thread_local! {
+    static STRIPE: StripeClaim = StripeClaim::claim();
+}
+
+/// This thread's stripe: `< STRIPES` if owned exclusively, `STRIPES` if
+/// shared.
 #[inline]
 pub(crate) fn stripe() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static STRIPE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
-    }
-    STRIPE.with(|s| *s)
+    STRIPE.try_with(|s| s.index).unwrap_or(STRIPES)
 }
 
 /// A monotonically increasing counter.
 pub struct StripedCounter {
-    cells: [CachePadded<AtomicU64>; STRIPES],
+    cells: [CachePadded<AtomicU64>; STRIPES + 1],
 }
 
 impl StripedCounter {
@@ -32,7 +67,15 @@ impl StripedCounter {
 
     #[inline]
     pub fn incr(&self) {
-        self.cells[stripe()].fetch_add(1, Ordering::Relaxed);
+        let i = stripe();
+        let cell = &self.cells[i];
+        if i < STRIPES {
+            // Only this thread writes this stripe: no read-modify-write
+            // instruction needed.
+            cell.store(cell.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        } else {
+            cell.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     pub fn get(&self) -> u64 {
@@ -59,7 +102,7 @@ pub(crate) type GaugeCell = Arc<CachePadded<AtomicI64>>;
 /// A live count (connections on a shard) that goes up and down, possibly on
 /// different threads; the sum of the stripes is the value.
 pub struct Gauge {
-    cells: [GaugeCell; STRIPES],
+    cells: [GaugeCell; STRIPES + 1],
     /// Set by the first acquire: metrics list a gauge once it was used.
     touched: AtomicBool,
 }
@@ -125,13 +168,37 @@ impl std::fmt::Debug for Gauge {
     }
 }
 
-/// The duration of the most recent operation across all threads: each
-/// stripe remembers when its last operation ended and how long it took.
+/// The duration of a recent operation across all threads: each stripe
+/// remembers when its last measured operation ended and how long it took.
+/// Each thread measures its first operation and then one in
+/// [`LastDuration::SAMPLE_EVERY`]: a second clock read on every route would
+/// cost more than a tenth of the route itself.
 pub struct LastDuration {
-    cells: [CachePadded<(AtomicU64, AtomicU64)>; STRIPES],
+    cells: [CachePadded<(AtomicU64, AtomicU64)>; STRIPES + 1],
 }
 
 impl LastDuration {
+    pub const SAMPLE_EVERY: u32 = 16;
+
+    /// Whether this thread should measure its current operation.
+    #[inline]
+    pub fn sample(&self) -> bool {
+        thread_local! {
+            static COUNTDOWN: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+        }
+        COUNTDOWN
+            .try_with(|c| {
+                let n = c.get();
+                c.set(if n == 0 {
+                    LastDuration::SAMPLE_EVERY - 1
+                } else {
+                    n - 1
+                });
+                n == 0
+            })
+            .unwrap_or(false)
+    }
+
     pub fn new() -> Self {
         LastDuration {
             cells: std::array::from_fn(|_| {

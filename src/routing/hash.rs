@@ -3,6 +3,7 @@
 //! division, `w·(−ln u)` with strict `>`), so tenants migrating from it do not
 //! move. `hrw` is the well-spread weighted rendezvous we recommend instead.
 
+use smallvec::SmallVec;
 use std::fmt;
 
 const FNV_OFFSET: u32 = 0x811c_9dc5;
@@ -174,33 +175,100 @@ pub struct Contestant<'a> {
     pub effective_weight: Option<f64>,
 }
 
-/// The reference's weighted rendezvous: the strictly highest score wins, ties
-/// and NaN keep the earlier candidate, and index 0 wins when every candidate
-/// is skipped.
-pub fn rendezvous_pick<'a>(
-    key: &RoutingKey<'_>,
-    contestants: impl IntoIterator<Item = Contestant<'a>>,
+/// `−ln(k / 4096)` for k in 0..=4096 (`+∞` at 0): brackets `−ln u` for any
+/// `u` in `[k/4096, (k+1)/4096]` between entries `k + 1` and `k`.
+static NEG_LN_SLICES: once_cell::sync::Lazy<Box<[f64]>> = once_cell::sync::Lazy::new(|| {
+    (0..=4096)
+        .map(|k| {
+            if k == 0 {
+                f64::INFINITY
+            } else if k == 4096 {
+                0.0 // not −0.0: `w / 0.0` must be +∞
+            } else {
+                -(f64::from(k) / 4096.0).ln()
+            }
+        })
+        .collect()
+});
+
+/// Relative slack added to the bracket bounds: covers the few ulps by which
+/// the table entries and the products may be off.
+const BRACKET_SLACK: f64 = 1e-12;
+
+/// Bounds `[lo, hi]` that certainly contain a score; `(−∞, +∞)` when the
+/// weight is not a plain positive finite number (the exact score decides).
+#[inline]
+fn usable(effective: f64) -> bool {
+    effective > 0.0 && effective < 1e300
+}
+
+/// Picks the candidate with the strictly highest exact score, ties and NaN
+/// keeping the earlier one, index 0 when none scores. Each candidate comes
+/// with bounds on its score; only those whose upper bound reaches the best
+/// lower bound get their exact score computed (one or two of 64, typically),
+/// which gives the same answer as scoring everyone.
+#[inline]
+fn argmax_bracketed<T: Copy>(
+    items: &[(usize, T, f64, f64)],
+    best_lo: f64,
+    exact: impl Fn(T) -> f64,
 ) -> usize {
-    let key_state = key.fnv();
     let mut best = 0;
     let mut best_score = f64::NEG_INFINITY;
-    for (i, c) in contestants.into_iter().enumerate() {
-        let Some(effective) = c.effective_weight else {
+    for &(i, payload, _lo, hi) in items {
+        if hi < best_lo {
             continue;
-        };
-        let score = rendezvous_score(rendezvous_seed(key_state, c.id), effective);
+        }
+        let score = exact(payload);
         if score > best_score {
-            best_score = score;
             best = i;
+            best_score = score;
         }
     }
     best
 }
 
+type Scored<T> = SmallVec<[(usize, T, f64, f64); 64]>;
+
+/// The reference's weighted rendezvous: the strictly highest
+/// `effective · −ln u` wins, ties and NaN keep the earlier candidate, and
+/// index 0 wins when every candidate is skipped. Bit-identical to scoring
+/// every candidate with `ln` (see `argmax_bracketed`).
+pub fn rendezvous_pick<'a>(
+    key: &RoutingKey<'_>,
+    contestants: impl IntoIterator<Item = Contestant<'a>>,
+) -> usize {
+    let key_state = key.fnv();
+    let slices = &**NEG_LN_SLICES;
+    let mut items: Scored<(u32, f64)> = SmallVec::new();
+    let mut best_lo = f64::NEG_INFINITY;
+    for (i, c) in contestants.into_iter().enumerate() {
+        let Some(effective) = c.effective_weight else {
+            continue;
+        };
+        let seed = rendezvous_seed(key_state, c.id);
+        let (lo, hi) = if usable(effective) {
+            // u = (seed + 1) / 2^32 lies in slice k = floor(u · 4096).
+            let k = (((u64::from(seed) + 1) << 12) >> 32).min(4095) as usize;
+            (
+                effective * slices[k + 1] * (1.0 - BRACKET_SLACK),
+                effective * slices[k] * (1.0 + BRACKET_SLACK),
+            )
+        } else {
+            (f64::NEG_INFINITY, f64::INFINITY)
+        };
+        best_lo = best_lo.max(lo);
+        items.push((i, (seed, effective), lo, hi));
+    }
+    argmax_bracketed(&items, best_lo, |(seed, effective)| {
+        rendezvous_score(seed, effective)
+    })
+}
+
 /// Stable 64-bit hash of a routing key for `hrw` (XXH3 of its UTF-8 bytes).
 #[inline]
 pub fn hrw_key_hash(key: &RoutingKey<'_>) -> u64 {
-    let mut buf: smallvec::SmallVec<[u8; 128]> = smallvec::SmallVec::new();
+    let mut buf: SmallVec<[u8; 128]> = SmallVec::new();
     key.write_to(&mut buf);
     xxhash_rust::xxh3::xxh3_64(&buf)
 }
@@ -221,14 +289,57 @@ fn fmix64(mut k: u64) -> u64 {
     k
 }
 
+#[inline]
+fn hrw_mix(key_hash: u64, shard_hash: u64) -> u64 {
+    fmix64(key_hash ^ fmix64(shard_hash))
+}
+
+/// `u` uniform in (0, 1) from the 53 high bits, centred in their cell.
+#[inline]
+fn hrw_unit(mixed: u64) -> f64 {
+    ((mixed >> 11) as f64 + 0.5) * (1.0 / 9_007_199_254_740_992.0)
+}
+
 /// Textbook weighted rendezvous score `−w / ln u`, `u` uniform in (0, 1)
 /// from the pair's mixed hash: a shard's expected share is its weight share.
 #[inline]
 pub fn hrw_score(key_hash: u64, shard_hash: u64, effective_weight: f64) -> f64 {
-    let mixed = fmix64(key_hash ^ fmix64(shard_hash));
-    // 53 high bits, centred in their cell: never 0, never 1.
-    let u = ((mixed >> 11) as f64 + 0.5) * (1.0 / 9_007_199_254_740_992.0);
-    -effective_weight / u.ln()
+    -effective_weight / hrw_unit(hrw_mix(key_hash, shard_hash)).ln()
+}
+
+/// The `hrw` pick over `(shard hash, effective weight)` candidates (`None`
+/// weight = skipped): the strictly highest [`hrw_score`], ties keeping the
+/// earlier, index 0 when none scores.
+pub fn hrw_pick(
+    key: &RoutingKey<'_>,
+    candidates: impl IntoIterator<Item = (u64, Option<f64>)>,
+) -> usize {
+    let key_hash = hrw_key_hash(key);
+    let slices = &**NEG_LN_SLICES;
+    let mut items: Scored<(u64, f64)> = SmallVec::new();
+    let mut best_lo = f64::NEG_INFINITY;
+    for (i, (shard_hash, effective)) in candidates.into_iter().enumerate() {
+        let Some(effective) = effective else {
+            continue;
+        };
+        let mixed = hrw_mix(key_hash, shard_hash);
+        let (lo, hi) = if usable(effective) {
+            // u lies in slice k = floor(u · 4096) = the 12 high bits; the
+            // score w / (−ln u) grows with u.
+            let k = (mixed >> 52) as usize;
+            (
+                effective / slices[k] * (1.0 - BRACKET_SLACK),
+                effective / slices[k + 1] * (1.0 + BRACKET_SLACK),
+            )
+        } else {
+            (f64::NEG_INFINITY, f64::INFINITY)
+        };
+        best_lo = best_lo.max(lo);
+        items.push((i, (mixed, effective), lo, hi));
+    }
+    argmax_bracketed(&items, best_lo, |(mixed, effective)| {
+        -effective / hrw_unit(mixed).ln()
+    })
 }
 
 /// A user-supplied sticky strategy: `(key, candidates) → index`. The index is
@@ -292,6 +403,92 @@ mod tests {
             .collect();
         assert_eq!(picks, vec![0, 1, 1, 1, 1, 6, 6, 92]);
         assert_eq!(jump_hash(1, 0), None);
+    }
+
+    /// Scores every candidate: the definition the shortlists must match.
+    fn rendezvous_naive(key: &RoutingKey<'_>, c: &[(String, Option<f64>)]) -> usize {
+        let state = key.fnv();
+        let (mut best, mut best_score) = (0, f64::NEG_INFINITY);
+        for (i, (id, w)) in c.iter().enumerate() {
+            if let Some(w) = w {
+                let score = rendezvous_score(rendezvous_seed(state, id), *w);
+                if score > best_score {
+                    best = i;
+                    best_score = score;
+                }
+            }
+        }
+        best
+    }
+
+    fn hrw_naive(key: &RoutingKey<'_>, c: &[(u64, Option<f64>)]) -> usize {
+        let kh = hrw_key_hash(key);
+        let (mut best, mut best_score) = (0, f64::NEG_INFINITY);
+        for (i, (h, w)) in c.iter().enumerate() {
+            if let Some(w) = w {
+                let score = hrw_score(kh, *h, *w);
+                if score > best_score {
+                    best = i;
+                    best_score = score;
+                }
+            }
+        }
+        best
+    }
+
+    #[test]
+    fn shortlisted_picks_equal_scoring_everyone() {
+        let weights = [
+            1.0,
+            2.0,
+            0.5,
+            1e-300,
+            1e-4,
+            3.0,
+            1e4,
+            f64::NAN,
+            f64::INFINITY,
+            1e305,
+        ];
+        let mut x: u64 = 0x1234_5678_9abc_def1;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for round in 0..4000 {
+            let n = 1 + (next() % 70) as usize;
+            let c: Vec<(String, Option<f64>)> = (0..n)
+                .map(|i| {
+                    let r = next();
+                    let w = match round % 4 {
+                        0 => Some(1.0),
+                        1 => Some(weights[(r % 7) as usize]),
+                        2 => (r % 5 != 0).then(|| weights[(r % 10) as usize]),
+                        _ => Some(1.0 + (r % 1000) as f64 / 1000.0),
+                    };
+                    (format!("shard-{i}-{}", r % 3), w)
+                })
+                .collect();
+            let tenant = format!("t{}", next() % 100_000);
+            let key = RoutingKey::new(&tenant, None);
+            let fast = rendezvous_pick(
+                &key,
+                c.iter().map(|(id, w)| Contestant {
+                    id,
+                    effective_weight: *w,
+                }),
+            );
+            assert_eq!(fast, rendezvous_naive(&key, &c), "{tenant} {c:?}");
+            let h: Vec<(u64, Option<f64>)> =
+                c.iter().map(|(id, w)| (hrw_shard_hash(id), *w)).collect();
+            assert_eq!(
+                hrw_pick(&key, h.iter().copied()),
+                hrw_naive(&key, &h),
+                "{tenant}"
+            );
+        }
     }
 
     #[test]

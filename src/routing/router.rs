@@ -11,13 +11,14 @@ use super::clock::{Clock, MonotonicClock};
 use super::counters::{LastDuration, StripedCounter};
 use super::decision::{Decision, RouteRequest, RouteResult};
 use super::hash::{
-    clamp_index, clamp_load, hrw_key_hash, hrw_score, jump_hash, jump_key, rendezvous_pick,
-    Contestant, CustomHash, RoutingKey,
+    clamp_index, clamp_load, hrw_pick, jump_hash, jump_key, rendezvous_pick, Contestant,
+    CustomHash, RoutingKey,
 };
 use super::shard::{Membership, Shard, ShardEntry, ShardId, ShardSet, ShardStatus};
 use super::snapshot::{RouteBucketSnapshot, RouterSnapshot, ShardSnapshot, TenantSnapshot, Tokens};
 use crate::limits::{
-    AdmissionGuard, DenyList, Limits, Spend, TenantBuckets, TenantTable, TokenBucket, Verdict,
+    AdmissionGuard, DenyList, Limits, Spend, TenantBuckets, TenantEntry, TenantTable, TokenBucket,
+    Verdict,
 };
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
@@ -97,6 +98,10 @@ pub struct RouterOptions {
     pub allow: Option<Arc<dyn AllowHook>>,
     pub load: Load,
     pub clock: Arc<dyn Clock>,
+    /// Forget tenants that are idle with full buckets once the table grows
+    /// (default). Such a tenant is indistinguishable from a new one, so no
+    /// decision changes; turning it off only costs memory.
+    pub forget_idle_tenants: bool,
 }
 
 impl Default for RouterOptions {
@@ -110,6 +115,7 @@ impl Default for RouterOptions {
             allow: None,
             load: Load::None,
             clock: Arc::new(MonotonicClock::new()),
+            forget_idle_tenants: true,
         }
     }
 }
@@ -126,14 +132,13 @@ pub struct RouterMetrics {
     pub shard_load_distribution: BTreeMap<String, u64>,
     /// Live tagged admissions per shard id ever acquired.
     pub shard_active_connections: BTreeMap<String, i64>,
-    /// How long the most recent route took.
+    /// How long a recent route took (each thread measures one route in 16).
     pub last_route_ms: f64,
     /// Tenants currently remembered (see `limits::FORGETTABLE_BOUND`).
     pub tenants: usize,
 }
 
 struct Counters {
-    routes: StripedCounter,
     acquires: StripedCounter,
     decisions: [StripedCounter; 7],
     last_route: LastDuration,
@@ -146,7 +151,37 @@ enum Mode {
     Explain,
 }
 
-type Candidates<'s> = SmallVec<[&'s ShardEntry; 32]>;
+/// The shards a request may go to: the live list itself when no filter
+/// applies (the common case, no copy), else a filtered subset kept in a
+/// buffer on the caller's stack.
+enum Candidates<'s> {
+    All(&'s [Arc<ShardEntry>]),
+    Filtered(&'s [&'s ShardEntry]),
+}
+
+type Scratch<'s> = SmallVec<[&'s ShardEntry; 16]>;
+
+impl<'s> Candidates<'s> {
+    #[inline]
+    fn len(&self) -> usize {
+        match self {
+            Candidates::All(all) => all.len(),
+            Candidates::Filtered(some) => some.len(),
+        }
+    }
+
+    #[inline]
+    fn get(&self, i: usize) -> &'s ShardEntry {
+        match self {
+            Candidates::All(all) => &all[i],
+            Candidates::Filtered(some) => some[i],
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &'s ShardEntry> + '_ {
+        (0..self.len()).map(|i| self.get(i))
+    }
+}
 
 pub struct Router {
     shards: ArcSwap<ShardSet>,
@@ -154,12 +189,12 @@ pub struct Router {
     tenants: TenantTable,
     cursors: Cursors,
     limits: Limits,
-    deny: DenyList,
     allow: Option<Arc<dyn AllowHook>>,
     hash: HashStrategy,
     balance: Balance,
     load: Load,
     clock: Arc<dyn Clock>,
+    forget_idle_tenants: bool,
     disposed: AtomicBool,
     counters: Counters,
 }
@@ -167,6 +202,7 @@ pub struct Router {
 impl Router {
     pub fn new(options: RouterOptions) -> Self {
         let mut membership = Membership::new(options.shards);
+        membership.denied = Arc::new(DenyList::new(options.deny));
         let set = membership.publish();
         Router {
             shards: ArcSwap::from_pointee(set),
@@ -174,15 +210,14 @@ impl Router {
             tenants: TenantTable::new(),
             cursors: Cursors::new(),
             limits: options.limits,
-            deny: DenyList::new(options.deny),
             allow: options.allow,
             hash: options.hash,
             balance: options.balance,
             load: options.load,
             clock: options.clock,
+            forget_idle_tenants: options.forget_idle_tenants,
             disposed: AtomicBool::new(false),
             counters: Counters {
-                routes: StripedCounter::new(),
                 acquires: StripedCounter::new(),
                 decisions: std::array::from_fn(|_| StripedCounter::new()),
                 last_route: LastDuration::new(),
@@ -194,8 +229,20 @@ impl Router {
         &self.limits
     }
 
-    pub fn deny_list(&self) -> &DenyList {
-        &self.deny
+    /// Refuses a tenant with `denied` from the next request on; returns
+    /// whether it was newly denied.
+    pub fn deny(&self, tenant: &str) -> bool {
+        self.edit_membership(|m| Arc::make_mut(&mut m.denied).deny(tenant))
+    }
+
+    /// Lifts a denial; returns whether the tenant was denied.
+    pub fn undeny(&self, tenant: &str) -> bool {
+        self.edit_membership(|m| Arc::make_mut(&mut m.denied).allow(tenant))
+    }
+
+    /// The denied tenants, sorted.
+    pub fn denied(&self) -> Vec<String> {
+        self.shards.load().denied.list()
     }
 
     pub fn clock(&self) -> &Arc<dyn Clock> {
@@ -228,13 +275,16 @@ impl Router {
     }
 
     fn decide<'r>(&'r self, request: &RouteRequest<'_>, mode: Mode) -> RouteResult<'r> {
-        let start = self.clock.now_ms();
-        let result = self.decide_at(request, start, mode);
-        if mode != Mode::Explain {
-            self.counters.routes.incr();
+        let counted = mode != Mode::Explain;
+        let timed = counted && self.counters.last_route.sample();
+        let started = if timed { self.clock.precise_ms() } else { 0.0 };
+        let result = self.decide_at(request, self.clock.now_ms(), mode);
+        if counted {
             self.counters.decisions[result.decision.index()].incr();
-            let end = self.clock.now_ms();
-            self.counters.last_route.record(end, end - start);
+        }
+        if timed {
+            let ended = self.clock.precise_ms();
+            self.counters.last_route.record(ended, ended - started);
         }
         result
     }
@@ -245,14 +295,18 @@ impl Router {
         }
         let set = self.shards.load();
         let chosen = {
-            let candidates = match self.candidates(&set, req) {
+            let mut scratch = Scratch::new();
+            let candidates = match self.candidates(&set, req, &mut scratch) {
                 Ok(c) => c,
                 Err(decision) => return RouteResult::refused(decision),
             };
-            if !self.is_allowed(req.tenant) {
+            if !self.is_allowed(&set, req.tenant) {
                 return RouteResult::refused(Decision::Denied);
             }
-            let (verdict, tenant) = self.check_limits(req, now, mode);
+            let memo = self.placement_memo(req, &set, &candidates);
+            let (verdict, tenant, pick) = self.check_limits(req, now, mode, memo, || {
+                self.sticky(&RoutingKey::new(req.tenant, None), &candidates)
+            });
             match verdict {
                 Verdict::Admit => {}
                 Verdict::Capped => return RouteResult::refused(Decision::Capped),
@@ -267,7 +321,8 @@ impl Router {
                     }
                 }
             }
-            let entry = candidates[self.select(req, &candidates, mode)];
+            let pick = pick.unwrap_or_else(|| self.select(req, &candidates, mode));
+            let entry = candidates.get(pick);
             if mode != Mode::Explain {
                 entry.routed.incr();
             }
@@ -282,85 +337,119 @@ impl Router {
     }
 
     /// Steps 2–5: live shards, tenant allowlists, region, exclusions.
-    fn candidates<'s>(
+    fn candidates<'s: 'a, 'a>(
         &self,
         set: &'s ShardSet,
         req: &RouteRequest<'_>,
-    ) -> Result<Candidates<'s>, Decision> {
+        scratch: &'a mut Scratch<'s>,
+    ) -> Result<Candidates<'a>, Decision> {
         if set.live.is_empty() {
             return Err(Decision::NoShards);
         }
-        let mut c: Candidates<'s> = if set.live_dedicated {
-            set.live
-                .iter()
-                .filter(|e| e.admits_tenant(req.tenant))
-                .map(|e| &**e)
-                .collect()
-        } else {
-            set.live.iter().map(|e| &**e).collect()
-        };
-        if c.is_empty() {
-            return Err(Decision::NoTenantShards);
+        let filter_tenant = set.live_dedicated;
+        let filter_region = req.region.is_some() && set.live_regional;
+        if !filter_tenant && !filter_region && req.exclude.is_empty() {
+            return Ok(Candidates::All(&set.live));
         }
-        if let Some(region) = req.region {
-            c.retain(|e| e.serves_region(region));
-            if c.is_empty() {
+        scratch.extend(set.live.iter().map(|e| &**e));
+        if filter_tenant {
+            scratch.retain(|e| e.admits_tenant(req.tenant));
+            if scratch.is_empty() {
+                return Err(Decision::NoTenantShards);
+            }
+        }
+        if let Some(region) = req.region.filter(|_| filter_region) {
+            scratch.retain(|e| e.serves_region(region));
+            if scratch.is_empty() {
                 return Err(Decision::NoRegionShards);
             }
         }
         if !req.exclude.is_empty() {
-            c.retain(|e| !req.exclude.contains(e.id()));
-            if c.is_empty() {
+            scratch.retain(|e| !req.exclude.contains(e.id()));
+            if scratch.is_empty() {
                 return Err(Decision::NoShards);
             }
         }
-        Ok(c)
+        Ok(Candidates::Filtered(scratch))
     }
 
-    fn is_allowed(&self, tenant: &str) -> bool {
-        !self.deny.contains(tenant) && self.allow.as_ref().is_none_or(|hook| hook.allow(tenant))
+    fn is_allowed(&self, set: &ShardSet, tenant: &str) -> bool {
+        !set.denied.contains(tenant) && self.allow.as_ref().is_none_or(|hook| hook.allow(tenant))
     }
 
-    /// Steps 7–10 against the tenant's entry; in `Admit` mode also returns
-    /// the entry the admission counts on.
+    /// The membership generation under which this request's sticky pick
+    /// may be memoised in the tenant's slot: the pick must depend on nothing
+    /// but the tenant id and the unfiltered live list (no channel, no
+    /// filter, sticky balance, and a hash that reads no load and runs no
+    /// user code).
+    fn placement_memo(
+        &self,
+        req: &RouteRequest<'_>,
+        set: &ShardSet,
+        c: &Candidates<'_>,
+    ) -> Option<u64> {
+        let deterministic = match self.hash {
+            HashStrategy::Jump => true,
+            HashStrategy::Rendezvous | HashStrategy::Hrw => matches!(self.load, Load::None),
+            HashStrategy::Custom(_) => false,
+        };
+        let sticky = req.balance.unwrap_or(self.balance) == Balance::Sticky;
+        (deterministic && sticky && req.channel.is_none() && matches!(c, Candidates::All(_)))
+            .then_some(set.generation)
+    }
+
+    /// Steps 7–10 against the tenant's slot, under its table shard's lock.
+    /// In `Admit` mode also returns the entry the admission counts on; with
+    /// a memo generation, also the sticky pick (memoised in the slot).
     fn check_limits(
         &self,
         req: &RouteRequest<'_>,
         now: f64,
         mode: Mode,
-    ) -> (Verdict<'_>, Option<Arc<crate::limits::TenantEntry>>) {
+        memo: Option<u64>,
+        pick: impl FnOnce() -> usize,
+    ) -> (Verdict<'_>, Option<Arc<TenantEntry>>, Option<usize>) {
         let limits = &self.limits;
         let route = req.route.and_then(|r| limits.route_index(r));
-        let fresh = || limits.fresh_buckets(now);
-        let forgettable = |e: &crate::limits::TenantEntry| limits.is_forgettable(e, now);
-        match mode {
+        let spend = match mode {
             Mode::Explain => {
                 let verdict = self
                     .tenants
-                    .with_existing(req.tenant, |e| limits.check(e, route, now, Spend::Nothing))
+                    .with_existing(req.tenant, |e, s| {
+                        limits.check(e, s, route, now, Spend::Nothing)
+                    })
                     .unwrap_or_else(|| limits.check_fresh(route, now));
-                (verdict, None)
+                return (verdict, None, None);
             }
-            Mode::Route => {
-                let verdict = self
-                    .tenants
-                    .with_entry(req.tenant, fresh, forgettable, |e| {
-                        limits.check(e, route, now, Spend::Tokens)
-                    });
-                (verdict, None)
-            }
-            Mode::Admit => self
-                .tenants
-                .with_entry(req.tenant, fresh, forgettable, |e| {
-                    let verdict = limits.check(e, route, now, Spend::TokensAndAdmission);
-                    let entry = (verdict == Verdict::Admit).then(|| Arc::clone(e));
-                    (verdict, entry)
-                }),
-        }
+            Mode::Route => Spend::Tokens,
+            Mode::Admit => Spend::TokensAndAdmission,
+        };
+        let forget = self.forget_idle_tenants;
+        self.tenants.with_entry(
+            req.tenant,
+            || limits.fresh_buckets(now),
+            |e, s| forget && limits.is_forgettable(e, s, now),
+            |entry, state| {
+                let verdict = limits.check(entry, state, route, now, spend);
+                if verdict != Verdict::Admit {
+                    return (verdict, None, None);
+                }
+                let entry = (mode == Mode::Admit).then(|| Arc::clone(entry));
+                let pick = memo.map(|generation| match state.placement {
+                    Some((g, pos)) if g == generation => pos as usize,
+                    _ => {
+                        let pos = pick();
+                        state.placement = Some((generation, pos as u32));
+                        pos
+                    }
+                });
+                (verdict, entry, pick)
+            },
+        )
     }
 
     /// Step 11: pick among the candidates.
-    fn select(&self, req: &RouteRequest<'_>, candidates: &[&ShardEntry], mode: Mode) -> usize {
+    fn select(&self, req: &RouteRequest<'_>, candidates: &Candidates<'_>, mode: Mode) -> usize {
         let key = RoutingKey::new(req.tenant, req.channel);
         let len = candidates.len();
         let cursor = || {
@@ -374,12 +463,12 @@ impl Router {
             Balance::Sticky => self.sticky(&key, candidates),
             Balance::RoundRobin => round_robin(cursor(), len),
             Balance::LeastConnections => {
-                least_connections(cursor(), len, |i| candidates[i].active.get())
+                least_connections(cursor(), len, |i| candidates.get(i).active.get())
             }
         }
     }
 
-    fn sticky(&self, key: &RoutingKey<'_>, candidates: &[&ShardEntry]) -> usize {
+    fn sticky(&self, key: &RoutingKey<'_>, candidates: &Candidates<'_>) -> usize {
         let len = candidates.len();
         match &self.hash {
             HashStrategy::Jump => jump_hash(jump_key(key), len).unwrap_or(0),
@@ -390,21 +479,12 @@ impl Router {
                     effective_weight: self.effective_weight(e),
                 }),
             ),
-            HashStrategy::Hrw => {
-                let key_hash = hrw_key_hash(key);
-                let mut best = 0;
-                let mut best_score = f64::NEG_INFINITY;
-                for (i, e) in candidates.iter().enumerate() {
-                    if let Some(w) = self.effective_weight(e) {
-                        let score = hrw_score(key_hash, e.hrw_hash, w);
-                        if score > best_score {
-                            best = i;
-                            best_score = score;
-                        }
-                    }
-                }
-                best
-            }
+            HashStrategy::Hrw => hrw_pick(
+                key,
+                candidates
+                    .iter()
+                    .map(|e| (e.hrw_hash, self.effective_weight(e))),
+            ),
             HashStrategy::Custom(strategy) => {
                 let shards: SmallVec<[&Shard; 32]> = candidates.iter().map(|e| &*e.shard).collect();
                 clamp_index(strategy.pick(&key.to_joined(), &shards), len)
@@ -432,13 +512,14 @@ impl Router {
     pub fn acquire(&self, tenant: &str, shard: Option<&str>) -> AdmissionGuard {
         let now = self.clock.now_ms();
         let limits = &self.limits;
+        let forget = self.forget_idle_tenants;
         let entry = self.tenants.with_entry(
             tenant,
             || limits.fresh_buckets(now),
-            |e| limits.is_forgettable(e, now),
-            |e| {
-                e.active.fetch_add(1, Ordering::AcqRel);
-                Arc::clone(e)
+            |e, s| forget && limits.is_forgettable(e, s, now),
+            |entry, _| {
+                entry.active.fetch_add(1, Ordering::AcqRel);
+                Arc::clone(entry)
             },
         );
         let cell = shard.map(|id| {
@@ -565,14 +646,14 @@ impl Router {
     /// Live admissions of a tenant (0 for one the router does not know).
     pub fn tenant_active(&self, tenant: &str) -> u64 {
         self.tenants
-            .with_existing(tenant, |e| e.active())
+            .with_existing(tenant, |e, _| e.active())
             .unwrap_or(0)
     }
 
     pub fn metrics(&self) -> RouterMetrics {
         let c = &self.counters;
         let mut m = RouterMetrics {
-            routes: c.routes.get(),
+            routes: c.decisions.iter().map(StripedCounter::get).sum(),
             acquires: c.acquires.get(),
             allows: c.decisions[Decision::Allow.index()].get(),
             last_route_ms: c.last_route.get(),
@@ -607,8 +688,8 @@ impl Router {
     pub fn snapshot(&self) -> RouterSnapshot {
         let mut tenants = Vec::new();
         let mut route_buckets = Vec::new();
-        self.tenants.for_each(|e| {
-            let b = e.buckets.lock();
+        self.tenants.for_each(|e, state| {
+            let b = &state.buckets;
             tenants.push(TenantSnapshot {
                 active: e.active(),
                 last_refill_at: b.tenant.last_refill_at,

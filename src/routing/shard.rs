@@ -5,6 +5,7 @@
 
 use super::counters::{Gauge, StripedCounter};
 use super::hash::hrw_shard_hash;
+use crate::limits::DenyList;
 use serde::{Deserialize, Serialize};
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -164,6 +165,9 @@ impl ShardEntry {
 /// The published, immutable view of membership.
 #[derive(Default)]
 pub struct ShardSet {
+    /// Unique per published set: memos keyed by it are valid while it is
+    /// current.
+    pub(crate) generation: u64,
     /// Every registered shard, in registration order.
     pub all: Vec<Arc<ShardEntry>>,
     /// Healthy and not draining, in registration order.
@@ -171,8 +175,13 @@ pub struct ShardSet {
     /// Whether some live shard has an allowlist (else the tenant filter is
     /// skipped).
     pub(crate) live_dedicated: bool,
+    /// Whether some live shard has a region (else the region filter keeps
+    /// every shard and is skipped).
+    pub(crate) live_regional: bool,
     /// Gauges of ids acquired but not registered (the reference counts them).
     pub(crate) unregistered: HashMap<ShardId, Arc<Gauge>>,
+    /// Tenants refused with `denied`.
+    pub(crate) denied: Arc<DenyList>,
 }
 
 impl ShardSet {
@@ -199,6 +208,7 @@ pub(crate) struct Membership {
     /// appears in metrics once acquired.
     pub(crate) gauges: HashMap<ShardId, Arc<Gauge>>,
     pub(crate) routed: HashMap<ShardId, Arc<StripedCounter>>,
+    pub(crate) denied: Arc<DenyList>,
 }
 
 impl Membership {
@@ -256,7 +266,12 @@ impl Membership {
 
     /// Builds the view the request path reads.
     pub(crate) fn publish(&mut self) -> ShardSet {
-        let mut set = ShardSet::default();
+        static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let mut set = ShardSet {
+            generation: GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            denied: Arc::clone(&self.denied),
+            ..ShardSet::default()
+        };
         let shards = self.shards.clone();
         for shard in &shards {
             let status = self.status.get(&shard.id).copied().unwrap_or_default();
@@ -277,6 +292,7 @@ impl Membership {
             });
             if status.is_live() {
                 set.live_dedicated |= entry.allowlist.is_some();
+                set.live_regional |= entry.shard.region.is_some();
                 set.live.push(Arc::clone(&entry));
             }
             set.all.push(entry);
