@@ -71,6 +71,22 @@ fn apply_membership(router: &Router, step: &Value) -> bool {
     true
 }
 
+/// Applies a case's `setup` and checks the resulting live order against its
+/// `candidate_order`.
+fn set_up(router: &Router, case: &Value) {
+    let name = s(&case["name"]);
+    for step in case["setup"].as_array().unwrap() {
+        assert!(apply_membership(router, step), "{name}: op {step}");
+    }
+    let order: Vec<String> = case["candidate_order"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| s(x).to_string())
+        .collect();
+    assert_eq!(live_ids(router), order, "{name}: candidate order");
+}
+
 fn live_ids(router: &Router) -> Vec<String> {
     router
         .shard_set()
@@ -174,16 +190,7 @@ fn sticky_every_case() {
             shards: shards_of(case),
             ..Default::default()
         });
-        for step in case["setup"].as_array().unwrap() {
-            assert!(apply_membership(&router, step), "{name}: op {step}");
-        }
-        let order: Vec<String> = case["candidate_order"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| s(x).to_string())
-            .collect();
-        assert_eq!(live_ids(&router), order, "{name}: candidate order");
+        set_up(&router, case);
         for r in case["requests"].as_array().unwrap() {
             let mut req = RouteRequest::new(s(&r["tenant"]));
             req.channel = r["channel"].as_str();
@@ -215,16 +222,7 @@ fn rendezvous_every_case_and_score_bits() {
             load,
             ..Default::default()
         });
-        for step in case["setup"].as_array().unwrap() {
-            assert!(apply_membership(&router, step), "{name}: op {step}");
-        }
-        let order: Vec<String> = case["candidate_order"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| s(x).to_string())
-            .collect();
-        assert_eq!(live_ids(&router), order, "{name}: candidate order");
+        set_up(&router, case);
         let mut counts: BTreeMap<String, u64> = BTreeMap::new();
         for r in case["requests"].as_array().unwrap() {
             let shard = picked(&router, &RouteRequest::new(s(&r["tenant"])));
