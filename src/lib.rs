@@ -3,5 +3,6 @@
 //! [`routing`] and [`limits`] are the pure decision core (usable without
 //! Pingora); the gateway around them arrives with the proxy modules.
 
+pub mod config;
 pub mod limits;
 pub mod routing;

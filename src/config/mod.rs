@@ -1,0 +1,257 @@
+//! Configuration: one YAML file, parsed into raw structs (`raw.rs`), then
+//! validated into [`Config`] (`validate.rs`). Nothing past this module sees
+//! an `Option` that validation should have settled, and every error names
+//! the field (and, where the YAML parser knows it, the line and column).
+
+mod locate;
+mod raw;
+mod validate;
+
+use crate::limits::RateRule;
+use crate::routing::{Balance, Region, Shard};
+use http::{HeaderName, Method};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use validate::parse_shard_url;
+
+/// The validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub server: ServerSettings,
+    pub listen: Vec<Listener>,
+    /// `X-Forwarded-Proto` advertised upstream; `None` = the listener's scheme.
+    pub public_protocol: Option<Scheme>,
+    pub trust_forwarded_for: bool,
+    /// Set on upstream requests; a client-sent value is always removed.
+    pub tenant_header: HeaderName,
+    pub admin: AdminConfig,
+    pub shards: Vec<Shard>,
+    pub routing: RoutingConfig,
+    pub limits: LimitsConfig,
+    pub regions: Option<Vec<Region>>,
+    pub domains: DomainsConfig,
+    pub retry: RetryConfig,
+    pub upstream: UpstreamConfig,
+    pub health: HealthConfig,
+    pub state: Option<StateConfig>,
+    pub log: LogConfig,
+}
+
+/// Pingora's server settings (shardgate's defaults where they differ).
+#[derive(Clone, Debug)]
+pub struct ServerSettings {
+    pub threads: usize,
+    pub pid_file: String,
+    pub upgrade_sock: String,
+    pub daemon: bool,
+    pub error_log: Option<String>,
+    pub user: Option<String>,
+    pub group: Option<String>,
+    pub working_directory: Option<PathBuf>,
+    pub grace_period_seconds: u64,
+    pub graceful_shutdown_timeout_seconds: u64,
+    pub work_stealing: bool,
+    pub listener_tasks_per_fd: usize,
+    pub upstream_keepalive_pool_size: usize,
+    pub ca_file: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+impl Scheme {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Listener {
+    pub addr: SocketAddr,
+    /// `(certificate, key)` PEM paths: an HTTPS listener.
+    pub tls: Option<(PathBuf, PathBuf)>,
+}
+
+#[derive(Clone, Debug)]
+pub struct AdminConfig {
+    pub addr: SocketAddr,
+    /// `None`: only allowed on a loopback address, where `/v1/` is open.
+    pub token: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HashKind {
+    Jump,
+    Rendezvous,
+    Hrw,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadKind {
+    None,
+    ActiveConnections,
+}
+
+#[derive(Clone, Debug)]
+pub struct RoutingConfig {
+    pub hash: HashKind,
+    pub balance: Balance,
+    pub channel_header: Option<HeaderName>,
+    pub load: LoadKind,
+}
+
+#[derive(Clone, Debug)]
+pub struct LimitsConfig {
+    pub connection_cap: Option<u64>,
+    pub rate: RateRule,
+    /// Route prefix → bucket, in configuration order.
+    pub routes: Vec<(String, RateRule)>,
+    pub deny: Vec<String>,
+    /// The whole request head must arrive within this (slowloris) → 408.
+    pub header_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
+    /// Longest pause between two reads of a request body.
+    pub body_timeout: Duration,
+    /// How long an idle client keep-alive connection stays open.
+    pub keepalive_timeout: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct DomainsConfig {
+    pub map: Vec<(String, String)>,
+    pub fallback_suffix: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct RetryConfig {
+    /// Total tries per request (1 = no retry).
+    pub attempts: u32,
+    pub methods: Vec<Method>,
+    /// Retries in flight may be at most this share of requests in flight…
+    pub budget_percent: f64,
+    /// …or, whatever that share, this many per second.
+    pub budget_min_per_second: u32,
+}
+
+impl RetryConfig {
+    pub fn off() -> Self {
+        RetryConfig {
+            attempts: 1,
+            methods: Vec::new(),
+            budget_percent: 0.0,
+            budget_min_per_second: 0,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct LivenessConfig {
+    pub after: Duration,
+    pub probe_timeout: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct UpstreamConfig {
+    pub connect_timeout: Duration,
+    pub headers_timeout: Duration,
+    pub liveness: Option<LivenessConfig>,
+    /// How long an idle pooled upstream connection is kept.
+    pub keepalive_timeout: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct HealthConfig {
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub fall: u32,
+    pub rise: u32,
+}
+
+#[derive(Clone, Debug)]
+pub struct StateConfig {
+    pub path: PathBuf,
+    pub interval: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct LogConfig {
+    /// Level of the per-request access log line; `None` = off.
+    pub access: Option<log::Level>,
+}
+
+/// One problem with a configuration file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: Option<String>,
+    /// `(line, column)`, 1-based, where known.
+    pub position: Option<(usize, usize)>,
+    /// The field, e.g. `shards[1].url` (empty for the document itself).
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(file) = &self.file {
+            write!(f, "{file}:")?;
+            if let Some((line, col)) = self.position {
+                write!(f, "{line}:{col}:")?;
+            }
+            f.write_str(" ")?;
+        }
+        if !self.field.is_empty() {
+            write!(f, "{}: ", self.field)?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+/// Every problem found (at least one).
+#[derive(Clone, Debug)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "error: {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+impl Config {
+    /// Reads and validates a configuration file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigErrors> {
+        let path = path.as_ref();
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                file: Some(file.clone()),
+                position: None,
+                field: String::new(),
+                message: format!("cannot read the file: {e}"),
+            }])
+        })?;
+        Config::parse(&text, Some(&file))
+    }
+
+    /// Parses and validates configuration text; `file` only labels errors.
+    pub fn parse(text: &str, file: Option<&str>) -> Result<Config, ConfigErrors> {
+        validate::parse(text, file)
+    }
+}

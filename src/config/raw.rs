@@ -1,0 +1,233 @@
+//! The file format exactly as written: serde structs that reject unknown
+//! keys. Nothing here is validated beyond types; `validate.rs` turns these
+//! into the `Config` the rest of the program uses.
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    #[serde(default)]
+    pub server: RawServer,
+    pub listen: Vec<RawListen>,
+    pub public_protocol: Option<String>,
+    #[serde(default)]
+    pub trust_forwarded_for: bool,
+    pub tenant_header: Option<String>,
+    pub admin: Option<RawAdmin>,
+    pub shards: Vec<RawShard>,
+    #[serde(default)]
+    pub routing: RawRouting,
+    #[serde(default)]
+    pub limits: RawLimits,
+    pub regions: Option<Vec<RawRegion>>,
+    pub domains: RawDomains,
+    #[serde(default)]
+    pub retry: Switch<RawRetry>,
+    #[serde(default)]
+    pub upstream: RawUpstream,
+    #[serde(default)]
+    pub health: RawHealth,
+    #[serde(default)]
+    pub state: Switch<RawState>,
+    #[serde(default)]
+    pub log: RawLog,
+}
+
+/// Pingora's server settings that make sense in one file with ours.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    pub threads: Option<usize>,
+    pub pid_file: Option<String>,
+    pub upgrade_sock: Option<String>,
+    pub daemon: Option<bool>,
+    pub error_log: Option<String>,
+    pub user: Option<String>,
+    pub group: Option<String>,
+    pub working_directory: Option<String>,
+    pub grace_period_seconds: Option<u64>,
+    pub graceful_shutdown_timeout_seconds: Option<u64>,
+    pub work_stealing: Option<bool>,
+    pub listener_tasks_per_fd: Option<usize>,
+    pub upstream_keepalive_pool_size: Option<usize>,
+    pub ca_file: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawListen {
+    pub addr: String,
+    pub tls: Option<RawTls>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    pub cert: String,
+    pub key: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    pub addr: String,
+    pub token_file: Option<String>,
+    pub token_env: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawShard {
+    pub id: String,
+    pub url: String,
+    pub weight: Option<f64>,
+    pub region: Option<String>,
+    pub tenants: Option<Vec<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRouting {
+    pub hash: Option<String>,
+    pub balance: Option<String>,
+    pub channel_header: Option<String>,
+    pub load: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRate {
+    pub tokens: f64,
+    pub refill_per_second: f64,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimits {
+    pub connection_cap: Option<i64>,
+    pub rate: Option<RawRate>,
+    #[serde(default)]
+    pub routes: BTreeMap<String, RawRate>,
+    #[serde(default)]
+    pub deny: Vec<String>,
+    pub header_timeout_ms: Option<u64>,
+    pub max_header_bytes: Option<usize>,
+    pub max_headers: Option<usize>,
+    pub body_timeout_ms: Option<u64>,
+    pub keepalive_timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRegion {
+    pub id: String,
+    pub weight: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDomains {
+    #[serde(default)]
+    pub map: indexmap::IndexMap<String, String>,
+    pub fallback_suffix: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRetry {
+    pub attempts: Option<u32>,
+    pub methods: Option<Vec<String>>,
+    pub budget_percent: Option<f64>,
+    pub budget_min_per_second: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    pub connect_timeout_ms: Option<u64>,
+    pub headers_timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub liveness: Switch<RawLiveness>,
+    pub keepalive_timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLiveness {
+    pub after_ms: Option<u64>,
+    pub probe_timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHealth {
+    pub interval_ms: Option<u64>,
+    pub timeout_ms: Option<u64>,
+    pub fall: Option<u32>,
+    pub rise: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawState {
+    pub path: Option<String>,
+    pub interval_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLog {
+    /// Access log: `off` or a `log` level (`error` … `trace`).
+    pub access: Option<String>,
+}
+
+/// A section that can be turned off with `false` (or spelt out, or left at
+/// its defaults with `true` or by omission).
+#[derive(Debug)]
+pub enum Switch<T> {
+    Off,
+    On(T),
+}
+
+impl<T: Default> Default for Switch<T> {
+    fn default() -> Self {
+        Switch::On(T::default())
+    }
+}
+
+impl<'de, T: Deserialize<'de> + Default> Deserialize<'de> for Switch<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct SwitchVisitor<T>(PhantomData<T>);
+
+        impl<'de, T: Deserialize<'de> + Default> Visitor<'de> for SwitchVisitor<T> {
+            type Value = Switch<T>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("`false`, `true` or a mapping")
+            }
+
+            fn visit_bool<E: de::Error>(self, on: bool) -> Result<Self::Value, E> {
+                Ok(if on {
+                    Switch::On(T::default())
+                } else {
+                    Switch::Off
+                })
+            }
+
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Switch::On(T::default()))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                T::deserialize(de::value::MapAccessDeserializer::new(map)).map(Switch::On)
+            }
+        }
+
+        d.deserialize_any(SwitchVisitor(PhantomData))
+    }
+}

@@ -1,0 +1,615 @@
+//! Raw structs → validated [`Config`], with defaults. Every check names the
+//! field it refuses; positions come from `locate.rs`.
+
+use super::locate::{self, Position};
+use super::raw::*;
+use super::*;
+use crate::routing::{DomainMap, Fallback};
+use std::collections::{BTreeSet, HashMap};
+use std::net::ToSocketAddrs;
+
+/// Collects errors with the field positions of one document.
+struct Checker<'a> {
+    file: Option<&'a str>,
+    positions: HashMap<String, Position>,
+    errors: Vec<ConfigError>,
+}
+
+impl Checker<'_> {
+    fn error(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        let field = field.into();
+        self.errors.push(ConfigError {
+            file: self.file.map(str::to_string),
+            position: locate::find(&self.positions, &field),
+            field,
+            message: message.into(),
+        });
+    }
+
+    fn positive_ms(&mut self, field: &str, value: Option<u64>, default: u64) -> Duration {
+        let ms = value.unwrap_or(default);
+        if ms == 0 {
+            self.error(field, "must be greater than 0");
+        }
+        Duration::from_millis(ms)
+    }
+
+    fn at_least_one(&mut self, field: &str, value: Option<u32>, default: u32) -> u32 {
+        let n = value.unwrap_or(default);
+        if n == 0 {
+            self.error(field, "must be at least 1");
+        }
+        n
+    }
+
+    fn rate(&mut self, field: &str, raw: &RawRate) -> RateRule {
+        if raw.tokens.is_nan() || raw.tokens < 0.0 {
+            self.error(format!("{field}.tokens"), "must be a number ≥ 0");
+        }
+        if !raw.refill_per_second.is_finite() || raw.refill_per_second < 0.0 {
+            self.error(
+                format!("{field}.refill_per_second"),
+                "must be a finite number ≥ 0",
+            );
+        }
+        RateRule::new(raw.tokens, raw.refill_per_second)
+    }
+
+    fn weight(&mut self, field: &str, weight: Option<f64>) -> f64 {
+        let w = weight.unwrap_or(1.0);
+        if !w.is_finite() || w < 0.0 {
+            self.error(field, "must be a finite number ≥ 0");
+        }
+        w
+    }
+
+    fn header_name(&mut self, field: &str, name: &str) -> Option<HeaderName> {
+        match HeaderName::from_bytes(name.as_bytes()) {
+            Ok(h) => Some(h),
+            Err(_) => {
+                self.error(field, format!("`{name}` is not a valid header name"));
+                None
+            }
+        }
+    }
+}
+
+/// Turns a serde_yaml error into ours: `shards[1]: message at line 4
+/// column 5` → field, message, position.
+fn parse_error(e: &serde_yaml::Error, file: Option<&str>) -> ConfigError {
+    let mut message = e.to_string();
+    let position = e.location().map(|l| (l.line(), l.column()));
+    if let Some(at) = message.rfind(" at line ") {
+        message.truncate(at);
+    }
+    let mut field = String::new();
+    if let Some((head, rest)) = message.split_once(": ") {
+        let looks_like_path = !head.is_empty()
+            && head
+                .chars()
+                .all(|c| c.is_alphanumeric() || "._-[]/*".contains(c));
+        if looks_like_path {
+            field = head.to_string();
+            message = rest.to_string();
+        }
+    }
+    ConfigError {
+        file: file.map(str::to_string),
+        position,
+        field,
+        message,
+    }
+}
+
+pub fn parse(text: &str, file: Option<&str>) -> Result<Config, ConfigErrors> {
+    let raw: RawConfig = match serde_yaml::from_str(text) {
+        Ok(raw) => raw,
+        Err(e) => return Err(ConfigErrors(vec![parse_error(&e, file)])),
+    };
+    let mut c = Checker {
+        file,
+        positions: locate::positions(text),
+        errors: Vec::new(),
+    };
+    let config = check(&mut c, raw);
+    if c.errors.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigErrors(c.errors))
+    }
+}
+
+fn check(c: &mut Checker<'_>, raw: RawConfig) -> Config {
+    let server = check_server(c, raw.server);
+    let listen = check_listen(c, raw.listen);
+    let public_protocol = raw.public_protocol.as_deref().and_then(|p| match p {
+        "http" => Some(Scheme::Http),
+        "https" => Some(Scheme::Https),
+        other => {
+            c.error(
+                "public_protocol",
+                format!("`{other}`: expected http or https"),
+            );
+            None
+        }
+    });
+    let tenant_header = raw
+        .tenant_header
+        .as_deref()
+        .map_or(Some(HeaderName::from_static("x-tenant-id")), |h| {
+            c.header_name("tenant_header", h)
+        })
+        .unwrap_or(HeaderName::from_static("x-tenant-id"));
+    let admin = check_admin(c, raw.admin);
+    let regions = check_regions(c, raw.regions);
+    let shards = check_shards(c, raw.shards, regions.as_deref());
+    let routing = check_routing(c, raw.routing);
+    let limits = check_limits(c, raw.limits);
+    let domains = check_domains(c, raw.domains);
+    let retry = check_retry(c, raw.retry);
+    let upstream = check_upstream(c, raw.upstream);
+    let health = check_health(c, raw.health);
+    let state = match raw.state {
+        Switch::Off => None,
+        Switch::On(s) => Some(StateConfig {
+            path: PathBuf::from(
+                s.path
+                    .unwrap_or_else(|| "/var/lib/shardgate/state.json".to_string()),
+            ),
+            interval: c.positive_ms("state.interval_ms", s.interval_ms, 1000),
+        }),
+    };
+    let log = LogConfig {
+        access: match raw.log.access.as_deref() {
+            None | Some("off") => None,
+            Some(level) => match level.parse::<log::Level>() {
+                Ok(l) => Some(l),
+                Err(_) => {
+                    c.error(
+                        "log.access",
+                        format!("`{level}`: expected off, error, warn, info, debug or trace"),
+                    );
+                    None
+                }
+            },
+        },
+    };
+    Config {
+        server,
+        listen,
+        public_protocol,
+        trust_forwarded_for: raw.trust_forwarded_for,
+        tenant_header,
+        admin,
+        shards,
+        routing,
+        limits,
+        regions,
+        domains,
+        retry,
+        upstream,
+        health,
+        state,
+        log,
+    }
+}
+
+fn check_server(c: &mut Checker<'_>, s: RawServer) -> ServerSettings {
+    let threads = s.threads.unwrap_or(2);
+    if threads == 0 {
+        c.error("server.threads", "must be at least 1");
+    }
+    let listener_tasks_per_fd = s.listener_tasks_per_fd.unwrap_or(1);
+    if listener_tasks_per_fd == 0 {
+        c.error("server.listener_tasks_per_fd", "must be at least 1");
+    }
+    ServerSettings {
+        threads,
+        pid_file: s
+            .pid_file
+            .unwrap_or_else(|| "/tmp/shardgate.pid".to_string()),
+        upgrade_sock: s
+            .upgrade_sock
+            .unwrap_or_else(|| "/tmp/shardgate_upgrade.sock".to_string()),
+        daemon: s.daemon.unwrap_or(false),
+        error_log: s.error_log,
+        user: s.user,
+        group: s.group,
+        working_directory: s.working_directory.map(PathBuf::from),
+        grace_period_seconds: s.grace_period_seconds.unwrap_or(5),
+        graceful_shutdown_timeout_seconds: s.graceful_shutdown_timeout_seconds.unwrap_or(5),
+        work_stealing: s.work_stealing.unwrap_or(true),
+        listener_tasks_per_fd,
+        upstream_keepalive_pool_size: s.upstream_keepalive_pool_size.unwrap_or(1024),
+        ca_file: s.ca_file,
+    }
+}
+
+fn socket_addr(c: &mut Checker<'_>, field: &str, addr: &str) -> Option<SocketAddr> {
+    match addr.parse::<SocketAddr>() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            c.error(
+                field,
+                format!(
+                    "`{addr}`: expected an IP address and port, e.g. 0.0.0.0:8080 or [::]:8080"
+                ),
+            );
+            None
+        }
+    }
+}
+
+fn check_listen(c: &mut Checker<'_>, listen: Vec<RawListen>) -> Vec<Listener> {
+    if listen.is_empty() {
+        c.error("listen", "at least one listener is needed");
+    }
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for (i, l) in listen.into_iter().enumerate() {
+        let field = format!("listen[{i}].addr");
+        let Some(addr) = socket_addr(c, &field, &l.addr) else {
+            continue;
+        };
+        if !seen.insert(addr) {
+            c.error(field, format!("`{addr}` is listed twice"));
+        }
+        let tls = l.tls.map(|t| {
+            for (name, path) in [("cert", &t.cert), ("key", &t.key)] {
+                if !Path::new(path).is_file() {
+                    c.error(
+                        format!("listen[{i}].tls.{name}"),
+                        format!("`{path}`: no such file"),
+                    );
+                }
+            }
+            (PathBuf::from(t.cert), PathBuf::from(t.key))
+        });
+        out.push(Listener { addr, tls });
+    }
+    out
+}
+
+fn check_admin(c: &mut Checker<'_>, admin: Option<RawAdmin>) -> AdminConfig {
+    let raw = admin.unwrap_or(RawAdmin {
+        addr: "127.0.0.1:9901".to_string(),
+        token_file: None,
+        token_env: None,
+    });
+    let addr = socket_addr(c, "admin.addr", &raw.addr)
+        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 9901)));
+    let token = match (&raw.token_file, &raw.token_env) {
+        (Some(_), Some(_)) => {
+            c.error("admin.token_env", "give token_file or token_env, not both");
+            None
+        }
+        (Some(path), None) => match std::fs::read_to_string(path) {
+            Ok(t) => Some(t.trim_end_matches(['\n', '\r']).to_string()),
+            Err(e) => {
+                c.error("admin.token_file", format!("`{path}`: cannot read it: {e}"));
+                None
+            }
+        },
+        (None, Some(var)) => match std::env::var(var) {
+            Ok(t) => Some(t),
+            Err(_) => {
+                c.error(
+                    "admin.token_env",
+                    format!("environment variable `{var}` is not set"),
+                );
+                None
+            }
+        },
+        (None, None) => None,
+    };
+    if token.as_deref() == Some("") {
+        c.error("admin", "the admin token is empty");
+    }
+    let has_token = raw.token_file.is_some() || raw.token_env.is_some();
+    if !has_token && !addr.ip().is_loopback() {
+        c.error(
+            "admin.addr",
+            format!("`{addr}` is not a loopback address: set admin.token_file or admin.token_env"),
+        );
+    }
+    AdminConfig { addr, token }
+}
+
+fn check_regions(c: &mut Checker<'_>, regions: Option<Vec<RawRegion>>) -> Option<Vec<Region>> {
+    let regions = regions?;
+    if regions.is_empty() {
+        c.error(
+            "regions",
+            "list at least one region, or leave the section out",
+        );
+    }
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for (i, r) in regions.into_iter().enumerate() {
+        if r.id.is_empty() {
+            c.error(format!("regions[{i}].id"), "must not be empty");
+        } else if !seen.insert(r.id.clone()) {
+            c.error(
+                format!("regions[{i}].id"),
+                format!("duplicate region id `{}`", r.id),
+            );
+        }
+        let weight = c.weight(&format!("regions[{i}].weight"), r.weight);
+        out.push(Region { id: r.id, weight });
+    }
+    Some(out)
+}
+
+/// A shard URL: `http`/`https` (`ws`/`wss` accepted as aliases), a host and
+/// a port, no path. Returns `(tls, host, port)`.
+pub fn parse_shard_url(url: &str) -> Result<(bool, String, u16), String> {
+    let uri: http::Uri = url.parse().map_err(|_| format!("`{url}` is not a URL"))?;
+    let tls = match uri.scheme_str() {
+        Some("http") | Some("ws") => false,
+        Some("https") | Some("wss") => true,
+        Some(other) => {
+            return Err(format!(
+                "`{url}`: scheme `{other}` is not http, https, ws or wss"
+            ))
+        }
+        None => return Err(format!("`{url}`: the scheme is missing (http://host:port)")),
+    };
+    let host = uri
+        .host()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| format!("`{url}`: the host is missing"))?;
+    let port = uri
+        .port_u16()
+        .ok_or_else(|| format!("`{url}`: the port is missing (http://host:port)"))?;
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err(format!(
+            "`{url}`: a shard URL has no path or query (requests keep their own)"
+        ));
+    }
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    Ok((tls, host, port))
+}
+
+fn check_shards(
+    c: &mut Checker<'_>,
+    shards: Vec<RawShard>,
+    regions: Option<&[Region]>,
+) -> Vec<Shard> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for (i, s) in shards.into_iter().enumerate() {
+        if s.id.is_empty() {
+            c.error(format!("shards[{i}].id"), "must not be empty");
+        } else if !seen.insert(s.id.clone()) {
+            c.error(
+                format!("shards[{i}].id"),
+                format!("duplicate shard id `{}`", s.id),
+            );
+        }
+        match parse_shard_url(&s.url) {
+            Ok((_, host, port)) => {
+                if host.parse::<std::net::IpAddr>().is_err()
+                    && (host.as_str(), port).to_socket_addrs().is_err()
+                {
+                    c.error(
+                        format!("shards[{i}].url"),
+                        format!("cannot resolve host `{host}`"),
+                    );
+                }
+            }
+            Err(msg) => c.error(format!("shards[{i}].url"), msg),
+        }
+        let weight = c.weight(&format!("shards[{i}].weight"), s.weight);
+        if let (Some(region), Some(regions)) = (&s.region, regions) {
+            if !regions.iter().any(|r| &r.id == region) {
+                c.error(
+                    format!("shards[{i}].region"),
+                    format!("unknown region `{region}` (not in `regions`)"),
+                );
+            }
+        }
+        out.push(Shard {
+            id: crate::routing::ShardId::new(&s.id),
+            url: s.url,
+            weight,
+            region: s.region,
+            tenants: s.tenants,
+        });
+    }
+    out
+}
+
+fn check_routing(c: &mut Checker<'_>, r: RawRouting) -> RoutingConfig {
+    let hash = match r.hash.as_deref().unwrap_or("jump") {
+        "jump" => HashKind::Jump,
+        "rendezvous" => HashKind::Rendezvous,
+        "hrw" => HashKind::Hrw,
+        other => {
+            c.error(
+                "routing.hash",
+                format!("unknown hash `{other}` (expected jump, rendezvous or hrw)"),
+            );
+            HashKind::Jump
+        }
+    };
+    let balance = match r.balance.as_deref().unwrap_or("sticky").parse::<Balance>() {
+        Ok(b) => b,
+        Err(msg) => {
+            c.error("routing.balance", msg);
+            Balance::Sticky
+        }
+    };
+    let load = match r.load.as_deref().unwrap_or("none") {
+        "none" => LoadKind::None,
+        "active-connections" => LoadKind::ActiveConnections,
+        other => {
+            c.error(
+                "routing.load",
+                format!("unknown load `{other}` (expected none or active-connections)"),
+            );
+            LoadKind::None
+        }
+    };
+    let channel_header = r
+        .channel_header
+        .as_deref()
+        .and_then(|h| c.header_name("routing.channel_header", h));
+    RoutingConfig {
+        hash,
+        balance,
+        channel_header,
+        load,
+    }
+}
+
+fn check_limits(c: &mut Checker<'_>, l: RawLimits) -> LimitsConfig {
+    let connection_cap = l.connection_cap.and_then(|cap| match u64::try_from(cap) {
+        Ok(cap) => Some(cap),
+        Err(_) => {
+            c.error("limits.connection_cap", "must be an integer ≥ 0");
+            None
+        }
+    });
+    let rate = l
+        .rate
+        .as_ref()
+        .map_or(RateRule::UNLIMITED, |r| c.rate("limits.rate", r));
+    let mut routes = Vec::new();
+    for (prefix, rule) in &l.routes {
+        let field = format!("limits.routes.{prefix}");
+        if !prefix.starts_with('/') {
+            c.error(
+                &field,
+                format!("route prefix `{prefix}` must start with `/`"),
+            );
+        }
+        let rule = c.rate(&field, rule);
+        routes.push((prefix.clone(), rule));
+    }
+    let max_header_bytes = l.max_header_bytes.unwrap_or(32 * 1024);
+    if max_header_bytes < 1024 {
+        c.error("limits.max_header_bytes", "must be at least 1024");
+    }
+    let max_headers = l.max_headers.unwrap_or(100);
+    if max_headers == 0 {
+        c.error("limits.max_headers", "must be at least 1");
+    }
+    LimitsConfig {
+        connection_cap,
+        rate,
+        routes,
+        deny: l.deny,
+        header_timeout: c.positive_ms("limits.header_timeout_ms", l.header_timeout_ms, 10_000),
+        max_header_bytes,
+        max_headers,
+        body_timeout: c.positive_ms("limits.body_timeout_ms", l.body_timeout_ms, 60_000),
+        keepalive_timeout: c.positive_ms(
+            "limits.keepalive_timeout_ms",
+            l.keepalive_timeout_ms,
+            60_000,
+        ),
+    }
+}
+
+fn check_domains(c: &mut Checker<'_>, d: RawDomains) -> DomainsConfig {
+    let probe = DomainMap::new(Fallback::None);
+    let mut map = Vec::new();
+    for (host, tenant) in d.map {
+        let field = format!("domains.map.{host}");
+        if tenant.is_empty() {
+            c.error(&field, "the tenant must not be empty");
+        }
+        if crate::routing::domain::normalize(&host).is_empty() {
+            c.error(&field, "the host is empty");
+        }
+        if let Err(e) = probe.add(&host, &tenant) {
+            c.error(&field, e.to_string());
+        }
+        map.push((host, tenant));
+    }
+    if let Some(suffix) = &d.fallback_suffix {
+        let trimmed = suffix.trim_start_matches('.');
+        if trimmed.is_empty() || suffix.contains('*') || suffix.contains(':') {
+            c.error(
+                "domains.fallback_suffix",
+                format!("`{suffix}`: expected a domain suffix such as .apps.example.com"),
+            );
+        }
+    }
+    DomainsConfig {
+        map,
+        fallback_suffix: d.fallback_suffix,
+    }
+}
+
+fn check_retry(c: &mut Checker<'_>, r: Switch<RawRetry>) -> RetryConfig {
+    let Switch::On(r) = r else {
+        return RetryConfig::off();
+    };
+    let attempts = c.at_least_one("retry.attempts", r.attempts, 2);
+    let methods = r
+        .methods
+        .unwrap_or_else(|| vec!["GET".into(), "HEAD".into(), "OPTIONS".into()])
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, m)| {
+            let valid = !m.is_empty() && m.bytes().all(|b| b.is_ascii_uppercase());
+            match (valid, Method::from_bytes(m.as_bytes())) {
+                (true, Ok(method)) => Some(method),
+                _ => {
+                    c.error(
+                        format!("retry.methods[{i}]"),
+                        format!("`{m}` is not an HTTP method in upper case"),
+                    );
+                    None
+                }
+            }
+        })
+        .collect();
+    let budget_percent = r.budget_percent.unwrap_or(20.0);
+    if !(0.0..=100.0).contains(&budget_percent) {
+        c.error("retry.budget_percent", "must be between 0 and 100");
+    }
+    RetryConfig {
+        attempts,
+        methods,
+        budget_percent,
+        budget_min_per_second: r.budget_min_per_second.unwrap_or(10),
+    }
+}
+
+fn check_upstream(c: &mut Checker<'_>, u: RawUpstream) -> UpstreamConfig {
+    let liveness = match u.liveness {
+        Switch::Off => None,
+        Switch::On(l) => Some(LivenessConfig {
+            after: c.positive_ms("upstream.liveness.after_ms", l.after_ms, 1000),
+            probe_timeout: c.positive_ms(
+                "upstream.liveness.probe_timeout_ms",
+                l.probe_timeout_ms,
+                500,
+            ),
+        }),
+    };
+    UpstreamConfig {
+        connect_timeout: c.positive_ms("upstream.connect_timeout_ms", u.connect_timeout_ms, 2000),
+        headers_timeout: c.positive_ms("upstream.headers_timeout_ms", u.headers_timeout_ms, 30_000),
+        liveness,
+        keepalive_timeout: c.positive_ms(
+            "upstream.keepalive_timeout_ms",
+            u.keepalive_timeout_ms,
+            60_000,
+        ),
+    }
+}
+
+fn check_health(c: &mut Checker<'_>, h: RawHealth) -> HealthConfig {
+    HealthConfig {
+        interval: c.positive_ms("health.interval_ms", h.interval_ms, 2000),
+        timeout: c.positive_ms("health.timeout_ms", h.timeout_ms, 1000),
+        fall: c.at_least_one("health.fall", h.fall, 3),
+        rise: c.at_least_one("health.rise", h.rise, 2),
+    }
+}

@@ -1,0 +1,126 @@
+//! The configuration file: the example loads with its values, defaults
+//! apply, and every kind of mistake is refused with the field (and line)
+//! named.
+
+use shardgate::config::{Config, HashKind, LoadKind, Scheme};
+use shardgate::routing::Balance;
+use std::time::Duration;
+
+const MINIMAL: &str = "listen: [{ addr: 127.0.0.1:8080 }]\nshards: []\ndomains: {}\n";
+
+#[test]
+fn the_example_configuration_loads() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/conf/shardgate.yaml");
+    let c = Config::load(path).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.shards.len(), 4);
+    assert_eq!(c.shards[1].weight, 2.0);
+    assert_eq!(
+        c.shards[3].tenants.as_deref(),
+        Some(&["acme".to_string()][..])
+    );
+    assert_eq!(c.public_protocol, Some(Scheme::Https));
+    assert_eq!(c.routing.hash, HashKind::Jump);
+    assert_eq!(c.limits.connection_cap, Some(100));
+    assert_eq!(c.limits.routes[0].0, "/api/export");
+    assert_eq!(c.regions.as_ref().map(Vec::len), Some(2));
+    assert_eq!(c.domains.map.len(), 2);
+    assert_eq!(c.retry.attempts, 2);
+    assert_eq!(
+        c.upstream.liveness.map(|l| l.after),
+        Some(Duration::from_millis(1000))
+    );
+}
+
+#[test]
+fn defaults_fill_every_optional_section() {
+    let c = Config::parse(MINIMAL, None).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.server.grace_period_seconds, 5);
+    assert_eq!(c.server.graceful_shutdown_timeout_seconds, 5);
+    assert_eq!(c.tenant_header.as_str(), "x-tenant-id");
+    assert_eq!(c.routing.balance, Balance::Sticky);
+    assert_eq!(c.routing.load, LoadKind::None);
+    assert_eq!(c.limits.connection_cap, None);
+    assert!(c.limits.rate.is_unlimited());
+    assert_eq!(c.limits.header_timeout, Duration::from_secs(10));
+    assert_eq!(c.retry.attempts, 2);
+    assert_eq!(c.retry.methods.len(), 3);
+    assert_eq!(c.upstream.headers_timeout, Duration::from_secs(30));
+    assert_eq!(c.health.fall, 3);
+    assert_eq!(c.health.rise, 2);
+    assert_eq!(c.admin.addr.to_string(), "127.0.0.1:9901");
+    assert!(c.admin.token.is_none());
+}
+
+#[test]
+fn switches_turn_sections_off() {
+    let text = format!("{MINIMAL}retry: false\nupstream: {{ liveness: false }}\nstate: false\n");
+    let c = Config::parse(&text, None).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.retry.attempts, 1);
+    assert!(c.upstream.liveness.is_none());
+    assert!(c.state.is_none());
+}
+
+/// (what is wrong, YAML, the field the error must name, the line it must give)
+const BROKEN: &[(&str, &str, &str, usize)] = &[
+    ("unknown top-level key", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nlimitz: {}\n", "", 4),
+    ("typo in a limit", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nlimits:\n  conection_cap: 3\n", "limits", 5),
+    ("negative tokens", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nlimits:\n  rate: { tokens: -1, refill_per_second: 1 }\n", "limits.rate.tokens", 5),
+    ("negative refill", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nlimits:\n  routes:\n    /x: { tokens: 1, refill_per_second: -2 }\n", "limits.routes./x.refill_per_second", 6),
+    ("negative cap", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nlimits:\n  connection_cap: -5\n", "limits.connection_cap", 5),
+    ("route without slash", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nlimits:\n  routes:\n    api: { tokens: 1, refill_per_second: 1 }\n", "limits.routes.api", 6),
+    ("negative weight", "listen: [{ addr: 127.0.0.1:80 }]\nshards:\n  - { id: a, url: \"http://127.0.0.1:1\", weight: -1 }\ndomains: {}\n", "shards[0].weight", 3),
+    ("weight not a number", "listen: [{ addr: 127.0.0.1:80 }]\nshards:\n  - { id: a, url: \"http://127.0.0.1:1\", weight: heavy }\ndomains: {}\n", "shards[0].weight", 3),
+    ("unknown balance", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nrouting:\n  balance: random\n", "routing.balance", 5),
+    ("unknown hash", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nrouting: { hash: md5 }\n", "routing.hash", 4),
+    ("url without scheme", "listen: [{ addr: 127.0.0.1:80 }]\nshards:\n  - id: a\n    url: 127.0.0.1:3000\ndomains: {}\n", "shards[0].url", 4),
+    ("url without port", "listen: [{ addr: 127.0.0.1:80 }]\nshards:\n  - id: a\n    url: http://127.0.0.1\ndomains: {}\n", "shards[0].url", 4),
+    ("ftp url", "listen: [{ addr: 127.0.0.1:80 }]\nshards:\n  - id: a\n    url: ftp://127.0.0.1:21\ndomains: {}\n", "shards[0].url", 4),
+    ("duplicate shard id", "listen: [{ addr: 127.0.0.1:80 }]\nshards:\n  - { id: a, url: \"http://127.0.0.1:1\" }\n  - { id: a, url: \"http://127.0.0.1:2\" }\ndomains: {}\n", "shards[1].id", 4),
+    ("duplicate region id", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nregions:\n  - { id: us }\n  - { id: us }\n", "regions[1].id", 6),
+    ("shard in an unknown region", "listen: [{ addr: 127.0.0.1:80 }]\nshards:\n  - { id: a, url: \"http://127.0.0.1:1\", region: mars }\ndomains: {}\nregions: [{ id: us }]\n", "shards[0].region", 3),
+    ("bad wildcard", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains:\n  map:\n    \"a.*.com\": t\n", "domains.map.a.*.com", 5),
+    ("tokenless admin on all interfaces", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nadmin: { addr: 0.0.0.0:9901 }\n", "admin.addr", 4),
+    ("unreadable token file", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nadmin: { addr: 0.0.0.0:9901, token_file: /nonexistent/token }\n", "admin.token_file", 4),
+    ("listen address without port", "listen: [{ addr: 127.0.0.1 }]\nshards: []\ndomains: {}\n", "listen[0].addr", 1),
+    ("missing listen", "shards: []\ndomains: {}\n", "", 1),
+    ("lowercase retry method", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nretry: { methods: [get] }\n", "retry.methods[0]", 4),
+    ("zero attempts", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nretry: { attempts: 0 }\n", "retry.attempts", 4),
+    ("zero headers timeout", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nupstream:\n  headers_timeout_ms: 0\n", "upstream.headers_timeout_ms", 5),
+    ("liveness typo", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nupstream:\n  liveness: { after: 5 }\n", "upstream.liveness", 5),
+    ("zero rise", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nhealth: { rise: 0 }\n", "health.rise", 4),
+    ("bad tenant header", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ntenant_header: \"x tenant\"\n", "tenant_header", 4),
+    ("bad public protocol", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\npublic_protocol: gopher\n", "public_protocol", 4),
+    ("unknown server setting", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nserver: { treads: 4 }\n", "server", 4),
+    ("not yaml", "listen: [\n", "", 2),
+];
+
+#[test]
+fn broken_configurations_are_refused_naming_the_field_and_line() {
+    for (what, text, field, line) in BROKEN {
+        let errors = match Config::parse(text, Some("test.yaml")) {
+            Ok(_) => panic!("{what}: accepted"),
+            Err(e) => e.0,
+        };
+        let hit = errors
+            .iter()
+            .find(|e| e.field == *field)
+            .unwrap_or_else(|| panic!("{what}: no error for `{field}` in {errors:?}"));
+        assert_eq!(hit.position.map(|p| p.0), Some(*line), "{what}: {hit}");
+        let shown = hit.to_string();
+        assert!(
+            shown.starts_with(&format!("test.yaml:{line}:")),
+            "{what}: {shown}"
+        );
+        assert!(!hit.message.is_empty());
+    }
+}
+
+#[test]
+#[ignore = "prints the messages for a person to read"]
+fn show_messages() {
+    for (what, text, _, _) in BROKEN {
+        if let Err(e) = Config::parse(text, Some("test.yaml")) {
+            println!("{what}:\n{e}");
+        }
+    }
+}
