@@ -4,5 +4,8 @@
 //! Pingora); the gateway around them arrives with the proxy modules.
 
 pub mod config;
+pub mod control;
 pub mod limits;
+pub mod proxy;
 pub mod routing;
+pub mod server;

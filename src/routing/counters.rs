@@ -132,6 +132,11 @@ impl Gauge {
         cell.fetch_sub(1, Ordering::Relaxed);
     }
 
+    /// Counts one until the ticket drops.
+    pub fn ticket(&self) -> GaugeTicket {
+        GaugeTicket(self.acquire())
+    }
+
     /// Whether any admission was ever counted here.
     pub fn is_touched(&self) -> bool {
         self.touched.load(Ordering::Relaxed)
@@ -153,6 +158,21 @@ impl Gauge {
         for (i, c) in self.cells.iter().enumerate() {
             c.store(if i == 0 { value } else { 0 }, Ordering::Relaxed);
         }
+    }
+}
+
+/// One unit of a [`Gauge`], released when dropped.
+pub struct GaugeTicket(GaugeCell);
+
+impl Drop for GaugeTicket {
+    fn drop(&mut self) {
+        Gauge::release(&self.0);
+    }
+}
+
+impl std::fmt::Debug for GaugeTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GaugeTicket")
     }
 }
 

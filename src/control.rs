@@ -1,0 +1,160 @@
+//! The gateway's shared state, built once from the configuration: the
+//! router, the domain map, the region directory and each shard's upstream
+//! peer. The proxy reads it on every request; the admin API, the health
+//! checker and the state file change it at runtime.
+
+use crate::config::{Config, HashKind, LoadKind};
+use crate::limits::Limits;
+use crate::proxy::hooks::GatewayHooks;
+use crate::routing::{
+    AllowHook, DomainMap, Fallback, HashStrategy, Load, LoadHook, RegionDirectory, Router,
+    RouterOptions, Shard, ShardId,
+};
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use pingora::upstreams::peer::{HttpPeer, ALPN};
+use std::collections::HashMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+
+/// Where and how to reach one shard.
+#[derive(Clone, Debug)]
+pub struct ShardPeer {
+    /// The resolved address (also what liveness and health probes dial).
+    pub addr: SocketAddr,
+    /// The Pingora peer template, cloned per request.
+    pub peer: HttpPeer,
+}
+
+pub struct Control {
+    pub config: Arc<Config>,
+    pub router: Router,
+    pub domains: DomainMap,
+    pub regions: Option<RegionDirectory>,
+    pub hooks: Arc<dyn GatewayHooks>,
+    peers: ArcSwap<HashMap<ShardId, Arc<ShardPeer>>>,
+    peers_write: Mutex<()>,
+}
+
+struct HookAllow(Arc<dyn GatewayHooks>);
+
+impl AllowHook for HookAllow {
+    fn allow(&self, tenant: &str) -> bool {
+        self.0.allow(tenant)
+    }
+}
+
+struct HookLoad(Arc<dyn GatewayHooks>);
+
+impl LoadHook for HookLoad {
+    fn load(&self, shard: &ShardId) -> f64 {
+        self.0.load(shard)
+    }
+}
+
+impl Control {
+    /// Builds everything the configuration describes. Fails if a shard's
+    /// host does not resolve or the domain map is invalid (both checked by
+    /// validation already; this is the last line).
+    pub fn new(config: Config, hooks: Arc<dyn GatewayHooks>) -> Result<Control, String> {
+        let mut peers = HashMap::new();
+        for shard in &config.shards {
+            peers.insert(shard.id.clone(), Arc::new(build_peer(&config, shard)?));
+        }
+        let load = if hooks.provides_load() {
+            Load::Hook(Arc::new(HookLoad(Arc::clone(&hooks))))
+        } else {
+            match config.routing.load {
+                LoadKind::None => Load::None,
+                LoadKind::ActiveConnections => Load::ActiveConnections,
+            }
+        };
+        let router = Router::new(RouterOptions {
+            shards: config.shards.clone(),
+            hash: match config.routing.hash {
+                HashKind::Jump => HashStrategy::Jump,
+                HashKind::Rendezvous => HashStrategy::Rendezvous,
+                HashKind::Hrw => HashStrategy::Hrw,
+            },
+            balance: config.routing.balance,
+            limits: Limits::new(
+                config.limits.connection_cap,
+                config.limits.rate,
+                config.limits.routes.clone(),
+            ),
+            deny: config.limits.deny.clone(),
+            allow: Some(Arc::new(HookAllow(Arc::clone(&hooks)))),
+            load,
+            ..Default::default()
+        });
+        let fallback = config
+            .domains
+            .fallback_suffix
+            .as_deref()
+            .map_or(Fallback::None, Fallback::suffix);
+        let domains = DomainMap::from_entries(config.domains.map.iter().cloned(), fallback)
+            .map_err(|e| e.to_string())?;
+        let regions = match &config.regions {
+            None => None,
+            Some(list) => Some(RegionDirectory::new(list.clone()).map_err(|e| e.to_string())?),
+        };
+        Ok(Control {
+            config: Arc::new(config),
+            router,
+            domains,
+            regions,
+            hooks,
+            peers: ArcSwap::from_pointee(peers),
+            peers_write: Mutex::new(()),
+        })
+    }
+
+    /// How to reach a shard (registered now or earlier in this request).
+    pub fn peer(&self, id: &ShardId) -> Option<Arc<ShardPeer>> {
+        self.peers.load().get(id).cloned()
+    }
+
+    /// Registers a shard at runtime; `Ok(false)` if the id exists.
+    pub fn add_shard(&self, shard: Shard) -> Result<bool, String> {
+        let peer = Arc::new(build_peer(&self.config, &shard)?);
+        let _w = self.peers_write.lock();
+        if self.router.shard_set().get(shard.id.as_str()).is_some() {
+            return Ok(false);
+        }
+        let mut next = HashMap::clone(&self.peers.load());
+        next.insert(shard.id.clone(), peer);
+        self.peers.store(Arc::new(next));
+        Ok(self.router.add_shard(shard))
+    }
+
+    /// Removes a shard; requests already on it finish.
+    pub fn remove_shard(&self, id: &str) -> bool {
+        let _w = self.peers_write.lock();
+        let removed = self.router.remove_shard(id);
+        if removed {
+            let mut next = HashMap::clone(&self.peers.load());
+            next.remove(id);
+            self.peers.store(Arc::new(next));
+        }
+        removed
+    }
+}
+
+/// Resolves a shard's URL into a Pingora peer.
+pub fn build_peer(config: &Config, shard: &Shard) -> Result<ShardPeer, String> {
+    let (tls, host, port) = crate::config::parse_shard_url(&shard.url)?;
+    let addr = (host.as_str(), port)
+        .to_socket_addrs()
+        .map_err(|e| format!("shard `{}`: cannot resolve `{host}`: {e}", shard.id))?
+        .next()
+        .ok_or_else(|| format!("shard `{}`: `{host}` has no address", shard.id))?;
+    let mut peer = HttpPeer::new(addr, tls, host);
+    let options = &mut peer.options;
+    options.connection_timeout = Some(config.upstream.connect_timeout);
+    // Response headers are watched by our own deadline; a body may stream
+    // for as long as it needs, so no per-read timeout.
+    options.read_timeout = None;
+    options.idle_timeout = Some(config.upstream.keepalive_timeout);
+    options.alpn = ALPN::H1;
+    Ok(ShardPeer { addr, peer })
+}

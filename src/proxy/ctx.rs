@@ -1,0 +1,82 @@
+//! Per-request state, carried through Pingora's phases.
+
+use super::hooks::UpstreamFailure;
+use super::respond::Refusal;
+use super::watch::{Verdict, Watch};
+use crate::control::ShardPeer;
+use crate::limits::AdmissionGuard;
+use crate::routing::counters::GaugeTicket;
+use crate::routing::{ShardEntry, ShardId};
+use compact_str::CompactString;
+use smallvec::SmallVec;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub struct RequestCtx {
+    pub started: Instant,
+    /// The resolved tenant (after the domain map).
+    pub tenant: Option<CompactString>,
+    /// Index of the matched route prefix.
+    pub(crate) route: Option<usize>,
+    pub(crate) channel: Option<String>,
+    pub(crate) region: Option<String>,
+    /// The shard of the current attempt.
+    pub shard: Option<Arc<ShardEntry>>,
+    pub(crate) peer: Option<Arc<ShardPeer>>,
+    /// The live admission: dropped when the request ends, or before a
+    /// retry routes again.
+    pub(crate) admission: Option<AdmissionGuard>,
+    /// Shards that failed this request (excluded from retries).
+    pub(crate) failed: SmallVec<[ShardId; 2]>,
+    /// Upstream attempts started.
+    pub attempts: u32,
+    pub(crate) watch: Option<Watch>,
+    /// The watch's verdict if it concluded while headers were arriving.
+    pub(crate) verdict: Verdict,
+    pub(crate) headers_received: bool,
+    /// The last upstream failure.
+    pub failure: Option<UpstreamFailure>,
+    /// What to answer instead of proxying (set by a phase, sent by another).
+    pub(crate) refusal: Option<Refusal>,
+    /// Status of the answer shardgate wrote itself, if it did.
+    pub answered: Option<u16>,
+    pub(crate) in_flight: Option<GaugeTicket>,
+    pub(crate) retry_ticket: Option<GaugeTicket>,
+}
+
+impl Default for RequestCtx {
+    fn default() -> Self {
+        RequestCtx {
+            started: Instant::now(),
+            tenant: None,
+            route: None,
+            channel: None,
+            region: None,
+            shard: None,
+            peer: None,
+            admission: None,
+            failed: SmallVec::new(),
+            attempts: 0,
+            watch: None,
+            verdict: Verdict::None,
+            headers_received: false,
+            failure: None,
+            refusal: None,
+            answered: None,
+            in_flight: None,
+            retry_ticket: None,
+        }
+    }
+}
+
+impl RequestCtx {
+    /// The shard of the current (or last) attempt.
+    pub fn shard_id(&self) -> Option<&ShardId> {
+        self.shard.as_ref().map(|s| s.id())
+    }
+
+    /// Whether the request holds an admission right now.
+    pub fn is_admitted(&self) -> bool {
+        self.admission.is_some()
+    }
+}

@@ -1,0 +1,434 @@
+//! The gateway as a Pingora [`ProxyHttp`]: each phase does one step of
+//! DESIGN §2 and leaves the decisions to `routing`/`limits`.
+//!
+//! `request_filter` resolves and admits (or answers the refusal);
+//! `upstream_peer` names the shard, routing again for a retry;
+//! `connected_to_upstream` starts the headers watch; the header filters
+//! forward and strip; `fail_to_connect`/`error_while_proxy` classify a
+//! failure, call the failure hook and decide the retry; `fail_to_proxy`
+//! writes shardgate's own error answers. The admission lives in the
+//! request's context and is released when the context drops — after the
+//! response body is fully sent, the client went away, or (for a WebSocket)
+//! the tunnel closed — or before a retry routes again.
+//!
+//! Embedding: [`Gateway`] is a plain library type; another Pingora server
+//! can run it as its `ProxyHttp`, or wrap it and delegate each phase (see
+//! `examples/embed.rs`).
+
+pub mod ctx;
+pub mod forward;
+pub mod hooks;
+pub mod respond;
+pub mod retry;
+pub mod routes;
+pub mod watch;
+
+use crate::control::Control;
+use crate::routing::{Decision, RouteRequest};
+use async_trait::async_trait;
+use ctx::RequestCtx;
+use forward::{is_websocket, strip_response_hop_by_hop, Forwarding};
+use hooks::UpstreamFailure;
+use http::header::{HOST, UPGRADE};
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::prelude::*;
+use pingora::protocols::Digest;
+use pingora::upstreams::peer::HttpPeer;
+use pingora::{ErrorSource, ErrorType};
+use pingora_proxy::{FailToProxy, ProxyHttp, Session};
+use respond::Refusal;
+use retry::{RetryPolicy, RetryVerdict};
+use routes::RoutePrefixes;
+use std::sync::Arc;
+use watch::{Verdict, Watch, WatchSettings};
+
+/// shardgate's proxy logic.
+pub struct Gateway {
+    control: Arc<Control>,
+    routes: RoutePrefixes,
+    retry: RetryPolicy,
+    watch: WatchSettings,
+}
+
+impl Gateway {
+    pub fn new(control: Arc<Control>) -> Self {
+        let config = &control.config;
+        Gateway {
+            routes: RoutePrefixes::new(config.limits.routes.iter().map(|(p, _)| p.clone())),
+            retry: RetryPolicy::new(config.retry.clone()),
+            watch: WatchSettings {
+                headers_timeout: config.upstream.headers_timeout,
+                liveness: config.upstream.liveness,
+            },
+            control,
+        }
+    }
+
+    pub fn control(&self) -> &Arc<Control> {
+        &self.control
+    }
+
+    /// Routes and admits the request in `ctx`; on success the context
+    /// holds the shard, its peer and the admission.
+    fn admit(&self, ctx: &mut RequestCtx) -> Result<(), Refusal> {
+        let tenant = ctx.tenant.as_deref().unwrap_or_default();
+        let request = RouteRequest {
+            tenant,
+            channel: ctx.channel.as_deref(),
+            route: ctx.route.map(|i| self.routes.name(i)),
+            region: ctx.region.as_deref(),
+            balance: None,
+            exclude: &ctx.failed,
+        };
+        let mut routed = self.control.router.admit(&request);
+        if routed.decision != Decision::Allow {
+            return Err(Refusal::decision(
+                routed.decision,
+                routed.bucket.as_ref().map(|b| b.name()),
+                routed.retry_after_secs,
+            ));
+        }
+        let shard = routed.shard_entry().cloned();
+        let peer = shard.as_ref().and_then(|s| self.control.peer(s.id()));
+        let Some(peer) = peer else {
+            // Removed between the decision and now.
+            return Err(Refusal::decision(Decision::NoShards, None, None));
+        };
+        ctx.admission = routed.admission.take();
+        ctx.shard = shard;
+        ctx.peer = Some(peer);
+        Ok(())
+    }
+
+    /// Notes a failed attempt: the failure hook, and the shard excluded
+    /// from the rest of this request if it is unreachable.
+    fn record_failure(&self, ctx: &mut RequestCtx, failure: UpstreamFailure) {
+        ctx.failure = Some(failure);
+        if let Some(shard) = ctx.shard.as_ref().map(|s| s.id().clone()) {
+            self.control
+                .hooks
+                .on_upstream_failure(&self.control.router, &shard, failure);
+            if failure.is_unreachable() && !ctx.failed.contains(&shard) {
+                ctx.failed.push(shard);
+            }
+        }
+    }
+
+    /// Whether to try again after a failed attempt (taking a place in the
+    /// retry budget if so).
+    fn may_retry(&self, session: &Session, ctx: &mut RequestCtx, sent: bool) -> bool {
+        let method = &session.req_header().method;
+        let replayable = !session.as_ref().retry_buffer_truncated();
+        match self.retry.check(method, ctx.attempts, sent, replayable) {
+            RetryVerdict::Allowed => match self.retry.admit_retry() {
+                Some(ticket) => {
+                    ctx.retry_ticket = Some(ticket);
+                    true
+                }
+                None => false,
+            },
+            _ => false,
+        }
+    }
+
+    /// The `X-Forwarded-Proto` to advertise for this session.
+    fn scheme(&self, session: &Session) -> &'static str {
+        match self.control.config.public_protocol {
+            Some(s) => s.as_str(),
+            None if session.digest().is_some_and(|d| d.ssl_digest.is_some()) => "https",
+            None => "http",
+        }
+    }
+}
+
+/// The client's host: the absolute-form authority if the target has one,
+/// else the single `Host` header.
+fn client_host(req: &RequestHeader) -> Result<&str, &'static str> {
+    if let Some(authority) = req.uri.authority() {
+        return Ok(authority.as_str());
+    }
+    let mut hosts = req.headers.get_all(HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (None, _) => Err("missing-host"),
+        (Some(_), Some(_)) => Err("duplicate-host"),
+        (Some(h), None) => h.to_str().map_err(|_| "invalid-host"),
+    }
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx::default()
+    }
+
+    /// Resolves the tenant, matches the route and admits the request; any
+    /// refusal is answered here (`Ok(true)`: nothing goes upstream).
+    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        ctx.in_flight = Some(self.retry.request_started());
+        let req = session.req_header();
+        let outcome = match client_host(req) {
+            Err(what) => Err(Refusal::error(400, what)),
+            Ok(host) => match self.control.domains.resolve(host) {
+                None => Err(Refusal::error(404, "unknown-domain")),
+                Some(resolved) => {
+                    ctx.tenant = Some(resolved.tenant);
+                    ctx.route = self.routes.route_for(req.uri.path());
+                    Ok(())
+                }
+            },
+        };
+        let outcome = outcome.and_then(|()| {
+            if let Some(name) = &self.control.config.routing.channel_header {
+                ctx.channel = match req.headers.get(name).map(|v| v.to_str()) {
+                    None => None,
+                    Some(Ok("")) => None,
+                    Some(Ok(channel)) => Some(channel.to_string()),
+                    Some(Err(_)) => return Err(Refusal::error(400, "invalid-channel")),
+                };
+            }
+            if let (Some(directory), Some(tenant)) = (&self.control.regions, &ctx.tenant) {
+                ctx.region = Some(directory.region_for(tenant));
+            }
+            self.admit(ctx)
+        });
+        let limits = &self.control.config.limits;
+        session.set_keepalive(Some(limits.keepalive_timeout.as_secs().max(1)));
+        match outcome {
+            Ok(()) => {
+                if session.is_upgrade_req()
+                    && is_websocket(session.req_header().headers.get(UPGRADE))
+                {
+                    // An idle WebSocket is not an idle request: no read
+                    // timeout on the client side of the tunnel.
+                    session.set_read_timeout(None);
+                } else {
+                    session.set_read_timeout(Some(limits.body_timeout));
+                }
+                Ok(false)
+            }
+            Err(refusal) => {
+                ctx.answered = Some(refusal.status);
+                refusal.send(session).await?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// The shard to send this attempt to. A retry first releases the failed
+    /// attempt's admission, then routes again with the failed shards
+    /// excluded: balanced, capped and rate limited like any route.
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Box<HttpPeer>> {
+        if ctx.attempts > 0 {
+            ctx.admission = None;
+            ctx.shard = None;
+            ctx.peer = None;
+            if let Err(refusal) = self.admit(ctx) {
+                let refusal = match refusal.decision {
+                    Some(
+                        Decision::NoShards | Decision::NoTenantShards | Decision::NoRegionShards,
+                    ) => Refusal::error(502, "upstream-unreachable"),
+                    _ => refusal,
+                };
+                let status = refusal.status;
+                ctx.refusal = Some(refusal);
+                return Err(Error::explain(
+                    ErrorType::HTTPStatus(status),
+                    "no shard left to retry on",
+                ));
+            }
+        }
+        ctx.attempts += 1;
+        ctx.headers_received = false;
+        ctx.verdict = Verdict::None;
+        match &ctx.peer {
+            Some(peer) => Ok(Box::new(peer.peer.clone())),
+            None => Err(Error::explain(ErrorType::InternalError, "no shard chosen")),
+        }
+    }
+
+    /// Starts watching for response headers (timeout and liveness).
+    async fn connected_to_upstream(
+        &self,
+        _session: &mut Session,
+        _reused: bool,
+        _peer: &HttpPeer,
+        fd: std::os::unix::io::RawFd,
+        _digest: Option<&Digest>,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        if let Some(peer) = &ctx.peer {
+            ctx.watch = Watch::start(fd, peer.addr, self.watch);
+        }
+        Ok(())
+    }
+
+    /// Request body going out: the headers deadline counts from the last
+    /// progress, so a slow upload is not mistaken for a slow shard.
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<bytes::Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        if let Some(watch) = &ctx.watch {
+            watch.touch();
+        }
+        Ok(())
+    }
+
+    /// Forwarding fields (never trusted from the client) and the tenant.
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream_request: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        let config = &self.control.config;
+        let host = client_host(session.req_header())
+            .unwrap_or_default()
+            .to_string();
+        let peer_ip = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip());
+        Forwarding {
+            host: &host,
+            proto: self.scheme(session),
+            peer_ip,
+            trust_forwarded_for: config.trust_forwarded_for,
+            tenant_header: &config.tenant_header,
+            tenant: ctx.tenant.as_deref().unwrap_or_default(),
+        }
+        .apply(upstream_request)
+    }
+
+    /// Response headers arrived: disarm the watch, strip hop-by-hop fields.
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        let status = upstream_response.status;
+        if status.is_informational() && status != http::StatusCode::SWITCHING_PROTOCOLS {
+            return Ok(());
+        }
+        if let Some(watch) = ctx.watch.take() {
+            ctx.verdict = watch.disarm();
+        }
+        ctx.headers_received = true;
+        strip_response_hop_by_hop(upstream_response);
+        Ok(())
+    }
+
+    /// The connection could not be made: the failure hook, then a retry if
+    /// the rules allow (nothing was sent, so any listed method may retry).
+    fn fail_to_connect(
+        &self,
+        session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut RequestCtx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        ctx.watch = None;
+        self.record_failure(ctx, UpstreamFailure::Connect);
+        let retry = self.may_retry(session, ctx, false);
+        e.set_retry(retry);
+        e
+    }
+
+    /// An attempt failed after connecting. The watch's verdict says why if
+    /// it concluded; otherwise a break before any response byte is an
+    /// unreachable shard — except on a reused pooled connection, which the
+    /// shard may simply have closed (retried without blaming the shard).
+    fn error_while_proxy(
+        &self,
+        _peer: &HttpPeer,
+        session: &mut Session,
+        mut e: Box<Error>,
+        ctx: &mut RequestCtx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        let verdict = match ctx.watch.take() {
+            Some(watch) => watch.verdict(),
+            None => ctx.verdict,
+        };
+        let retry = match verdict {
+            Verdict::TimedOut => {
+                self.record_failure(ctx, UpstreamFailure::Timeout);
+                false
+            }
+            Verdict::Unreachable => {
+                self.record_failure(ctx, UpstreamFailure::Liveness);
+                self.may_retry(session, ctx, true)
+            }
+            Verdict::None if ctx.headers_received || *e.esource() != ErrorSource::Upstream => false,
+            Verdict::None if client_reused => {
+                let method = &session.req_header().method;
+                method.is_idempotent() && self.may_retry(session, ctx, true)
+            }
+            Verdict::None => {
+                self.record_failure(ctx, UpstreamFailure::Reset);
+                self.may_retry(session, ctx, true)
+            }
+        };
+        e.set_retry(retry);
+        e
+    }
+
+    /// shardgate's own answer for a request that could not be proxied:
+    /// the retry's refusal, 504 after the headers timeout, 502 for an
+    /// unreachable shard, Pingora's status for a malformed request.
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        ctx: &mut RequestCtx,
+    ) -> FailToProxy {
+        let refusal = ctx
+            .refusal
+            .take()
+            .or_else(|| match (ctx.failure, e.etype()) {
+                (Some(UpstreamFailure::Timeout), _) => {
+                    Some(Refusal::error(504, "upstream-timeout"))
+                }
+                (_, ErrorType::HTTPStatus(code)) if *code >= 400 => Some(Refusal::error(
+                    *code,
+                    if *code < 500 {
+                        "bad-request"
+                    } else {
+                        "upstream-error"
+                    },
+                )),
+                _ => match e.esource() {
+                    ErrorSource::Upstream => Some(Refusal::error(502, "upstream-unreachable")),
+                    ErrorSource::Downstream => match e.etype() {
+                        ErrorType::ReadTimedout => Some(Refusal::error(408, "request-timeout")),
+                        ErrorType::WriteError
+                        | ErrorType::ReadError
+                        | ErrorType::ConnectionClosed => None,
+                        _ => Some(Refusal::error(400, "bad-request")),
+                    },
+                    _ => Some(Refusal::error(500, "internal-error")),
+                },
+            });
+        let mut code = 0;
+        if let Some(refusal) = refusal {
+            if session.response_written().is_none() && refusal.send(session).await.is_ok() {
+                code = refusal.status;
+                ctx.answered = Some(code);
+            }
+        }
+        FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
+    }
+}

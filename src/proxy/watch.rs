@@ -1,0 +1,177 @@
+//! The response-headers watch. Pingora has no phase that runs while
+//! response headers are awaited, so each upstream attempt gets a small task
+//! that sleeps until either the headers deadline or the next liveness probe:
+//!
+//! - deadline passed → the attempt timed out (504, never retried);
+//! - a fresh TCP connect to the shard is refused or times out → the shard is
+//!   gone (unreachable: failure hook and retry rules);
+//! - a probe connects → a slow app: keep waiting.
+//!
+//! Either verdict ends the attempt by shutting down the upstream socket,
+//! which makes Pingora's pending read fail; the proxy then reads the
+//! verdict to classify the error. The task holds a duplicate of the
+//! socket's descriptor, so the shutdown can never hit a descriptor number
+//! that was closed and reused meanwhile; the watch is disarmed as soon as
+//! response headers arrive, before the connection can return to the pool.
+
+use crate::config::LivenessConfig;
+use std::net::SocketAddr;
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// What the watch concluded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Still waiting (or disarmed before concluding).
+    None,
+    /// No response headers before the deadline.
+    TimedOut,
+    /// A liveness probe could not connect.
+    Unreachable,
+}
+
+const WAITING: u8 = 0;
+const DISARMED: u8 = 1;
+const TIMED_OUT: u8 = 2;
+const UNREACHABLE: u8 = 3;
+
+struct Shared {
+    state: AtomicU8,
+    /// Milliseconds after `start` of the last request-body progress: the
+    /// deadline counts from there, so a slow upload is not a slow shard.
+    last_activity_ms: AtomicU64,
+    start: Instant,
+}
+
+/// One attempt's watch; dropping it disarms it.
+pub struct Watch {
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// What the watch needs to know.
+#[derive(Clone, Copy, Debug)]
+pub struct WatchSettings {
+    pub headers_timeout: Duration,
+    pub liveness: Option<LivenessConfig>,
+}
+
+impl Watch {
+    /// Starts watching the upstream connection `fd` to `addr`. Returns
+    /// `None` if the descriptor cannot be duplicated (the attempt then runs
+    /// unwatched, as Pingora would run it).
+    pub fn start(fd: RawFd, addr: SocketAddr, settings: WatchSettings) -> Option<Watch> {
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: Pingora passes the descriptor of the live upstream
+        // connection to `connected_to_upstream`, which calls us before
+        // returning; it stays open for the duration of this call.
+        let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+        let owned = borrowed.try_clone_to_owned().ok()?;
+        let shared = Arc::new(Shared {
+            state: AtomicU8::new(WAITING),
+            last_activity_ms: AtomicU64::new(0),
+            start: Instant::now(),
+        });
+        let task = tokio::spawn(watch(Arc::clone(&shared), owned, addr, settings));
+        Some(Watch { shared, task })
+    }
+
+    /// Request-body bytes went out: the deadline restarts from now.
+    pub fn touch(&self) {
+        let ms = self.shared.start.elapsed().as_millis() as u64;
+        self.shared.last_activity_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Response headers arrived: stop watching. Returns the verdict if the
+    /// watch had already concluded (the headers lost the race).
+    pub fn disarm(&self) -> Verdict {
+        match self.shared.state.compare_exchange(
+            WAITING,
+            DISARMED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => {
+                self.task.abort();
+                Verdict::None
+            }
+            Err(state) => verdict_of(state),
+        }
+    }
+
+    /// The verdict so far.
+    pub fn verdict(&self) -> Verdict {
+        verdict_of(self.shared.state.load(Ordering::Acquire))
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.disarm();
+    }
+}
+
+fn verdict_of(state: u8) -> Verdict {
+    match state {
+        TIMED_OUT => Verdict::TimedOut,
+        UNREACHABLE => Verdict::Unreachable,
+        _ => Verdict::None,
+    }
+}
+
+/// Concludes (if still waiting) and cuts the connection.
+fn conclude(shared: &Shared, socket: OwnedFd, verdict: u8) {
+    if shared
+        .state
+        .compare_exchange(WAITING, verdict, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        // shutdown(2) acts on the socket, which our duplicate keeps open.
+        let stream = std::net::TcpStream::from(socket);
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+async fn watch(shared: Arc<Shared>, socket: OwnedFd, addr: SocketAddr, settings: WatchSettings) {
+    let mut next_probe = settings.liveness.map(|l| shared.start + l.after);
+    loop {
+        let activity = Duration::from_millis(shared.last_activity_ms.load(Ordering::Relaxed));
+        let deadline = shared.start + activity + settings.headers_timeout;
+        let wake = match next_probe {
+            Some(p) if p < deadline => p,
+            _ => deadline,
+        };
+        tokio::time::sleep_until(wake).await;
+        if shared.state.load(Ordering::Acquire) != WAITING {
+            return;
+        }
+        let now = Instant::now();
+        let activity = Duration::from_millis(shared.last_activity_ms.load(Ordering::Relaxed));
+        if now >= shared.start + activity + settings.headers_timeout {
+            conclude(&shared, socket, TIMED_OUT);
+            return;
+        }
+        if let (Some(probe_at), Some(liveness)) = (next_probe, settings.liveness) {
+            if now >= probe_at {
+                if !probe(addr, liveness.probe_timeout).await {
+                    conclude(&shared, socket, UNREACHABLE);
+                    return;
+                }
+                next_probe = Some(Instant::now() + liveness.after);
+            }
+        }
+    }
+}
+
+/// A fresh TCP connect: does the shard's host still accept connections?
+pub async fn probe(addr: SocketAddr, timeout: Duration) -> bool {
+    matches!(
+        tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await,
+        Ok(Ok(_))
+    )
+}

@@ -1,0 +1,76 @@
+//! Builds the Pingora server from a validated configuration: Pingora's own
+//! settings come from the `server:` section (one file, not two), then the
+//! proxy service with its listeners.
+
+use crate::config::{Config, ServerSettings};
+use crate::control::Control;
+use crate::proxy::hooks::GatewayHooks;
+use crate::proxy::Gateway;
+use pingora::server::configuration::{Opt, ServerConf};
+use pingora::server::Server;
+use std::sync::Arc;
+
+/// Pingora's `ServerConf` for these settings.
+pub fn server_conf(settings: &ServerSettings, retry_attempts: u32) -> ServerConf {
+    ServerConf {
+        threads: settings.threads,
+        pid_file: settings.pid_file.clone(),
+        upgrade_sock: settings.upgrade_sock.clone(),
+        daemon: settings.daemon,
+        error_log: settings.error_log.clone(),
+        user: settings.user.clone(),
+        group: settings.group.clone(),
+        working_directory: settings.working_directory.clone(),
+        grace_period_seconds: Some(settings.grace_period_seconds),
+        graceful_shutdown_timeout_seconds: Some(settings.graceful_shutdown_timeout_seconds),
+        work_stealing: settings.work_stealing,
+        listener_tasks_per_fd: settings.listener_tasks_per_fd,
+        upstream_keepalive_pool_size: settings.upstream_keepalive_pool_size,
+        ca_file: settings.ca_file.clone(),
+        // Our retry rules decide; Pingora's loop only needs room for them.
+        max_retries: retry_attempts.max(1) as usize,
+        ..ServerConf::default()
+    }
+}
+
+/// A configured, bootstrapped server and the state it shares.
+pub struct Shardgate {
+    pub server: Server,
+    pub control: Arc<Control>,
+}
+
+impl Shardgate {
+    /// Builds the server for `config`. `opt` carries Pingora's command-line
+    /// flags (`-d`, `-u`); its `conf` must already be taken out.
+    pub fn build(
+        config: Config,
+        opt: Option<Opt>,
+        hooks: Arc<dyn GatewayHooks>,
+    ) -> Result<Shardgate, String> {
+        let conf = server_conf(&config.server, config.retry.attempts);
+        let control = Arc::new(Control::new(config, hooks)?);
+        let mut server = Server::new_with_opt_and_conf(opt, conf);
+        server.bootstrap();
+        let mut proxy = pingora_proxy::http_proxy_service_with_name(
+            &server.configuration,
+            Gateway::new(Arc::clone(&control)),
+            "shardgate",
+        );
+        for listener in &control.config.listen {
+            let addr = listener.addr.to_string();
+            match &listener.tls {
+                None => proxy.add_tcp(&addr),
+                Some((cert, key)) => proxy
+                    .add_tls(&addr, &cert.to_string_lossy(), &key.to_string_lossy())
+                    .map_err(|e| format!("listen {addr}: {e}"))?,
+            }
+        }
+        server.add_service(proxy);
+        Ok(Shardgate { server, control })
+    }
+
+    /// Serves until told to stop (SIGTERM, SIGINT or SIGQUIT), then exits.
+    pub fn run(self) -> ! {
+        self.server.run_forever()
+    }
+}

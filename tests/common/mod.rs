@@ -1,0 +1,699 @@
+//! Test support: real backends on 127.0.0.1 (hyper HTTP servers that record
+//! what they receive, raw TCP servers that misbehave, WebSocket echo
+//! servers), the real `shardgate` binary started on a written config, and a
+//! small HTTP/1.1 client over a plain socket.
+#![allow(dead_code)]
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response as HyperResponse};
+use hyper_util::rt::TokioIo;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener as StdListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// A runtime for the backends, shared by a test binary.
+pub fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime")
+    })
+}
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A request as a backend saw it.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub method: String,
+    pub uri: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Seen {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn header_count(&self, name: &str) -> usize {
+        self.headers
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+            .count()
+    }
+}
+
+/// What a backend answers.
+pub enum Reply {
+    /// Status, extra headers, body.
+    Full(u16, Vec<(String, String)>, Vec<u8>),
+    /// Wait, then answer.
+    After(Duration, Box<Reply>),
+    /// Headers now, then the chunks, one every `gap`.
+    Stream { chunks: Vec<Vec<u8>>, gap: Duration },
+}
+
+impl Reply {
+    pub fn ok(body: &str) -> Reply {
+        Reply::Full(200, Vec::new(), body.as_bytes().to_vec())
+    }
+}
+
+type Handler = dyn Fn(&Seen) -> Reply + Send + Sync;
+
+/// A recording HTTP/1.1 backend (hyper).
+pub struct Backend {
+    pub name: String,
+    pub addr: SocketAddr,
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+    task: tokio::task::JoinHandle<()>,
+    connections: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl Backend {
+    /// Answers every request with `{"shard": name, "tenant": <tenant header>}`.
+    pub fn start(name: &str) -> Backend {
+        let n = name.to_string();
+        Backend::with(name, move |seen| {
+            let tenant = seen.header("x-tenant-id").unwrap_or("").to_string();
+            Reply::ok(&format!("{{\"shard\":\"{n}\",\"tenant\":\"{tenant}\"}}"))
+        })
+    }
+
+    pub fn with(name: &str, handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static) -> Backend {
+        Backend::on(name, 0, handler)
+    }
+
+    /// A backend on a given port (0 = any).
+    pub fn on(
+        name: &str,
+        port: u16,
+        handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static,
+    ) -> Backend {
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let handler: Arc<Handler> = Arc::new(handler);
+        let listener = runtime()
+            .block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))
+            .expect("bind backend");
+        let addr = listener.local_addr().expect("backend address");
+        let rec = Arc::clone(&seen);
+        let connections: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let conns = Arc::clone(&connections);
+        let task = runtime().spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (rec, handler) = (Arc::clone(&rec), Arc::clone(&handler));
+                let conn = tokio::spawn(async move {
+                    let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let (rec, handler) = (Arc::clone(&rec), Arc::clone(&handler));
+                        async move { Ok::<_, hyper::Error>(serve(req, rec, handler).await) }
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades()
+                        .await;
+                });
+                conns.lock().unwrap().push(conn.abort_handle());
+            }
+        });
+        Backend {
+            name: name.to_string(),
+            addr,
+            seen,
+            task,
+            connections,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    pub fn requests(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    pub fn count(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+
+    /// Dies: stops accepting, drops the listener and every open connection.
+    pub fn stop(&self) {
+        self.task.abort();
+        for c in self.connections.lock().unwrap().drain(..) {
+            c.abort();
+        }
+        // Let the abort land so the port is closed when we return.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+type Body = BoxBody<Bytes, std::io::Error>;
+
+async fn serve(
+    req: Request<hyper::body::Incoming>,
+    rec: Arc<Mutex<Vec<Seen>>>,
+    handler: Arc<Handler>,
+) -> HyperResponse<Body> {
+    let method = req.method().to_string();
+    let uri = req.uri().to_string();
+    let headers = req
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                String::from_utf8_lossy(v.as_bytes()).to_string(),
+            )
+        })
+        .collect();
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes().to_vec())
+        .unwrap_or_default();
+    let seen = Seen {
+        method,
+        uri,
+        headers,
+        body,
+    };
+    let reply = handler(&seen);
+    rec.lock().unwrap().push(seen);
+    respond(reply).await
+}
+
+fn respond(
+    reply: Reply,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = HyperResponse<Body>> + Send>> {
+    Box::pin(async move {
+        match reply {
+            Reply::Full(status, headers, body) => {
+                let mut resp = HyperResponse::builder().status(status);
+                for (k, v) in headers {
+                    resp = resp.header(k, v);
+                }
+                resp.body(Full::new(Bytes::from(body)).map_err(|e| match e {}).boxed())
+                    .expect("response")
+            }
+            Reply::After(delay, inner) => {
+                tokio::time::sleep(delay).await;
+                respond(*inner).await
+            }
+            Reply::Stream { chunks, gap } => {
+                let (tx, rx) =
+                    tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
+                tokio::spawn(async move {
+                    for chunk in chunks {
+                        tokio::time::sleep(gap).await;
+                        if tx.send(Ok(Frame::data(Bytes::from(chunk)))).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                let stream = tokio_stream_from(rx);
+                HyperResponse::builder()
+                    .status(200)
+                    .body(BodyExt::boxed(StreamBody::new(stream)))
+                    .expect("response")
+            }
+        }
+    })
+}
+
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures_util::Stream<Item = T> + Send {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// An HTTPS backend with a fresh self-signed certificate for 127.0.0.1;
+/// `ca_pem` is the certificate to trust.
+pub struct TlsBackend {
+    pub addr: SocketAddr,
+    pub ca_pem: String,
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TlsBackend {
+    pub fn start(name: &'static str) -> TlsBackend {
+        use tokio_rustls::rustls;
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let cert =
+            rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).expect("certificate");
+        let ca_pem = cert.cert.pem();
+        let key =
+            rustls::pki_types::PrivateKeyDer::try_from(cert.key_pair.serialize_der()).expect("key");
+        let config = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.cert.der().clone()], key)
+            .expect("tls config");
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = runtime()
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let rec = Arc::clone(&seen);
+        let task = runtime().spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (acceptor, rec) = (acceptor.clone(), Arc::clone(&rec));
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(stream).await else {
+                        return;
+                    };
+                    let handler: Arc<Handler> = Arc::new(move |s: &Seen| {
+                        let tenant = s.header("x-tenant-id").unwrap_or("").to_string();
+                        Reply::ok(&format!(
+                            "{{\"shard\":\"{name}\",\"tenant\":\"{tenant}\",\"tls\":true}}"
+                        ))
+                    });
+                    let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let (rec, handler) = (Arc::clone(&rec), Arc::clone(&handler));
+                        async move { Ok::<_, hyper::Error>(serve(req, rec, handler).await) }
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+        });
+        TlsBackend {
+            addr,
+            ca_pem,
+            seen,
+            task,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+}
+
+impl Drop for TlsBackend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A backend that reads each request head (and a Content-Length body),
+/// counts it, then resets the connection without answering.
+pub struct Resetter {
+    pub addr: SocketAddr,
+    pub received: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Resetter {
+    pub fn start() -> Resetter {
+        let listener = runtime()
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let received = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&received);
+        let task = runtime().spawn(async move {
+            use tokio::io::AsyncReadExt;
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let count = Arc::clone(&count);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    count.fetch_add(1, Ordering::SeqCst);
+                    // SO_LINGER 0: close with a reset.
+                    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+                    drop(stream);
+                });
+            }
+        });
+        Resetter {
+            addr,
+            received,
+            task,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Resetter {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A WebSocket echo server that records handshake headers.
+pub struct WsBackend {
+    pub addr: SocketAddr,
+    pub handshakes: Arc<Mutex<Vec<BTreeMap<String, String>>>>,
+    pub open: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl WsBackend {
+    pub fn start(name: &'static str) -> WsBackend {
+        let listener = runtime()
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let handshakes: Arc<Mutex<Vec<BTreeMap<String, String>>>> = Arc::default();
+        let open = Arc::new(AtomicUsize::new(0));
+        let (hs, op) = (Arc::clone(&handshakes), Arc::clone(&open));
+        let task = runtime().spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (hs, op) = (Arc::clone(&hs), Arc::clone(&op));
+                tokio::spawn(async move {
+                    #[allow(clippy::result_large_err)] // tungstenite's callback signature
+                    let record =
+                        |req: &tokio_tungstenite::tungstenite::handshake::server::Request, resp| {
+                            let headers = req
+                                .headers()
+                                .iter()
+                                .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
+                                .collect();
+                            hs.lock().unwrap().push(headers);
+                            Ok(resp)
+                        };
+                    let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(stream, record).await
+                    else {
+                        return;
+                    };
+                    op.fetch_add(1, Ordering::SeqCst);
+                    use tokio_tungstenite::tungstenite::Message;
+                    while let Some(Ok(msg)) = ws.next().await {
+                        let reply = match msg {
+                            Message::Text(t) if t.as_str() == "close-me" => {
+                                let _ = ws.close(None).await;
+                                break;
+                            }
+                            Message::Text(t) => Message::Text(format!("{name}:{t}")),
+                            Message::Binary(b) => Message::Binary(b),
+                            Message::Close(_) => break,
+                            _ => continue,
+                        };
+                        if ws.send(reply).await.is_err() {
+                            break;
+                        }
+                    }
+                    op.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        WsBackend {
+            addr,
+            handshakes,
+            open,
+            task,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for WsBackend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The real `shardgate` binary on a written configuration.
+pub struct Gateway {
+    child: Child,
+    pub port: u16,
+    pub admin_port: u16,
+    pub dir: tempfile::TempDir,
+    pub config_path: std::path::PathBuf,
+}
+
+impl Gateway {
+    /// Starts the binary. In `yaml`, `{port}`, `{admin}` and `{dir}` are
+    /// replaced by the listen port, the admin port and a scratch folder.
+    pub fn start(yaml: &str) -> Gateway {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let admin_port = free_port();
+        let text = yaml
+            .replace("{port}", &port.to_string())
+            .replace("{admin}", &admin_port.to_string())
+            .replace("{dir}", &dir.path().display().to_string());
+        let config_path = dir.path().join("shardgate.yaml");
+        std::fs::write(&config_path, text).expect("write config");
+        let mut gw = Gateway {
+            child: spawn(&config_path, dir.path()),
+            port,
+            admin_port,
+            dir,
+            config_path,
+        };
+        gw.wait_ready();
+        gw
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("shardgate exited early: {status}");
+            }
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("shardgate did not listen on {} in time", self.port);
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a signal (`libc`-free: through `kill(1)`).
+    pub fn signal(&self, sig: &str) {
+        let _ = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.pid().to_string())
+            .status();
+    }
+
+    /// Waits for the process to exit; returns whether it did in time.
+    pub fn wait_exit(&mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// A GET with the given Host (and extra header lines).
+    pub fn get(&self, host: &str, path: &str) -> Response {
+        self.send(&format!(
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        ))
+    }
+
+    pub fn send(&self, raw: &str) -> Response {
+        send_raw(self.port, raw.as_bytes())
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn(config: &std::path::Path, dir: &std::path::Path) -> Child {
+    let log = std::fs::File::create(dir.join("gateway.log")).expect("log file");
+    Command::new(env!("CARGO_BIN_EXE_shardgate"))
+        .arg("-c")
+        .arg(config)
+        .env(
+            "RUST_LOG",
+            std::env::var("SHARDGATE_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn shardgate")
+}
+
+/// A response read off a socket.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).to_string()
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+}
+
+/// Sends raw bytes on a new connection and reads one response.
+pub fn send_raw(port: u16, raw: &[u8]) -> Response {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to gateway");
+    stream.set_read_timeout(Some(Duration::from_secs(30))).ok();
+    stream.write_all(raw).expect("write request");
+    let mut reader = BufReader::new(stream);
+    read_response(&mut reader).expect("read response")
+}
+
+/// Reads one response (Content-Length, chunked, or until close).
+pub fn read_response(reader: &mut impl BufRead) -> std::io::Result<Response> {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "closed before a response",
+            ));
+        }
+        if !line.trim().is_empty() {
+            break;
+        }
+    }
+    let status: u16 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("bad status line {line:?}")))?;
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        reader.read_line(&mut line)?;
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':') {
+            headers.push((k.trim().to_string(), v.trim().to_string()));
+        }
+    }
+    let mut resp = Response {
+        status,
+        headers,
+        body: Vec::new(),
+    };
+    if status == 101 || status == 204 || status == 304 || (100..200).contains(&status) {
+        return Ok(resp);
+    }
+    if resp
+        .header("transfer-encoding")
+        .is_some_and(|v| v.contains("chunked"))
+    {
+        loop {
+            line.clear();
+            reader.read_line(&mut line)?;
+            let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
+                .map_err(|_| std::io::Error::other(format!("bad chunk size {line:?}")))?;
+            if size == 0 {
+                line.clear();
+                reader.read_line(&mut line)?;
+                break;
+            }
+            let mut chunk = vec![0; size];
+            reader.read_exact(&mut chunk)?;
+            resp.body.extend_from_slice(&chunk);
+            line.clear();
+            reader.read_line(&mut line)?;
+        }
+    } else if let Some(len) = resp
+        .header("content-length")
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        resp.body = vec![0; len];
+        reader.read_exact(&mut resp.body)?;
+    } else {
+        reader.read_to_end(&mut resp.body)?;
+    }
+    Ok(resp)
+}
+
+/// Polls `f` until it returns true or `within` passes.
+pub fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
