@@ -5,11 +5,13 @@
 
 use crate::config::{Config, HashKind, LoadKind};
 use crate::limits::Limits;
+use crate::metrics::GatewayMetrics;
 use crate::proxy::hooks::GatewayHooks;
 use crate::routing::{
     AllowHook, DomainMap, Fallback, HashStrategy, Load, LoadHook, RegionDirectory, Router,
     RouterOptions, Shard, ShardId,
 };
+use crate::state::RuntimeDiff;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use pingora::upstreams::peer::{HttpPeer, ALPN};
@@ -32,8 +34,11 @@ pub struct Control {
     pub domains: DomainMap,
     pub regions: Option<RegionDirectory>,
     pub hooks: Arc<dyn GatewayHooks>,
+    pub metrics: GatewayMetrics,
     peers: ArcSwap<HashMap<ShardId, Arc<ShardPeer>>>,
-    peers_write: Mutex<()>,
+    /// Runtime changes since the configuration was loaded (the state file
+    /// keeps them); its lock also serialises those changes.
+    diff: Mutex<RuntimeDiff>,
 }
 
 struct HookAllow(Arc<dyn GatewayHooks>);
@@ -104,8 +109,9 @@ impl Control {
             domains,
             regions,
             hooks,
+            metrics: GatewayMetrics::default(),
             peers: ArcSwap::from_pointee(peers),
-            peers_write: Mutex::new(()),
+            diff: Mutex::new(RuntimeDiff::default()),
         })
     }
 
@@ -117,26 +123,106 @@ impl Control {
     /// Registers a shard at runtime; `Ok(false)` if the id exists.
     pub fn add_shard(&self, shard: Shard) -> Result<bool, String> {
         let peer = Arc::new(build_peer(&self.config, &shard)?);
-        let _w = self.peers_write.lock();
+        let mut diff = self.diff.lock();
         if self.router.shard_set().get(shard.id.as_str()).is_some() {
             return Ok(false);
         }
         let mut next = HashMap::clone(&self.peers.load());
         next.insert(shard.id.clone(), peer);
         self.peers.store(Arc::new(next));
+        diff.shard_added(&shard);
         Ok(self.router.add_shard(shard))
     }
 
     /// Removes a shard; requests already on it finish.
     pub fn remove_shard(&self, id: &str) -> bool {
-        let _w = self.peers_write.lock();
+        let mut diff = self.diff.lock();
         let removed = self.router.remove_shard(id);
         if removed {
             let mut next = HashMap::clone(&self.peers.load());
             next.remove(id);
             self.peers.store(Arc::new(next));
+            diff.shard_removed(id, self.config.shards.iter().any(|s| s.id.as_str() == id));
         }
         removed
+    }
+
+    /// Maps a host (or `*.suffix`) to a tenant.
+    pub fn put_domain(&self, host: &str, tenant: &str) -> Result<(), String> {
+        let mut diff = self.diff.lock();
+        self.domains.add(host, tenant).map_err(|e| e.to_string())?;
+        diff.domain_put(host, tenant);
+        Ok(())
+    }
+
+    /// Removes a host mapping; `false` if there was none.
+    pub fn delete_domain(&self, host: &str) -> bool {
+        let mut diff = self.diff.lock();
+        let removed = self.domains.remove(host);
+        if removed {
+            let normalized = crate::routing::domain::normalize(host);
+            let configured = self
+                .config
+                .domains
+                .map
+                .iter()
+                .any(|(h, _)| crate::routing::domain::normalize(h) == normalized);
+            diff.domain_deleted(host, configured);
+        }
+        removed
+    }
+
+    /// Adds a tenant to the deny list; returns whether it was new.
+    pub fn deny(&self, tenant: &str) -> bool {
+        let mut diff = self.diff.lock();
+        let added = self.router.deny(tenant);
+        if added {
+            diff.denied(tenant, self.config.limits.deny.iter().any(|t| t == tenant));
+        }
+        added
+    }
+
+    /// Lifts a denial; returns whether the tenant was denied.
+    pub fn undeny(&self, tenant: &str) -> bool {
+        let mut diff = self.diff.lock();
+        let removed = self.router.undeny(tenant);
+        if removed {
+            diff.undenied(tenant, self.config.limits.deny.iter().any(|t| t == tenant));
+        }
+        removed
+    }
+
+    /// The runtime changes so far.
+    pub fn diff(&self) -> RuntimeDiff {
+        self.diff.lock().clone()
+    }
+
+    /// Replays runtime changes (from the state file) on top of the
+    /// configuration. Changes that no longer apply (a shard whose host does
+    /// not resolve, a domain entry the map refuses) are logged and skipped.
+    pub fn apply_diff(&self, diff: &RuntimeDiff) {
+        for id in &diff.shards_removed {
+            self.remove_shard(id.as_str());
+        }
+        for shard in &diff.shards_added {
+            if let Err(e) = self.add_shard(shard.clone()) {
+                log::warn!("state: cannot re-add shard `{}`: {e}", shard.id);
+            }
+        }
+        for host in &diff.domains_deleted {
+            self.delete_domain(host);
+        }
+        for entry in &diff.domains_put {
+            if let Err(e) = self.put_domain(&entry.host, &entry.tenant) {
+                log::warn!("state: cannot restore domain `{}`: {e}", entry.host);
+            }
+        }
+        for tenant in &diff.deny_removed {
+            self.undeny(tenant);
+        }
+        for tenant in &diff.deny_added {
+            self.deny(tenant);
+        }
     }
 }
 

@@ -1,11 +1,18 @@
 //! shardgate: a multi-tenant edge gateway on Pingora.
 //!
 //! [`routing`] and [`limits`] are the pure decision core (usable without
-//! Pingora); the gateway around them arrives with the proxy modules.
+//! Pingora). [`proxy::Gateway`] is the Pingora `ProxyHttp` built on them;
+//! [`control::Control`] is the state it shares with the [`admin`] API, the
+//! [`health`] checker and the [`state`] file; [`server::Shardgate`] puts
+//! them together from a [`config::Config`].
 
+pub mod admin;
 pub mod config;
 pub mod control;
+pub mod health;
 pub mod limits;
+pub mod metrics;
 pub mod proxy;
 pub mod routing;
 pub mod server;
+pub mod state;

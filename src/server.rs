@@ -1,13 +1,20 @@
 //! Builds the Pingora server from a validated configuration: Pingora's own
 //! settings come from the `server:` section (one file, not two), then the
-//! proxy service with its listeners.
+//! services — the proxy on its listeners, the admin API, the health
+//! checker and the state writer. The state file is read before anything
+//! serves, and written once more after the last request finished.
 
+use crate::admin::AdminApi;
 use crate::config::{Config, ServerSettings};
 use crate::control::Control;
+use crate::health::HealthChecker;
 use crate::proxy::hooks::GatewayHooks;
 use crate::proxy::Gateway;
+use crate::state::StateWriter;
 use pingora::server::configuration::{Opt, ServerConf};
-use pingora::server::Server;
+use pingora::server::{RunArgs, Server};
+use pingora::services::background::background_service;
+use pingora::services::listening::Service;
 use std::sync::Arc;
 
 /// Pingora's `ServerConf` for these settings.
@@ -49,6 +56,9 @@ impl Shardgate {
     ) -> Result<Shardgate, String> {
         let conf = server_conf(&config.server, config.retry.attempts);
         let control = Arc::new(Control::new(config, hooks)?);
+        if let Some(state) = &control.config.state {
+            crate::state::load(&control, &state.path);
+        }
         let mut server = Server::new_with_opt_and_conf(opt, conf);
         server.bootstrap();
         let mut proxy = pingora_proxy::http_proxy_service_with_name(
@@ -66,11 +76,37 @@ impl Shardgate {
             }
         }
         server.add_service(proxy);
+        let mut admin = Service::new(
+            "shardgate admin".to_string(),
+            AdminApi::new(Arc::clone(&control)),
+        );
+        admin.add_tcp(&control.config.admin.addr.to_string());
+        server.add_service(admin);
+        server.add_service(background_service(
+            "shardgate health",
+            HealthChecker::new(Arc::clone(&control)),
+        ));
+        if let Some(state) = &control.config.state {
+            server.add_service(background_service(
+                "shardgate state",
+                StateWriter {
+                    control: Arc::clone(&control),
+                    path: state.path.clone(),
+                    interval: state.interval,
+                },
+            ));
+        }
         Ok(Shardgate { server, control })
     }
 
-    /// Serves until told to stop (SIGTERM, SIGINT or SIGQUIT), then exits.
+    /// Serves until told to stop (SIGTERM, SIGINT or SIGQUIT), writes the
+    /// state file a last time, and exits.
     pub fn run(self) -> ! {
-        self.server.run_forever()
+        let Shardgate { server, control } = self;
+        server.run(RunArgs::default());
+        if let Some(state) = &control.config.state {
+            crate::state::save(&control, &state.path);
+        }
+        std::process::exit(0)
     }
 }

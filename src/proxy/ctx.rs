@@ -36,6 +36,8 @@ pub struct RequestCtx {
     pub(crate) headers_received: bool,
     /// The last upstream failure.
     pub failure: Option<UpstreamFailure>,
+    /// The router's last decision for this request.
+    pub decision: Option<crate::routing::Decision>,
     /// What to answer instead of proxying (set by a phase, sent by another).
     pub(crate) refusal: Option<Refusal>,
     /// Status of the answer shardgate wrote itself, if it did.
@@ -61,6 +63,7 @@ impl Default for RequestCtx {
             verdict: Verdict::None,
             headers_received: false,
             failure: None,
+            decision: None,
             refusal: None,
             answered: None,
             in_flight: None,

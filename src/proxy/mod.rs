@@ -81,6 +81,7 @@ impl Gateway {
             exclude: &ctx.failed,
         };
         let mut routed = self.control.router.admit(&request);
+        ctx.decision = Some(routed.decision);
         if routed.decision != Decision::Allow {
             return Err(Refusal::decision(
                 routed.decision,
@@ -106,6 +107,9 @@ impl Gateway {
         ctx.failure = Some(failure);
         if let Some(shard) = ctx.shard.as_ref().map(|s| s.id().clone()) {
             self.control
+                .metrics
+                .upstream_failure(shard.as_str(), failure);
+            self.control
                 .hooks
                 .on_upstream_failure(&self.control.router, &shard, failure);
             if failure.is_unreachable() && !ctx.failed.contains(&shard) {
@@ -123,6 +127,7 @@ impl Gateway {
             RetryVerdict::Allowed => match self.retry.admit_retry() {
                 Some(ticket) => {
                     ctx.retry_ticket = Some(ticket);
+                    self.control.metrics.retry();
                     true
                 }
                 None => false,
@@ -429,6 +434,38 @@ impl ProxyHttp for Gateway {
         FailToProxy {
             error_code: code,
             can_reuse_downstream: false,
+        }
+    }
+
+    /// The request is over (response sent, client gone, or socket closed):
+    /// its duration, the access log line, and — dropping the context right
+    /// after — the admission's release.
+    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+        let elapsed = ctx.started.elapsed();
+        self.control.metrics.request_finished(elapsed.as_secs_f64());
+        ctx.admission = None;
+        if let Some(level) = self.control.config.log.access {
+            if log::log_enabled!(target: "shardgate::access", level) {
+                let status = ctx
+                    .answered
+                    .or_else(|| session.response_written().map(|r| r.status.as_u16()))
+                    .unwrap_or(0);
+                let req = session.req_header();
+                log::log!(
+                    target: "shardgate::access",
+                    level,
+                    "{} {} {} tenant={} shard={} decision={} status={} duration_ms={:.3} attempts={}",
+                    session.client_addr().map(|a| a.to_string()).unwrap_or_default(),
+                    req.method,
+                    req.uri,
+                    ctx.tenant.as_deref().unwrap_or("-"),
+                    ctx.shard_id().map_or("-", |s| s.as_str()),
+                    ctx.decision.map_or("-", |d| d.as_str()),
+                    status,
+                    elapsed.as_secs_f64() * 1000.0,
+                    ctx.attempts,
+                );
+            }
         }
     }
 }

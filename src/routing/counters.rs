@@ -257,9 +257,105 @@ impl Default for LastDuration {
     }
 }
 
+/// A histogram of durations (seconds) with fixed bucket bounds; each thread
+/// counts into its own stripe, readers add the stripes up.
+pub struct StripedHistogram {
+    bounds: &'static [f64],
+    /// Per stripe: one count per bound, one for `+Inf`, then the sum in
+    /// microseconds.
+    cells: Box<[CachePadded<Box<[AtomicU64]>>]>,
+}
+
+/// A histogram's cumulative view, as Prometheus wants it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HistogramView {
+    /// `(upper bound, cumulative count)`, without `+Inf`.
+    pub buckets: Vec<(f64, u64)>,
+    pub count: u64,
+    pub sum: f64,
+}
+
+impl StripedHistogram {
+    pub fn new(bounds: &'static [f64]) -> Self {
+        StripedHistogram {
+            bounds,
+            cells: (0..=STRIPES)
+                .map(|_| {
+                    CachePadded::new(
+                        (0..bounds.len() + 2)
+                            .map(|_| AtomicU64::new(0))
+                            .collect::<Box<[AtomicU64]>>(),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    #[inline]
+    pub fn observe(&self, seconds: f64) {
+        let i = stripe();
+        let cells = &self.cells[i];
+        let bucket = self
+            .bounds
+            .iter()
+            .position(|b| seconds <= *b)
+            .unwrap_or(self.bounds.len());
+        let micros = (seconds.max(0.0) * 1e6) as u64;
+        let sum = &cells[self.bounds.len() + 1];
+        if i < STRIPES {
+            let c = &cells[bucket];
+            c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            sum.store(sum.load(Ordering::Relaxed) + micros, Ordering::Relaxed);
+        } else {
+            cells[bucket].fetch_add(1, Ordering::Relaxed);
+            sum.fetch_add(micros, Ordering::Relaxed);
+        }
+    }
+
+    pub fn view(&self) -> HistogramView {
+        let n = self.bounds.len();
+        let mut counts = vec![0u64; n + 1];
+        let mut sum_micros = 0u64;
+        for cells in self.cells.iter() {
+            for (i, c) in counts.iter_mut().enumerate() {
+                *c += cells[i].load(Ordering::Relaxed);
+            }
+            sum_micros += cells[n + 1].load(Ordering::Relaxed);
+        }
+        let mut cumulative = 0;
+        let buckets = self
+            .bounds
+            .iter()
+            .zip(&counts)
+            .map(|(b, c)| {
+                cumulative += c;
+                (*b, cumulative)
+            })
+            .collect();
+        HistogramView {
+            buckets,
+            count: cumulative + counts[n],
+            sum: sum_micros as f64 / 1e6,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn histogram_counts_cumulatively() {
+        static BOUNDS: [f64; 3] = [0.01, 0.1, 1.0];
+        let h = StripedHistogram::new(&BOUNDS);
+        for s in [0.005, 0.05, 0.05, 0.5, 5.0] {
+            h.observe(s);
+        }
+        let v = h.view();
+        assert_eq!(v.buckets, vec![(0.01, 1), (0.1, 3), (1.0, 4)]);
+        assert_eq!(v.count, 5);
+        assert!((v.sum - 5.605).abs() < 1e-6);
+    }
 
     #[test]
     fn counter_sums_across_threads() {

@@ -553,6 +553,45 @@ impl Gateway {
     pub fn send(&self, raw: &str) -> Response {
         send_raw(self.port, raw.as_bytes())
     }
+
+    /// An admin API call (`token` as the bearer, if any).
+    pub fn admin(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        token: Option<&str>,
+    ) -> Response {
+        let body = body.unwrap_or("");
+        let auth = token
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        let raw = format!(
+            "{method} {path} HTTP/1.1\r\nHost: admin\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        send_raw(self.admin_port, raw.as_bytes())
+    }
+
+    /// The gateway's stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("gateway.log")).unwrap_or_default()
+    }
+
+    /// Restarts the process on the same config and ports (after it exited
+    /// or was killed).
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn(&self.config_path, self.dir.path());
+        self.wait_ready();
+    }
+
+    /// Kills the process with SIGKILL and waits for it.
+    pub fn kill9(&mut self) {
+        self.signal("KILL");
+        let _ = self.child.wait();
+    }
 }
 
 impl Drop for Gateway {
@@ -563,7 +602,11 @@ impl Drop for Gateway {
 }
 
 fn spawn(config: &std::path::Path, dir: &std::path::Path) -> Child {
-    let log = std::fs::File::create(dir.join("gateway.log")).expect("log file");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("gateway.log"))
+        .expect("log file");
     Command::new(env!("CARGO_BIN_EXE_shardgate"))
         .arg("-c")
         .arg(config)

@@ -1,0 +1,468 @@
+//! The admin API (DESIGN §2): JSON over HTTP on `admin.addr`. `/healthz`
+//! and `/metrics` are open; everything under `/v1/` needs
+//! `Authorization: Bearer <token>` (compared in constant time) unless no
+//! token is configured, which validation allows only on loopback. Bad JSON,
+//! unknown fields or ids answer 400/404 with a message, and nothing is half
+//! applied: each request is validated whole before it changes anything.
+
+use crate::control::Control;
+use crate::proxy::routes::RoutePrefixes;
+use crate::routing::{RouteRequest, Shard, ShardId};
+use crate::state::{self, StateSnapshot};
+use http::{Method, Response, StatusCode};
+use pingora::apps::http_app::ServeHttp;
+use pingora::protocols::http::ServerSession;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// Largest request body the admin API reads.
+pub const MAX_BODY: usize = 1024 * 1024;
+
+pub struct AdminApi {
+    control: Arc<Control>,
+    routes: RoutePrefixes,
+    registry: prometheus::Registry,
+}
+
+impl AdminApi {
+    pub fn new(control: Arc<Control>) -> Self {
+        let registry = prometheus::Registry::new();
+        if let Err(e) =
+            registry.register(Box::new(crate::metrics::ShardgateCollector::new(&control)))
+        {
+            log::error!("cannot register metrics: {e}");
+        }
+        AdminApi {
+            routes: RoutePrefixes::new(control.config.limits.routes.iter().map(|(p, _)| p.clone())),
+            control,
+            registry,
+        }
+    }
+}
+
+/// An answer: status and JSON (or text) body.
+struct Reply {
+    status: StatusCode,
+    body: Vec<u8>,
+    content_type: &'static str,
+}
+
+impl Reply {
+    fn json(status: StatusCode, value: Value) -> Reply {
+        Reply {
+            status,
+            body: serde_json::to_vec(&value).unwrap_or_default(),
+            content_type: "application/json",
+        }
+    }
+
+    fn ok(value: Value) -> Reply {
+        Reply::json(StatusCode::OK, value)
+    }
+
+    fn error(status: StatusCode, message: impl Into<String>) -> Reply {
+        Reply::json(status, json!({ "error": message.into() }))
+    }
+
+    fn text(status: StatusCode, body: String, content_type: &'static str) -> Reply {
+        Reply {
+            status,
+            body: body.into_bytes(),
+            content_type,
+        }
+    }
+}
+
+/// Constant-time comparison: every byte of the longer input is visited.
+fn same_token(given: &[u8], expected: &[u8]) -> bool {
+    let n = given.len().max(expected.len());
+    let mut diff = u8::from(given.len() != expected.len());
+    for i in 0..n {
+        let a = given.get(i).copied().unwrap_or(0);
+        let b = expected.get(i).copied().unwrap_or(0);
+        diff |= a ^ b;
+    }
+    diff == 0
+}
+
+/// `%XX` decoding of one path segment.
+fn decode(segment: &str) -> Option<String> {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn query_params(query: Option<&str>) -> Vec<(String, String)> {
+    query
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            let plus = |s: &str| s.replace('+', " ");
+            (
+                decode(&plus(k)).unwrap_or_default(),
+                decode(&plus(v)).unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, Reply> {
+    serde_json::from_slice(body)
+        .map_err(|e| Reply::error(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantBody {
+    tenant: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RegionBody {
+    region: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShardBody {
+    id: String,
+    url: String,
+    weight: Option<f64>,
+    region: Option<String>,
+    tenants: Option<Vec<String>>,
+}
+
+impl AdminApi {
+    fn authorized(&self, session: &ServerSession) -> bool {
+        let Some(token) = &self.control.config.admin.token else {
+            return true; // loopback only, checked by validation
+        };
+        let header = session
+            .req_header()
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes())
+            .unwrap_or_default();
+        let given = header.strip_prefix(b"Bearer ").unwrap_or(b"");
+        same_token(given, token.as_bytes())
+    }
+
+    fn shards(&self) -> Value {
+        Value::Array(
+            self.control
+                .router
+                .shards()
+                .into_iter()
+                .map(|(s, status, active)| {
+                    json!({
+                        "id": s.id, "url": s.url, "weight": s.weight, "region": s.region,
+                        "tenants": s.tenants, "healthy": status.healthy,
+                        "draining": status.draining, "active": active,
+                    })
+                })
+                .collect(),
+        )
+    }
+
+    fn add_shard(&self, body: &[u8]) -> Reply {
+        let b: ShardBody = match parse(body) {
+            Ok(b) => b,
+            Err(r) => return r,
+        };
+        if b.id.is_empty() {
+            return Reply::error(StatusCode::BAD_REQUEST, "id: must not be empty");
+        }
+        if let Err(e) = crate::config::parse_shard_url(&b.url) {
+            return Reply::error(StatusCode::BAD_REQUEST, format!("url: {e}"));
+        }
+        let weight = b.weight.unwrap_or(1.0);
+        if !weight.is_finite() || weight < 0.0 {
+            return Reply::error(
+                StatusCode::BAD_REQUEST,
+                "weight: must be a finite number ≥ 0",
+            );
+        }
+        if let (Some(region), Some(directory)) = (&b.region, &self.control.regions) {
+            if !directory.has_region(region) {
+                return Reply::error(
+                    StatusCode::BAD_REQUEST,
+                    format!("region: unknown region `{region}`"),
+                );
+            }
+        }
+        let shard = Shard {
+            id: ShardId::new(&b.id),
+            url: b.url,
+            weight,
+            region: b.region,
+            tenants: b.tenants,
+        };
+        match self.control.add_shard(shard) {
+            Ok(true) => Reply::json(StatusCode::CREATED, json!({ "added": b.id })),
+            Ok(false) => Reply::error(StatusCode::CONFLICT, format!("shard `{}` exists", b.id)),
+            Err(e) => Reply::error(StatusCode::BAD_REQUEST, e),
+        }
+    }
+
+    fn explain(&self, query: Option<&str>) -> Reply {
+        let params = query_params(query);
+        let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        let Some(tenant) = get("tenant").filter(|t| !t.is_empty()) else {
+            return Reply::error(StatusCode::BAD_REQUEST, "tenant: required");
+        };
+        let region = match (get("region"), &self.control.regions) {
+            (Some(r), _) => Some(r.to_string()),
+            (None, Some(directory)) => Some(directory.peek_region_for(tenant)),
+            (None, None) => None,
+        };
+        let route = get("path")
+            .and_then(|p| self.routes.route_for(p))
+            .map(|i| self.routes.name(i));
+        let request = RouteRequest {
+            tenant,
+            channel: get("channel"),
+            route,
+            region: region.as_deref(),
+            balance: None,
+            exclude: &[],
+        };
+        let r = self.control.router.explain(&request);
+        Reply::ok(json!({
+            "decision": r.decision,
+            "shard": r.shard_id(),
+            "region": region,
+            "bucket": r.bucket.map(|b| b.name().to_string()),
+            "retry_after": r.retry_after_secs.map(|s| (s.ceil() as u64).max(1)),
+        }))
+    }
+
+    fn restore(&self, query: Option<&str>, body: &[u8]) -> Reply {
+        let snapshot: StateSnapshot = match parse(body) {
+            Ok(s) => s,
+            Err(r) => return r,
+        };
+        let reset = query_params(query)
+            .iter()
+            .any(|(k, v)| k == "reset_connections" && v != "false" && v != "0");
+        let mut router = snapshot.router;
+        router.shift_time(self.control.router.clock().now_ms() - snapshot.written_at_ms);
+        self.control.router.restore(&router, reset);
+        if let (Some(directory), Some(regions)) = (&self.control.regions, &snapshot.regions) {
+            directory.restore(regions);
+        }
+        Reply::ok(json!({ "restored": true, "reset_connections": reset }))
+    }
+
+    fn metrics_json(&self) -> Value {
+        let c = &self.control;
+        json!({
+            "router": c.router.metrics(),
+            "domains": c.domains.metrics(),
+            "regions": c.regions.as_ref().map(|d| d.metrics()),
+            "retries": c.metrics.retries(),
+        })
+    }
+
+    fn route(&self, method: &Method, path: &str, query: Option<&str>, body: &[u8]) -> Reply {
+        let segments: Vec<Option<String>> = path
+            .trim_start_matches('/')
+            .split('/')
+            .map(decode)
+            .collect();
+        let Some(segments) = segments.into_iter().collect::<Option<Vec<String>>>() else {
+            return Reply::error(
+                StatusCode::BAD_REQUEST,
+                "invalid percent-encoding in the path",
+            );
+        };
+        let s: Vec<&str> = segments.iter().map(String::as_str).collect();
+        let c = &self.control;
+        let not_found = |what: &str, id: &str| {
+            Reply::error(StatusCode::NOT_FOUND, format!("unknown {what} `{id}`"))
+        };
+        match (method, s.as_slice()) {
+            (&Method::GET, ["v1", "shards"]) => Reply::ok(self.shards()),
+            (&Method::POST, ["v1", "shards"]) => self.add_shard(body),
+            (&Method::DELETE, ["v1", "shards", id]) => match c.remove_shard(id) {
+                true => Reply::ok(json!({ "removed": id })),
+                false => not_found("shard", id),
+            },
+            (&Method::POST, ["v1", "shards", id, action]) => {
+                let known = match *action {
+                    "drain" => c.router.drain(id),
+                    "healthy" => c.router.mark_healthy(id),
+                    "unhealthy" => c.router.mark_unhealthy(id),
+                    _ => {
+                        return Reply::error(
+                            StatusCode::NOT_FOUND,
+                            format!("no such action `{action}`"),
+                        )
+                    }
+                };
+                match known {
+                    true => Reply::ok(json!({ "shard": id, "action": action })),
+                    false => not_found("shard", id),
+                }
+            }
+            (&Method::GET, ["v1", "domains"]) => Reply::ok(json!(c.domains.list())),
+            (&Method::PUT, ["v1", "domains", host]) => match parse::<TenantBody>(body) {
+                Err(r) => r,
+                Ok(b) if b.tenant.is_empty() => {
+                    Reply::error(StatusCode::BAD_REQUEST, "tenant: must not be empty")
+                }
+                Ok(b) => match c.put_domain(host, &b.tenant) {
+                    Ok(()) => Reply::ok(json!({ "host": host, "tenant": b.tenant })),
+                    Err(e) => Reply::error(StatusCode::BAD_REQUEST, e),
+                },
+            },
+            (&Method::DELETE, ["v1", "domains", host]) => match c.delete_domain(host) {
+                true => Reply::ok(json!({ "removed": host })),
+                false => not_found("domain", host),
+            },
+            (&Method::PUT, ["v1", "tenants", tenant, "region"]) => {
+                let Some(directory) = &c.regions else {
+                    return Reply::error(StatusCode::NOT_FOUND, "no regions are configured");
+                };
+                match parse::<RegionBody>(body) {
+                    Err(r) => r,
+                    Ok(b) => match directory.assign(tenant, &b.region) {
+                        Ok(()) => Reply::ok(json!({ "tenant": tenant, "region": b.region })),
+                        Err(e) => Reply::error(StatusCode::BAD_REQUEST, e.to_string()),
+                    },
+                }
+            }
+            (&Method::DELETE, ["v1", "tenants", tenant, "region"]) => match &c.regions {
+                None => Reply::error(StatusCode::NOT_FOUND, "no regions are configured"),
+                Some(directory) => match directory.release(tenant) {
+                    true => Reply::ok(json!({ "released": tenant })),
+                    false => not_found("region assignment for tenant", tenant),
+                },
+            },
+            (&Method::PUT, ["v1", "tenants", tenant, "deny"]) => {
+                c.deny(tenant);
+                Reply::ok(json!({ "denied": tenant }))
+            }
+            (&Method::DELETE, ["v1", "tenants", tenant, "deny"]) => match c.undeny(tenant) {
+                true => Reply::ok(json!({ "allowed": tenant })),
+                false => not_found("denied tenant", tenant),
+            },
+            (&Method::GET, ["v1", "route"]) => self.explain(query),
+            (&Method::GET, ["v1", "snapshot"]) => Reply::ok(json!(state::capture(c))),
+            (&Method::POST, ["v1", "restore"]) => self.restore(query, body),
+            (&Method::GET, ["v1", "metrics"]) => Reply::ok(self.metrics_json()),
+            (_, ["v1", ..]) => Reply::error(
+                StatusCode::NOT_FOUND,
+                format!("no such endpoint: {method} {path}"),
+            ),
+            _ => Reply::error(StatusCode::NOT_FOUND, "not found"),
+        }
+    }
+
+    async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, Reply> {
+        let mut body = Vec::new();
+        loop {
+            match session.read_request_body().await {
+                Ok(Some(chunk)) => {
+                    body.extend_from_slice(&chunk);
+                    if body.len() > MAX_BODY {
+                        return Err(Reply::error(
+                            StatusCode::PAYLOAD_TOO_LARGE,
+                            "body too large",
+                        ));
+                    }
+                }
+                Ok(None) => return Ok(body),
+                Err(e) => {
+                    return Err(Reply::error(
+                        StatusCode::BAD_REQUEST,
+                        format!("cannot read the body: {e}"),
+                    ))
+                }
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl ServeHttp for AdminApi {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let req = session.req_header();
+        let method = req.method.clone();
+        let path = req.uri.path().to_string();
+        let query = req.uri.query().map(str::to_string);
+        let reply = match (&method, path.as_str()) {
+            (&Method::GET, "/healthz") => Reply::text(StatusCode::OK, "ok\n".into(), "text/plain"),
+            (&Method::GET, "/metrics") => Reply::text(
+                StatusCode::OK,
+                crate::metrics::render(&self.registry),
+                "text/plain; version=0.0.4",
+            ),
+            (_, p) if p.starts_with("/v1/") || p == "/v1" => {
+                if !self.authorized(session) {
+                    Reply::error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token")
+                } else {
+                    match Self::read_body(session).await {
+                        Ok(body) => self.route(&method, &path, query.as_deref(), &body),
+                        Err(reply) => reply,
+                    }
+                }
+            }
+            _ => Reply::error(StatusCode::NOT_FOUND, "not found"),
+        };
+        let mut builder = Response::builder()
+            .status(reply.status)
+            .header("content-type", reply.content_type)
+            .header("content-length", reply.body.len().to_string())
+            .header("cache-control", "no-store");
+        if reply.status == StatusCode::UNAUTHORIZED {
+            builder = builder.header("www-authenticate", "Bearer");
+        }
+        builder
+            .body(reply.body)
+            .unwrap_or_else(|_| Response::new(Vec::new()))
+    }
+}
+
+impl std::fmt::Debug for AdminApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminApi")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(same_token(b"secret", b"secret"));
+        assert!(!same_token(b"secre", b"secret"));
+        assert!(!same_token(b"secret!", b"secret"));
+        assert!(!same_token(b"", b"secret"));
+        assert!(!same_token(b"Secret", b"secret"));
+    }
+
+    #[test]
+    fn path_segments_and_queries_decode() {
+        assert_eq!(decode("%2A.acme.com").as_deref(), Some("*.acme.com"));
+        assert_eq!(decode("%zz"), None);
+        let q = query_params(Some("tenant=a%20b&channel=&path=/api/export"));
+        assert_eq!(q[0], ("tenant".into(), "a b".into()));
+        assert_eq!(q[1], ("channel".into(), "".into()));
+    }
+}

@@ -1,0 +1,279 @@
+//! Prometheus metrics (DESIGN §2 "Metrics"). Most values already live in
+//! the router, the domain map and the health state, counted per thread;
+//! a collector reads them at scrape time, so the request path pays nothing
+//! extra. What only the proxy sees (upstream failures, retries, request
+//! durations) is counted here. No tenant label: tenants are unbounded.
+
+use crate::control::Control;
+use crate::proxy::hooks::UpstreamFailure;
+use crate::routing::counters::{StripedCounter, StripedHistogram};
+use crate::routing::Decision;
+use parking_lot::Mutex;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{
+    Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
+};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
+
+/// Upper bounds of `shardgate_request_duration_seconds`.
+pub static DURATION_BUCKETS: [f64; 16] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
+/// What the proxy counts itself.
+pub struct GatewayMetrics {
+    retries: StripedCounter,
+    durations: StripedHistogram,
+    /// `(shard, kind)` → count; failures are rare, a lock is fine.
+    failures: Mutex<BTreeMap<(String, &'static str), u64>>,
+}
+
+impl Default for GatewayMetrics {
+    fn default() -> Self {
+        GatewayMetrics {
+            retries: StripedCounter::default(),
+            durations: StripedHistogram::new(&DURATION_BUCKETS),
+            failures: Mutex::new(BTreeMap::new()),
+        }
+    }
+}
+
+impl GatewayMetrics {
+    pub fn retry(&self) {
+        self.retries.incr();
+    }
+
+    pub fn retries(&self) -> u64 {
+        self.retries.get()
+    }
+
+    pub fn upstream_failure(&self, shard: &str, failure: UpstreamFailure) {
+        *self
+            .failures
+            .lock()
+            .entry((shard.to_string(), failure.as_str()))
+            .or_default() += 1;
+    }
+
+    pub fn request_finished(&self, seconds: f64) {
+        self.durations.observe(seconds);
+    }
+}
+
+fn label(name: &str, value: &str) -> LabelPair {
+    let mut l = LabelPair::default();
+    l.set_name(name.to_string());
+    l.set_value(value.to_string());
+    l
+}
+
+fn family(name: &str, help: &str, kind: MetricType, metrics: Vec<Metric>) -> MetricFamily {
+    let mut f = MetricFamily::default();
+    f.set_name(format!("shardgate_{name}"));
+    f.set_help(help.to_string());
+    f.set_field_type(kind);
+    f.set_metric(metrics);
+    f
+}
+
+fn counter(labels: Vec<LabelPair>, value: f64) -> Metric {
+    let mut c = Counter::default();
+    c.set_value(value);
+    let mut m = Metric::from_label(labels);
+    m.set_counter(c);
+    m
+}
+
+fn gauge(labels: Vec<LabelPair>, value: f64) -> Metric {
+    let mut g = Gauge::default();
+    g.set_value(value);
+    let mut m = Metric::from_label(labels);
+    m.set_gauge(g);
+    m
+}
+
+/// Reads everything at scrape time.
+pub struct ShardgateCollector {
+    control: Weak<Control>,
+    descs: Vec<Desc>,
+}
+
+impl ShardgateCollector {
+    pub fn new(control: &Arc<Control>) -> Self {
+        ShardgateCollector {
+            control: Arc::downgrade(control),
+            descs: Vec::new(),
+        }
+    }
+}
+
+impl Collector for ShardgateCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let Some(control) = self.control.upgrade() else {
+            return Vec::new();
+        };
+        families(&control)
+    }
+}
+
+fn families(control: &Control) -> Vec<MetricFamily> {
+    let router = &control.router;
+    let counts = router.decision_counts();
+    let routes: u64 = counts.iter().map(|(_, n)| n).sum();
+    let mut out = vec![
+        family(
+            "routes_total",
+            "Routing decisions made.",
+            MetricType::COUNTER,
+            vec![counter(vec![], routes as f64)],
+        ),
+        family(
+            "decisions_total",
+            "Routing decisions by outcome.",
+            MetricType::COUNTER,
+            counts
+                .iter()
+                .map(|(d, n)| counter(vec![label("decision", d.as_str())], *n as f64))
+                .collect(),
+        ),
+    ];
+    debug_assert_eq!(counts.len(), Decision::ALL.len());
+    let m = router.metrics();
+    let set = router.shard_set();
+    let mut routed: BTreeMap<String, u64> = m.shard_load_distribution;
+    for e in &set.all {
+        routed.entry(e.id().to_string()).or_insert(0);
+    }
+    out.push(family(
+        "shard_routes_total",
+        "Requests routed to each shard.",
+        MetricType::COUNTER,
+        routed
+            .iter()
+            .map(|(s, n)| counter(vec![label("shard", s)], *n as f64))
+            .collect(),
+    ));
+    let per_shard = |f: &dyn Fn(&crate::routing::ShardEntry) -> f64| -> Vec<Metric> {
+        set.all
+            .iter()
+            .map(|e| gauge(vec![label("shard", e.id().as_str())], f(e)))
+            .collect()
+    };
+    out.push(family(
+        "shard_active_connections",
+        "Live admissions (requests and sockets) on each shard.",
+        MetricType::GAUGE,
+        per_shard(&|e| e.active() as f64),
+    ));
+    out.push(family(
+        "shard_healthy",
+        "1 if the shard is healthy.",
+        MetricType::GAUGE,
+        per_shard(&|e| f64::from(u8::from(e.status.healthy))),
+    ));
+    out.push(family(
+        "shard_draining",
+        "1 if the shard is draining.",
+        MetricType::GAUGE,
+        per_shard(&|e| f64::from(u8::from(e.status.draining))),
+    ));
+    let failures = control.metrics.failures.lock().clone();
+    let mut failure_metrics = Vec::new();
+    for e in &set.all {
+        for kind in [
+            UpstreamFailure::Connect,
+            UpstreamFailure::Reset,
+            UpstreamFailure::Timeout,
+            UpstreamFailure::Liveness,
+        ] {
+            let n = failures
+                .get(&(e.id().to_string(), kind.as_str()))
+                .copied()
+                .unwrap_or(0);
+            failure_metrics.push(counter(
+                vec![
+                    label("shard", e.id().as_str()),
+                    label("kind", kind.as_str()),
+                ],
+                n as f64,
+            ));
+        }
+    }
+    for ((shard, kind), n) in &failures {
+        if set.get(shard).is_none() {
+            failure_metrics.push(counter(
+                vec![label("shard", shard), label("kind", kind)],
+                *n as f64,
+            ));
+        }
+    }
+    out.push(family(
+        "upstream_failures_total",
+        "Failed upstream attempts by shard and kind (connect, reset, timeout, liveness).",
+        MetricType::COUNTER,
+        failure_metrics,
+    ));
+    out.push(family(
+        "retries_total",
+        "Upstream attempts that were retries.",
+        MetricType::COUNTER,
+        vec![counter(vec![], control.metrics.retries() as f64)],
+    ));
+    let d = control.domains.metrics();
+    out.push(family(
+        "domain_resolves_total",
+        "Host lookups by result.",
+        MetricType::COUNTER,
+        [
+            ("exact", d.exact),
+            ("wildcard", d.wildcard),
+            ("fallback", d.fallback),
+            ("miss", d.misses),
+        ]
+        .iter()
+        .map(|(r, n)| counter(vec![label("result", r)], *n as f64))
+        .collect(),
+    ));
+    let view = control.metrics.durations.view();
+    let mut h = Histogram::default();
+    h.set_sample_count(view.count);
+    h.set_sample_sum(view.sum);
+    h.set_bucket(
+        view.buckets
+            .iter()
+            .map(|(bound, count)| {
+                let mut b = Bucket::default();
+                b.set_upper_bound(*bound);
+                b.set_cumulative_count(*count);
+                b
+            })
+            .collect(),
+    );
+    let mut metric = Metric::default();
+    metric.set_histogram(h);
+    out.push(family(
+        "request_duration_seconds",
+        "Time from the request head to the end of the response (or socket).",
+        MetricType::HISTOGRAM,
+        vec![metric],
+    ));
+    out
+}
+
+/// The Prometheus text exposition of a registry holding shardgate's
+/// collector.
+pub fn render(registry: &prometheus::Registry) -> String {
+    use prometheus::Encoder;
+    let mut buf = Vec::new();
+    let encoder = prometheus::TextEncoder::new();
+    if let Err(e) = encoder.encode(&registry.gather(), &mut buf) {
+        log::error!("cannot encode metrics: {e}");
+    }
+    String::from_utf8(buf).unwrap_or_default()
+}

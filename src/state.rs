@@ -1,0 +1,298 @@
+//! The state file: what a restart must not forget. Token balances (with
+//! wall-clock timestamps, so time spent down still refills), health and
+//! drain state, region assignments and overrides, and the runtime changes
+//! made through the admin API as a diff from the configuration — at start
+//! the configuration is loaded, then the diff replayed, so edits to the
+//! YAML still take effect. Written atomically (temp file, fsync, rename)
+//! every `state.interval_ms` and at shutdown; read at start. A file that
+//! cannot be read is moved aside and the gateway starts from the
+//! configuration.
+
+use crate::control::Control;
+use crate::routing::domain::DomainEntry;
+use crate::routing::region::RegionSnapshot;
+use crate::routing::{RouterSnapshot, Shard, ShardId};
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Runtime changes relative to the configuration.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuntimeDiff {
+    /// Configured shards removed at runtime (applied before additions).
+    pub shards_removed: Vec<ShardId>,
+    pub shards_added: Vec<Shard>,
+    /// Configured domain entries removed at runtime.
+    pub domains_deleted: Vec<String>,
+    pub domains_put: Vec<DomainEntry>,
+    /// Configured denials lifted at runtime.
+    pub deny_removed: Vec<String>,
+    pub deny_added: Vec<String>,
+}
+
+impl RuntimeDiff {
+    pub fn shard_added(&mut self, shard: &Shard) {
+        self.shards_added.retain(|s| s.id != shard.id);
+        self.shards_added.push(shard.clone());
+    }
+
+    pub fn shard_removed(&mut self, id: &str, configured: bool) {
+        self.shards_added.retain(|s| s.id.as_str() != id);
+        if configured && !self.shards_removed.iter().any(|s| s.as_str() == id) {
+            self.shards_removed.push(ShardId::new(id));
+        }
+    }
+
+    pub fn domain_put(&mut self, host: &str, tenant: &str) {
+        let key = crate::routing::domain::normalize(host).to_string();
+        self.domains_put.retain(|e| e.host != key);
+        self.domains_put.push(DomainEntry {
+            host: key,
+            tenant: tenant.to_string(),
+        });
+    }
+
+    pub fn domain_deleted(&mut self, host: &str, configured: bool) {
+        let key = crate::routing::domain::normalize(host).to_string();
+        self.domains_put.retain(|e| e.host != key);
+        if configured && !self.domains_deleted.contains(&key) {
+            self.domains_deleted.push(key);
+        }
+    }
+
+    pub fn denied(&mut self, tenant: &str, configured: bool) {
+        self.deny_removed.retain(|t| t != tenant);
+        if !configured && !self.deny_added.iter().any(|t| t == tenant) {
+            self.deny_added.push(tenant.to_string());
+        }
+    }
+
+    pub fn undenied(&mut self, tenant: &str, configured: bool) {
+        self.deny_added.retain(|t| t != tenant);
+        if configured && !self.deny_removed.iter().any(|t| t == tenant) {
+            self.deny_removed.push(tenant.to_string());
+        }
+    }
+}
+
+/// The file's content.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateSnapshot {
+    pub version: u32,
+    /// Wall-clock milliseconds since the Unix epoch when it was written.
+    pub written_at_ms: f64,
+    /// Token timestamps in wall-clock milliseconds.
+    pub router: RouterSnapshot,
+    pub regions: Option<RegionSnapshot>,
+    pub changes: RuntimeDiff,
+}
+
+fn wall_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
+/// Captures the state to persist. Tenants (and route buckets) whose
+/// buckets are full are left out: restoring them is the same as not
+/// knowing them.
+pub fn capture(control: &Control) -> StateSnapshot {
+    let router = &control.router;
+    let mut snap = router.snapshot();
+    let limits = router.limits();
+    let full_tenant = |tokens: f64| tokens >= limits.rate().tokens;
+    snap.tenants
+        .retain(|t| t.active > 0 || !full_tenant(t.tokens.0));
+    snap.route_buckets.retain(|r| {
+        limits
+            .route_index(&r.route)
+            .and_then(|i| limits.route_rule(i))
+            .is_none_or(|rule| r.tokens.0 < rule.tokens)
+    });
+    // Clock domain → wall clock.
+    let offset = wall_ms() - router.clock().now_ms();
+    snap.shift_time(offset);
+    StateSnapshot {
+        version: 1,
+        written_at_ms: wall_ms(),
+        router: snap,
+        regions: control.regions.as_ref().map(|d| d.snapshot()),
+        changes: control.diff(),
+    }
+}
+
+/// Applies a state snapshot to a control freshly built from the config.
+pub fn apply(control: &Control, mut state: StateSnapshot) {
+    control.apply_diff(&state.changes);
+    let offset = control.router.clock().now_ms() - wall_ms();
+    state.router.shift_time(offset);
+    // Only shards that exist now get their health and drain state back.
+    let set = control.router.shard_set();
+    state
+        .router
+        .shards
+        .retain(|s| set.get(s.shard.id.as_str()).is_some());
+    control.router.restore(&state.router, true);
+    if let (Some(directory), Some(regions)) = (&control.regions, &state.regions) {
+        directory.restore(regions);
+    }
+}
+
+/// Writes `bytes` to `path` atomically: a temp file beside it, fsync,
+/// rename, fsync of the folder.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("state"),
+        std::process::id()
+    ));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// What reading the state file found.
+#[derive(Debug)]
+pub enum Loaded {
+    /// No file: a first start.
+    Missing,
+    Restored,
+    /// Unreadable or invalid: moved to the given path.
+    MovedAside(PathBuf),
+}
+
+/// Reads the state file at start and applies it. Never fails: a bad file
+/// is logged and moved to `<path>.corrupt-<unix seconds>`.
+pub fn load(control: &Control, path: &Path) -> Loaded {
+    let text = match std::fs::read(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Loaded::Missing,
+        Err(e) => return move_aside(path, &format!("cannot read it: {e}")),
+    };
+    match serde_json::from_slice::<StateSnapshot>(&text) {
+        Ok(state) if state.version == 1 => {
+            apply(control, state);
+            log::info!("state restored from {}", path.display());
+            Loaded::Restored
+        }
+        Ok(state) => move_aside(path, &format!("unknown version {}", state.version)),
+        Err(e) => move_aside(path, &format!("invalid: {e}")),
+    }
+}
+
+fn move_aside(path: &Path, why: &str) -> Loaded {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let aside = PathBuf::from(format!("{}.corrupt-{secs}", path.display()));
+    match std::fs::rename(path, &aside) {
+        Ok(()) => log::error!(
+            "state file {} {why}; moved to {} and starting from the configuration",
+            path.display(),
+            aside.display()
+        ),
+        Err(e) => log::error!(
+            "state file {} {why}; could not move it aside ({e}); starting from the configuration",
+            path.display()
+        ),
+    }
+    Loaded::MovedAside(aside)
+}
+
+/// Saves the state now (logging, not failing, on error).
+pub fn save(control: &Control, path: &Path) {
+    let state = capture(control);
+    match serde_json::to_vec(&state) {
+        Ok(bytes) => {
+            if let Err(e) = write_atomically(path, &bytes) {
+                log::error!("cannot write state file {}: {e}", path.display());
+            }
+        }
+        Err(e) => log::error!("cannot encode state: {e}"),
+    }
+}
+
+/// The background service writing the state every interval and once more
+/// when shutdown starts.
+pub struct StateWriter {
+    pub control: Arc<Control>,
+    pub path: PathBuf,
+    pub interval: Duration,
+}
+
+#[async_trait::async_trait]
+impl BackgroundService for StateWriter {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(self.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => {
+                    self.write().await;
+                    return;
+                }
+                _ = tick.tick() => self.write().await,
+            }
+        }
+    }
+}
+
+impl StateWriter {
+    async fn write(&self) {
+        let (control, path) = (Arc::clone(&self.control), self.path.clone());
+        // fsync blocks: keep it off the runtime's worker threads.
+        let _ = tokio::task::spawn_blocking(move || save(&control, &path)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diff_records_net_changes() {
+        let mut d = RuntimeDiff::default();
+        d.shard_added(&Shard::new("x", "http://127.0.0.1:1"));
+        d.shard_removed("x", false);
+        assert!(d.shards_added.is_empty() && d.shards_removed.is_empty());
+        d.shard_removed("cfg", true);
+        assert_eq!(d.shards_removed, vec![ShardId::new("cfg")]);
+        d.domain_put("App.Example.com:80", "t");
+        d.domain_put("app.example.com", "u");
+        assert_eq!(d.domains_put.len(), 1);
+        assert_eq!(d.domains_put[0].tenant, "u");
+        d.domain_deleted("app.example.com", false);
+        assert!(d.domains_put.is_empty() && d.domains_deleted.is_empty());
+        d.denied("a", false);
+        d.undenied("a", false);
+        assert!(d.deny_added.is_empty() && d.deny_removed.is_empty());
+        d.undenied("cfg", true);
+        assert_eq!(d.deny_removed, vec!["cfg".to_string()]);
+    }
+
+    #[test]
+    fn atomic_write_replaces_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nested").join("state.json");
+        write_atomically(&path, b"one").unwrap();
+        write_atomically(&path, b"two").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"two");
+        let leftovers = std::fs::read_dir(path.parent().unwrap()).unwrap().count();
+        assert_eq!(leftovers, 1, "no temp file left behind");
+    }
+}

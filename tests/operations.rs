@@ -1,0 +1,737 @@
+//! Operating shardgate over real sockets: health probes, the admin API,
+//! Prometheus, the state file across restarts (graceful and `kill -9`),
+//! graceful shutdown and upgrade.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "s3cret-admin-token";
+
+/// A config in a scratch folder, with state and an admin token.
+fn config(shards: &[(&str, String)], extra: &str) -> String {
+    let mut yaml = String::from(
+        "server: { pid_file: \"{dir}/gw.pid\", upgrade_sock: \"{dir}/upgrade.sock\", grace_period_seconds: 1, graceful_shutdown_timeout_seconds: 5 }\n\
+         listen: [{ addr: \"127.0.0.1:{port}\" }]\n\
+         admin: { addr: \"127.0.0.1:{admin}\", token_env: SHARDGATE_TEST_TOKEN }\n\
+         state: { path: \"{dir}/state.json\", interval_ms: 100 }\n\
+         shards:\n",
+    );
+    for (id, url) in shards {
+        yaml.push_str(&format!("  - {{ id: {id}, url: \"{url}\" }}\n"));
+    }
+    if !extra.contains("domains:") {
+        yaml.push_str("domains:\n  fallback_suffix: .localhost\n");
+    }
+    yaml.push_str(extra);
+    yaml
+}
+
+fn start(shards: &[(&str, String)], extra: &str) -> Gateway {
+    std::env::set_var("SHARDGATE_TEST_TOKEN", TOKEN);
+    Gateway::start(&config(shards, extra))
+}
+
+fn admin(gw: &Gateway, method: &str, path: &str, body: Option<&str>) -> Response {
+    gw.admin(method, path, body, Some(TOKEN))
+}
+
+fn shard_state(gw: &Gateway, id: &str) -> serde_json::Value {
+    let shards = admin(gw, "GET", "/v1/shards", None).json();
+    shards
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == id)
+        .cloned()
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// `name{labels}` → value, from Prometheus text; panics on a malformed line.
+fn parse_prometheus(text: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        if line.is_empty() || line.starts_with('#') {
+            assert!(
+                line.is_empty() || line.starts_with("# HELP ") || line.starts_with("# TYPE "),
+                "bad comment line {line:?}"
+            );
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad line {line:?}"));
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            v => v
+                .parse()
+                .unwrap_or_else(|_| panic!("bad value in {line:?}")),
+        };
+        assert!(series.starts_with("shardgate_"), "{series}");
+        out.insert(series.to_string(), value);
+    }
+    out
+}
+
+#[test]
+fn probes_mark_a_stopped_shard_down_after_fall_and_up_after_rise() {
+    let a = Backend::start("a");
+    let port = a.port();
+    let gw = start(
+        &[("a", a.url())],
+        "health: { interval_ms: 100, timeout_ms: 100, fall: 3, rise: 2 }\n",
+    );
+    assert_eq!(shard_state(&gw, "a")["healthy"], true);
+    a.stop();
+    let down = Instant::now();
+    assert!(eventually(Duration::from_secs(5), || shard_state(&gw, "a")
+        ["healthy"]
+        == false));
+    // fall = 3 probes at 100 ms: not before ~200 ms.
+    assert!(
+        down.elapsed() >= Duration::from_millis(150),
+        "{:?}",
+        down.elapsed()
+    );
+    let _b = Backend::on("a again", port, |_| Reply::ok("back"));
+    let up = Instant::now();
+    assert!(eventually(Duration::from_secs(5), || shard_state(&gw, "a")
+        ["healthy"]
+        == true));
+    assert!(
+        up.elapsed() >= Duration::from_millis(80),
+        "{:?}",
+        up.elapsed()
+    );
+    assert_eq!(gw.get("t.localhost", "/").text(), "back");
+}
+
+#[test]
+fn probes_bring_back_a_shard_the_failure_hook_or_an_admin_marked_down_but_never_end_a_drain() {
+    let a = Backend::start("a");
+    let gw = start(&[("a", a.url())], "health: { interval_ms: 100, rise: 2 }\n");
+    assert_eq!(
+        admin(&gw, "POST", "/v1/shards/a/unhealthy", None).status,
+        200
+    );
+    assert_eq!(shard_state(&gw, "a")["healthy"], false);
+    assert!(eventually(Duration::from_secs(5), || shard_state(&gw, "a")
+        ["healthy"]
+        == true));
+    assert_eq!(admin(&gw, "POST", "/v1/shards/a/drain", None).status, 200);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        shard_state(&gw, "a")["draining"],
+        true,
+        "probes never cancel a drain"
+    );
+    assert_eq!(admin(&gw, "POST", "/v1/shards/a/healthy", None).status, 200);
+    assert_eq!(
+        shard_state(&gw, "a")["draining"],
+        false,
+        "mark healthy ends the drain"
+    );
+}
+
+#[test]
+fn drain_stops_new_routing_while_an_in_flight_stream_completes() {
+    let s0 = Backend::with("s0", |seen| {
+        if seen.uri == "/stream" {
+            Reply::Stream {
+                chunks: vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()],
+                gap: Duration::from_millis(300),
+            }
+        } else {
+            Reply::ok("{\"shard\":\"s0\"}")
+        }
+    });
+    let s1 = Backend::start("s1");
+    let gw = start(
+        &[("s0", s0.url()), ("s1", s1.url())],
+        "routing: { balance: round-robin }\n",
+    );
+    // Round-robin: the first pick of a new key is s1, the second s0.
+    assert_eq!(gw.get("t.localhost", "/").json()["shard"], "s1");
+    let port = gw.port;
+    let stream = std::thread::spawn(move || {
+        send_raw(
+            port,
+            b"GET /stream HTTP/1.1\r\nHost: t.localhost\r\nConnection: close\r\n\r\n",
+        )
+    });
+    assert!(eventually(Duration::from_secs(5), || s0.count() == 1));
+    assert_eq!(admin(&gw, "POST", "/v1/shards/s0/drain", None).status, 200);
+    for _ in 0..4 {
+        assert_eq!(
+            gw.get("t.localhost", "/").json()["shard"],
+            "s1",
+            "no new routes to a draining shard"
+        );
+    }
+    assert_eq!(
+        stream.join().unwrap().text(),
+        "abc",
+        "the in-flight stream completed"
+    );
+    assert_eq!(shard_state(&gw, "s0")["active"], 0);
+}
+
+#[test]
+fn admin_api_endpoints_answer_as_designed() {
+    let a = Backend::start("a");
+    let b = Backend::start("b");
+    let gw = start(
+        &[("a", a.url())],
+        "regions: [{ id: us }, { id: eu }]\nlimits:\n  rate: { tokens: 3, refill_per_second: 0 }\n  routes:\n    /api/export: { tokens: 1, refill_per_second: 0 }\n",
+    );
+    // Open endpoints; everything under /v1/ needs the token.
+    assert_eq!(gw.admin("GET", "/healthz", None, None).status, 200);
+    assert_eq!(gw.admin("GET", "/metrics", None, None).status, 200);
+    let r = gw.admin("GET", "/v1/shards", None, None);
+    assert_eq!(r.status, 401);
+    assert_eq!(r.header("www-authenticate"), Some("Bearer"));
+    assert_eq!(
+        gw.admin("GET", "/v1/shards", None, Some("wrong")).status,
+        401
+    );
+    assert_eq!(
+        gw.admin("GET", "/v1/shards", None, Some(&format!("{TOKEN}x")))
+            .status,
+        401
+    );
+
+    // Shards.
+    let shards = admin(&gw, "GET", "/v1/shards", None).json();
+    assert_eq!(shards[0]["id"], "a");
+    assert_eq!(shards[0]["region"], serde_json::Value::Null);
+    assert_eq!(shards[0]["tenants"], serde_json::Value::Null);
+    let body = format!(
+        "{{\"id\":\"b\",\"url\":\"{}\",\"region\":\"eu\",\"tenants\":[\"acme\"]}}",
+        b.url()
+    );
+    assert_eq!(admin(&gw, "POST", "/v1/shards", Some(&body)).status, 201);
+    assert_eq!(admin(&gw, "POST", "/v1/shards", Some(&body)).status, 409);
+    assert_eq!(
+        admin(&gw, "POST", "/v1/shards", Some("{\"id\":\"c\"}")).status,
+        400,
+        "missing url"
+    );
+    assert_eq!(
+        admin(
+            &gw,
+            "POST",
+            "/v1/shards",
+            Some("{\"id\":\"c\",\"url\":\"ftp://x:1\"}")
+        )
+        .status,
+        400
+    );
+    assert_eq!(
+        admin(
+            &gw,
+            "POST",
+            "/v1/shards",
+            Some("{\"id\":\"c\",\"url\":\"http://127.0.0.1:1\",\"color\":\"red\"}")
+        )
+        .status,
+        400,
+        "unknown field"
+    );
+    assert_eq!(
+        admin(&gw, "POST", "/v1/shards", Some("{not json")).status,
+        400
+    );
+    assert_eq!(
+        admin(
+            &gw,
+            "POST",
+            "/v1/shards",
+            Some("{\"id\":\"c\",\"url\":\"http://127.0.0.1:1\",\"region\":\"mars\"}")
+        )
+        .status,
+        400
+    );
+    assert!(shard_state(&gw, "c").is_null(), "nothing half-applied");
+    assert_eq!(shard_state(&gw, "b")["tenants"][0], "acme");
+    assert_eq!(
+        admin(&gw, "POST", "/v1/shards/nope/drain", None).status,
+        404
+    );
+    assert_eq!(admin(&gw, "POST", "/v1/shards/b/explode", None).status, 404);
+    assert_eq!(admin(&gw, "DELETE", "/v1/shards/nope", None).status, 404);
+
+    // Domains.
+    assert_eq!(
+        admin(
+            &gw,
+            "PUT",
+            "/v1/domains/shop.example",
+            Some("{\"tenant\":\"acme\"}")
+        )
+        .status,
+        200
+    );
+    assert_eq!(
+        gw.get("shop.example", "/").json()["tenant"],
+        "acme",
+        "takes effect for the next request"
+    );
+    assert_eq!(
+        admin(
+            &gw,
+            "PUT",
+            "/v1/domains/a.*.com",
+            Some("{\"tenant\":\"x\"}")
+        )
+        .status,
+        400
+    );
+    assert_eq!(
+        admin(
+            &gw,
+            "PUT",
+            "/v1/domains/x.example",
+            Some("{\"tenant\":\"\"}")
+        )
+        .status,
+        400
+    );
+    assert_eq!(
+        admin(&gw, "PUT", "/v1/domains/x.example", Some("{\"tenant\":1}")).status,
+        400
+    );
+    let domains = admin(&gw, "GET", "/v1/domains", None).json();
+    assert_eq!(domains.as_array().unwrap().len(), 1);
+    assert_eq!(
+        admin(&gw, "DELETE", "/v1/domains/shop.example", None).status,
+        200
+    );
+    assert_eq!(
+        admin(&gw, "DELETE", "/v1/domains/shop.example", None).status,
+        404
+    );
+    assert_eq!(gw.get("shop.example", "/").status, 404);
+
+    // Region overrides.
+    assert_eq!(
+        admin(
+            &gw,
+            "PUT",
+            "/v1/tenants/acme/region",
+            Some("{\"region\":\"mars\"}")
+        )
+        .status,
+        400
+    );
+    assert_eq!(
+        admin(
+            &gw,
+            "PUT",
+            "/v1/tenants/acme/region",
+            Some("{\"region\":\"eu\"}")
+        )
+        .status,
+        200
+    );
+    let explained = admin(&gw, "GET", "/v1/route?tenant=acme", None).json();
+    assert_eq!(explained["region"], "eu");
+    assert_eq!(
+        admin(&gw, "DELETE", "/v1/tenants/acme/region", None).status,
+        200
+    );
+    assert_eq!(
+        admin(&gw, "DELETE", "/v1/tenants/acme/region", None).status,
+        404
+    );
+
+    // Deny list.
+    assert_eq!(admin(&gw, "PUT", "/v1/tenants/bad/deny", None).status, 200);
+    assert_eq!(gw.get("bad.localhost", "/").status, 403);
+    assert_eq!(
+        admin(&gw, "DELETE", "/v1/tenants/bad/deny", None).status,
+        200
+    );
+    assert_eq!(
+        admin(&gw, "DELETE", "/v1/tenants/bad/deny", None).status,
+        404
+    );
+
+    // Snapshot and restore round-trip; metrics as JSON.
+    let snapshot = admin(&gw, "GET", "/v1/snapshot", None);
+    assert_eq!(snapshot.status, 200);
+    let r = admin(
+        &gw,
+        "POST",
+        "/v1/restore?reset_connections=true",
+        Some(&snapshot.text()),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        admin(&gw, "POST", "/v1/restore", Some("{\"version\":1}")).status,
+        400
+    );
+    let metrics = admin(&gw, "GET", "/v1/metrics", None).json();
+    assert!(metrics["router"]["routes"].as_u64().unwrap() >= 2);
+    assert!(metrics["domains"]["resolves"].as_u64().unwrap() >= 3);
+    assert!(metrics["regions"]["assignments"].is_u64());
+    assert_eq!(admin(&gw, "GET", "/v1/nothing", None).status, 404);
+
+    // Removing a shard.
+    assert_eq!(admin(&gw, "DELETE", "/v1/shards/b", None).status, 200);
+    assert!(shard_state(&gw, "b").is_null());
+}
+
+#[test]
+fn explain_answers_without_consuming_anything() {
+    let a = Backend::start("a");
+    let gw = start(
+        &[("a", a.url())],
+        "routing: { balance: round-robin }\nlimits:\n  rate: { tokens: 1, refill_per_second: 0 }\n  routes:\n    /api/export: { tokens: 1, refill_per_second: 0 }\n",
+    );
+    for _ in 0..5 {
+        let e = admin(&gw, "GET", "/v1/route?tenant=t&path=/api/export/x", None).json();
+        assert_eq!(e["decision"], "allow");
+        assert_eq!(e["shard"], "a");
+        assert_eq!(e["region"], serde_json::Value::Null);
+        assert_eq!(e["bucket"], serde_json::Value::Null);
+    }
+    let m = admin(&gw, "GET", "/v1/metrics", None).json();
+    assert_eq!(m["router"]["routes"], 0, "explain counts in no metric");
+    assert_eq!(
+        gw.get("t.localhost", "/api/export").status,
+        200,
+        "the token is still there"
+    );
+    let e = admin(&gw, "GET", "/v1/route?tenant=t&path=/", None).json();
+    assert_eq!(e["decision"], "rate-limited");
+    assert_eq!(e["bucket"], "tenant");
+    assert_eq!(
+        admin(&gw, "GET", "/v1/route", None).status,
+        400,
+        "tenant is required"
+    );
+}
+
+#[test]
+fn metrics_parse_as_prometheus_text_and_count_what_happened() {
+    let a = Backend::start("a");
+    let dead = free_port();
+    let gw = start(
+        &[("a", a.url()), ("dead", format!("http://127.0.0.1:{dead}"))],
+        "health: { interval_ms: 60000 }\nlimits: { deny: [nope] }\ndomains:\n  map: { shop.example: acme }\n  fallback_suffix: .localhost\n",
+    );
+    let fresh = parse_prometheus(&gw.admin("GET", "/metrics", None, None).text());
+    for d in [
+        "allow",
+        "rate-limited",
+        "capped",
+        "denied",
+        "no-shards",
+        "no-tenant-shards",
+        "no-region-shards",
+    ] {
+        assert_eq!(
+            fresh[&format!("shardgate_decisions_total{{decision=\"{d}\"}}")],
+            0.0,
+            "{d} exported from the start"
+        );
+    }
+    let mut allowed = 0;
+    for t in 0..20 {
+        if gw.get(&format!("t{t}.localhost"), "/").status == 200 {
+            allowed += 1;
+        }
+    }
+    gw.get("shop.example", "/");
+    gw.get("nope.localhost", "/");
+    gw.get("unknown.org", "/");
+    let m = parse_prometheus(&gw.admin("GET", "/metrics", None, None).text());
+    assert_eq!(allowed, 20, "the dead shard's tenants were retried on a");
+    assert_eq!(m["shardgate_decisions_total{decision=\"denied\"}"], 1.0);
+    assert_eq!(m["shardgate_domain_resolves_total{result=\"exact\"}"], 1.0);
+    assert_eq!(
+        m["shardgate_domain_resolves_total{result=\"fallback\"}"],
+        21.0
+    );
+    assert_eq!(m["shardgate_domain_resolves_total{result=\"miss\"}"], 1.0);
+    assert_eq!(m["shardgate_shard_healthy{shard=\"a\"}"], 1.0);
+    assert_eq!(m["shardgate_shard_healthy{shard=\"dead\"}"], 0.0);
+    assert_eq!(
+        m["shardgate_upstream_failures_total{shard=\"dead\",kind=\"connect\"}"], 1.0,
+        "marked down at once"
+    );
+    assert_eq!(m["shardgate_retries_total"], 1.0);
+    assert_eq!(m["shardgate_request_duration_seconds_count"], 23.0);
+    assert_eq!(
+        m["shardgate_routes_total"],
+        m["shardgate_decisions_total{decision=\"allow\"}"] + 1.0
+    );
+    let routed_a = m["shardgate_shard_routes_total{shard=\"a\"}"];
+    assert_eq!(routed_a, 21.0, "20 tenants + shop.example");
+    assert!(
+        !gw.admin("GET", "/metrics", None, None)
+            .text()
+            .contains("tenant="),
+        "no tenant label"
+    );
+}
+
+#[test]
+fn state_survives_a_graceful_restart_and_a_kill_9() {
+    let a = Backend::start("a");
+    let mut gw = start(
+        &[("a", a.url())],
+        "limits:\n  rate: { tokens: 3, refill_per_second: 0.01 }\n",
+    );
+    for _ in 0..3 {
+        assert_eq!(gw.get("t.localhost", "/").status, 200);
+    }
+    assert_eq!(gw.get("t.localhost", "/").status, 429);
+    // Graceful: SIGTERM writes the state at shutdown.
+    gw.signal("TERM");
+    assert!(
+        gw.wait_exit(Duration::from_secs(15)),
+        "exited within the grace periods"
+    );
+    gw.restart();
+    assert_eq!(
+        gw.get("t.localhost", "/").status,
+        429,
+        "still drained after a graceful restart"
+    );
+    assert_eq!(gw.get("u.localhost", "/").status, 200);
+    // kill -9: the periodic write (every 100 ms) already holds it.
+    std::thread::sleep(Duration::from_millis(400));
+    gw.kill9();
+    gw.restart();
+    assert_eq!(
+        gw.get("t.localhost", "/").status,
+        429,
+        "still drained after kill -9"
+    );
+    let u = gw.get("u.localhost", "/");
+    assert_eq!(u.status, 200, "u had 2 tokens left");
+}
+
+#[test]
+fn a_corrupt_state_file_is_moved_aside_and_the_gateway_starts() {
+    let a = Backend::start("a");
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.json");
+    std::fs::write(&state, b"{ this is not json").unwrap();
+    std::env::set_var("SHARDGATE_TEST_TOKEN", TOKEN);
+    let yaml =
+        config(&[("a", a.url())], "").replace("{dir}/state.json", &state.display().to_string());
+    let gw = Gateway::start(&yaml);
+    assert_eq!(gw.get("t.localhost", "/").status, 200);
+    let aside: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("state.json.corrupt-")
+        })
+        .collect();
+    assert_eq!(aside.len(), 1, "moved aside");
+    assert_eq!(
+        std::fs::read(aside[0].path()).unwrap(),
+        b"{ this is not json"
+    );
+    assert!(gw.log().contains("moved to"), "{}", gw.log());
+}
+
+#[test]
+fn runtime_shard_domain_and_deny_changes_survive_a_restart() {
+    let a = Backend::start("a");
+    let b = Backend::start("b");
+    let mut gw = start(
+        &[("a", a.url())],
+        "domains:\n  map: { old.example: old }\n  fallback_suffix: .localhost\nlimits: { deny: [blocked] }\n",
+    );
+    let body = format!(
+        "{{\"id\":\"b\",\"url\":\"{}\",\"tenants\":[\"vip\"]}}",
+        b.url()
+    );
+    assert_eq!(admin(&gw, "POST", "/v1/shards", Some(&body)).status, 201);
+    assert_eq!(admin(&gw, "DELETE", "/v1/shards/a", None).status, 200);
+    assert_eq!(
+        admin(
+            &gw,
+            "PUT",
+            "/v1/domains/new.example",
+            Some("{\"tenant\":\"vip\"}")
+        )
+        .status,
+        200
+    );
+    assert_eq!(
+        admin(&gw, "DELETE", "/v1/domains/old.example", None).status,
+        200
+    );
+    assert_eq!(
+        admin(&gw, "DELETE", "/v1/tenants/blocked/deny", None).status,
+        200
+    );
+    assert_eq!(admin(&gw, "PUT", "/v1/tenants/vip2/deny", None).status, 200);
+    std::thread::sleep(Duration::from_millis(400));
+    gw.kill9();
+    gw.restart();
+    let shards = admin(&gw, "GET", "/v1/shards", None).json();
+    let ids: Vec<&str> = shards
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec!["b"]);
+    assert_eq!(gw.get("new.example", "/").json()["shard"], "b");
+    assert_eq!(gw.get("old.example", "/").status, 404);
+    let denied = admin(&gw, "GET", "/v1/snapshot", None).json();
+    assert_eq!(denied["changes"]["deny_removed"][0], "blocked");
+    assert_eq!(denied["changes"]["deny_added"][0], "vip2");
+}
+
+#[test]
+fn sigterm_lets_in_flight_requests_finish() {
+    let a = Backend::with("a", |_| Reply::Stream {
+        chunks: vec![b"1".to_vec(), b"2".to_vec(), b"3".to_vec()],
+        gap: Duration::from_millis(300),
+    });
+    let mut gw = start(&[("a", a.url())], "");
+    let port = gw.port;
+    let inflight = std::thread::spawn(move || {
+        send_raw(
+            port,
+            b"GET / HTTP/1.1\r\nHost: t.localhost\r\nConnection: close\r\n\r\n",
+        )
+    });
+    assert!(eventually(Duration::from_secs(5), || a.count() == 1));
+    let stopped = Instant::now();
+    gw.signal("TERM");
+    assert_eq!(inflight.join().unwrap().text(), "123");
+    assert!(gw.wait_exit(Duration::from_secs(15)));
+    // grace_period_seconds 1 + graceful_shutdown_timeout_seconds 5.
+    assert!(
+        stopped.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        stopped.elapsed()
+    );
+}
+
+#[test]
+fn sigquit_hands_the_listeners_to_a_new_process_without_refusing_connections() {
+    let a = Backend::start("a");
+    let mut old = start(&[("a", a.url())], "");
+    let (port, admin_port) = (old.port, old.admin_port);
+    // The new process, started with -u, waits for the old one's sockets.
+    let log = std::fs::File::create(old.dir.path().join("new.log")).unwrap();
+    let mut new = std::process::Command::new(env!("CARGO_BIN_EXE_shardgate"))
+        .args(["-u", "-c"])
+        .arg(&old.config_path)
+        .env("SHARDGATE_TEST_TOKEN", TOKEN)
+        .env("RUST_LOG", "info")
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s = std::sync::Arc::clone(&stop);
+    let client = std::thread::spawn(move || {
+        let mut failures = 0;
+        let mut done = 0;
+        while !s.load(std::sync::atomic::Ordering::SeqCst) {
+            match std::net::TcpStream::connect(("127.0.0.1", port)) {
+                Ok(mut c) => {
+                    use std::io::Write;
+                    let _ = c.write_all(
+                        b"GET / HTTP/1.1\r\nHost: t.localhost\r\nConnection: close\r\n\r\n",
+                    );
+                    let mut reader = std::io::BufReader::new(c);
+                    match read_response(&mut reader) {
+                        Ok(r) if r.status == 200 => done += 1,
+                        _ => failures += 1,
+                    }
+                }
+                Err(_) => failures += 1,
+            }
+        }
+        (done, failures)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    old.signal("QUIT");
+    assert!(
+        old.wait_exit(Duration::from_secs(15)),
+        "the old process exits after handing over"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (done, failures) = client.join().unwrap();
+    assert!(done > 10);
+    assert_eq!(
+        failures, 0,
+        "no refused or failed request during the upgrade"
+    );
+    // The new process serves both the proxy and the admin listener.
+    assert_eq!(
+        send_raw(
+            port,
+            b"GET / HTTP/1.1\r\nHost: t.localhost\r\nConnection: close\r\n\r\n"
+        )
+        .status,
+        200
+    );
+    let health = send_raw(
+        admin_port,
+        b"GET /healthz HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(health.status, 200);
+    let _ = new.kill();
+    let _ = new.wait();
+}
+
+#[test]
+fn the_access_log_has_one_line_per_request() {
+    let a = Backend::start("a");
+    std::env::set_var("SHARDGATE_TEST_LOG", "warn,shardgate::access=info");
+    let gw = start(
+        &[("a", a.url())],
+        "log: { access: info }\nlimits: { deny: [nope] }\n",
+    );
+    gw.get("acme.localhost", "/x");
+    gw.get("nope.localhost", "/y");
+    assert!(eventually(Duration::from_secs(3), || gw
+        .log()
+        .matches("shardgate::access")
+        .count()
+        >= 2));
+    let log = gw.log();
+    assert!(
+        log.contains("tenant=acme shard=a decision=allow status=200"),
+        "{log}"
+    );
+    assert!(
+        log.contains("tenant=nope shard=- decision=denied status=403"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_tokenless_admin_on_a_public_address_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.yaml");
+    std::fs::write(
+        &path,
+        "listen: [{ addr: \"127.0.0.1:1\" }]\nadmin: { addr: \"0.0.0.0:9999\" }\nshards: []\ndomains: {}\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shardgate"))
+        .arg("-c")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("admin.addr"));
+}
