@@ -8,6 +8,7 @@ use crate::admin::AdminApi;
 use crate::config::{Config, ServerSettings};
 use crate::control::Control;
 use crate::health::HealthChecker;
+use crate::proxy::head::{HeadGuard, HeadLimits};
 use crate::proxy::hooks::GatewayHooks;
 use crate::proxy::Gateway;
 use crate::state::StateWriter;
@@ -61,11 +62,17 @@ impl Shardgate {
         }
         let mut server = Server::new_with_opt_and_conf(opt, conf);
         server.bootstrap();
-        let mut proxy = pingora_proxy::http_proxy_service_with_name(
-            &server.configuration,
-            Gateway::new(Arc::clone(&control)),
-            "shardgate",
+        let limits = &control.config.limits;
+        let proxy = HeadGuard::new(
+            pingora_proxy::http_proxy(&server.configuration, Gateway::new(Arc::clone(&control))),
+            HeadLimits {
+                header_timeout: limits.header_timeout,
+                max_header_bytes: limits.max_header_bytes,
+                max_headers: limits.max_headers,
+                keepalive_timeout: limits.keepalive_timeout,
+            },
         );
+        let mut proxy = Service::new("shardgate".to_string(), proxy);
         for listener in &control.config.listen {
             let addr = listener.addr.to_string();
             match &listener.tls {

@@ -17,6 +17,7 @@
 
 pub mod ctx;
 pub mod forward;
+pub mod head;
 pub mod hooks;
 pub mod respond;
 pub mod retry;
@@ -153,10 +154,18 @@ fn client_host(req: &RequestHeader) -> Result<&str, &'static str> {
         return Ok(authority.as_str());
     }
     let mut hosts = req.headers.get_all(HOST).iter();
-    match (hosts.next(), hosts.next()) {
-        (None, _) => Err("missing-host"),
-        (Some(_), Some(_)) => Err("duplicate-host"),
-        (Some(h), None) => h.to_str().map_err(|_| "invalid-host"),
+    let host = match (hosts.next(), hosts.next()) {
+        (None, _) => return Err("missing-host"),
+        (Some(_), Some(_)) => return Err("duplicate-host"),
+        (Some(h), None) => h.to_str().map_err(|_| "invalid-host")?,
+    };
+    if host.is_empty() {
+        return Err("missing-host");
+    }
+    // Host must be a valid authority (no spaces, no user info, no path).
+    match http::uri::Authority::try_from(host) {
+        Ok(a) if !a.as_str().contains('@') => Ok(host),
+        _ => Err("invalid-host"),
     }
 }
 

@@ -154,8 +154,10 @@ fn is_js_whitespace(c: char) -> bool {
     )
 }
 
-/// Normalises a host: trim, lowercase, drop the port; an IPv6 literal keeps
-/// its brackets (`[::1]:8080` → `[::1]`). Borrows when nothing changes.
+/// Normalises a host: trim, lowercase, drop the port and one trailing dot
+/// (`Example.COM.:80` → `example.com`); an IPv6 literal keeps its brackets
+/// (`[::1]:8080` → `[::1]`). Borrows when nothing changes. (The reference
+/// keeps a trailing dot; a fully qualified name is the same host.)
 pub fn normalize(host: &str) -> Cow<'_, str> {
     let trimmed = host.trim_matches(is_js_whitespace);
     let cut = if trimmed.starts_with('[') {
@@ -164,10 +166,12 @@ pub fn normalize(host: &str) -> Cow<'_, str> {
             None => trimmed,
         }
     } else {
-        match trimmed.find(':') {
+        let name = match trimmed.find(':') {
             Some(colon) => &trimmed[..colon],
             None => trimmed,
-        }
+        };
+        // A fully qualified name (`example.com.`) is the same host.
+        name.strip_suffix('.').unwrap_or(name)
     };
     if cut.bytes().any(|b| b.is_ascii_uppercase() || !b.is_ascii()) {
         Cow::Owned(cut.to_lowercase())
@@ -408,6 +412,7 @@ mod tests {
         assert_eq!(normalize("[::1"), "[::1");
         assert_eq!(normalize("::1"), "");
         assert_eq!(normalize("\u{FEFF}x.y"), "x.y");
+        assert_eq!(normalize("Example.COM.:80"), "example.com");
         assert!(matches!(normalize("plain.host"), Cow::Borrowed(_)));
     }
 

@@ -740,3 +740,167 @@ pub fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// One request as it arrived at a [`RawBackend`], byte for byte.
+#[derive(Clone, Debug)]
+pub struct RawRequest {
+    pub head: String,
+    pub body: Vec<u8>,
+}
+
+impl RawRequest {
+    pub fn request_line(&self) -> &str {
+        self.head.lines().next().unwrap_or("")
+    }
+
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.head.lines().skip(1).find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
+        })
+    }
+}
+
+/// A backend that frames requests itself (Content-Length or chunked, as
+/// RFC 9112 says) and records the exact bytes of each, answering `ok`.
+/// What it records is what a shard would see: two entries where the client
+/// sent one request is smuggling.
+pub struct RawBackend {
+    pub addr: SocketAddr,
+    pub requests: Arc<Mutex<Vec<RawRequest>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RawBackend {
+    pub fn start() -> RawBackend {
+        let listener = runtime()
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let requests: Arc<Mutex<Vec<RawRequest>>> = Arc::default();
+        let rec = Arc::clone(&requests);
+        let task = runtime().spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let rec = Arc::clone(&rec);
+                tokio::spawn(raw_connection(stream, rec));
+            }
+        });
+        RawBackend {
+            addr,
+            requests,
+            task,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn seen(&self) -> Vec<RawRequest> {
+        self.requests.lock().unwrap().clone()
+    }
+}
+
+impl Drop for RawBackend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn raw_connection(mut stream: tokio::net::TcpStream, rec: Arc<Mutex<Vec<RawRequest>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf: Vec<u8> = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        // A head.
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+        buf.drain(..head_end);
+        let req = RawRequest {
+            head,
+            body: Vec::new(),
+        };
+        let chunked = req
+            .header("transfer-encoding")
+            .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+        let length: usize = req
+            .header("content-length")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let mut req = req;
+        if chunked {
+            // Keep the chunked bytes as they came, up to the last chunk.
+            loop {
+                if let Some(i) = buf.windows(5).position(|w| w == b"0\r\n\r\n") {
+                    req.body = buf.drain(..i + 5).collect();
+                    break;
+                }
+                match stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+        } else {
+            while buf.len() < length {
+                match stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            req.body = buf.drain(..length).collect();
+        }
+        let upgrade = req.header("upgrade").is_some();
+        rec.lock().unwrap().push(req);
+        let reply: &[u8] = if upgrade {
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nno"
+        } else {
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+        };
+        if stream.write_all(reply).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Sends raw bytes, then reads whatever comes back until the gateway
+/// closes or `wait` passes; returns the status codes seen, in order.
+pub fn exchange(port: u16, raw: &[u8], wait: Duration) -> (Vec<u16>, String) {
+    use std::io::Read;
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .ok();
+    let _ = stream.write_all(raw);
+    let deadline = Instant::now() + wait;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    while Instant::now() < deadline {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&got).to_string();
+    let statuses = text
+        .match_indices("HTTP/1.")
+        .filter_map(|(i, _)| text[i..].split_whitespace().nth(1)?.parse().ok())
+        .collect();
+    (statuses, text)
+}

@@ -1,0 +1,182 @@
+//! Client request heads under limits. Pingora reads a request head with a
+//! per-read timeout and a 1 MiB / 256-header ceiling, which a slowloris
+//! client dribbling a byte at a time defeats. [`HeadGuard`] runs in front
+//! of the proxy on every HTTP/1 connection: it reads each request head
+//! itself — the whole head within `limits.header_timeout_ms` of its first
+//! byte (408), at most `max_header_bytes` and `max_headers` (431), an idle
+//! keep-alive connection closed after `keepalive_timeout_ms` — and hands
+//! the bytes to Pingora's session as already read, so nothing is read
+//! twice.
+
+use bytes::BytesMut;
+use pingora::apps::{HttpServerApp, ServerApp};
+use pingora::protocols::http::ServerSession;
+use pingora::protocols::{Stream, ALPN};
+use pingora::server::ShutdownWatch;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The limits a request head must respect.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadLimits {
+    pub header_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
+    /// How long a kept-alive connection may wait for its next request.
+    pub keepalive_timeout: Duration,
+}
+
+/// Why a head was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadError {
+    /// The head did not complete in time: 408.
+    Timeout,
+    /// Too many bytes or too many fields: 431.
+    TooLarge,
+}
+
+/// Reads one request head into `buf` (which may already hold bytes).
+/// `Ok(false)`: the connection closed or idled out before a request began.
+pub async fn read_head(
+    stream: &mut Stream,
+    buf: &mut BytesMut,
+    limits: &HeadLimits,
+) -> Result<bool, HeadError> {
+    let mut deadline =
+        (!buf.is_empty()).then(|| tokio::time::Instant::now() + limits.header_timeout);
+    loop {
+        if !buf.is_empty() {
+            match parse(buf, limits) {
+                Parsed::Complete | Parsed::Invalid => return Ok(true),
+                Parsed::TooLarge => return Err(HeadError::TooLarge),
+                Parsed::Partial if buf.len() > limits.max_header_bytes => {
+                    return Err(HeadError::TooLarge)
+                }
+                Parsed::Partial => {}
+            }
+        }
+        let wait = match deadline {
+            Some(d) => tokio::time::timeout_at(d, stream.read_buf(buf)).await,
+            None => tokio::time::timeout(limits.keepalive_timeout, stream.read_buf(buf)).await,
+        };
+        match wait {
+            Err(_) if deadline.is_some() => return Err(HeadError::Timeout),
+            Err(_) => return Ok(false), // idle keep-alive: close quietly
+            Ok(Err(_)) | Ok(Ok(0)) => return Ok(false),
+            Ok(Ok(_)) => {
+                deadline.get_or_insert_with(|| tokio::time::Instant::now() + limits.header_timeout);
+            }
+        }
+    }
+}
+
+enum Parsed {
+    Complete,
+    Partial,
+    TooLarge,
+    /// Not HTTP as httparse reads it: Pingora answers it (400).
+    Invalid,
+}
+
+fn parse(buf: &[u8], limits: &HeadLimits) -> Parsed {
+    let mut headers = vec![httparse::EMPTY_HEADER; limits.max_headers];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(buf) {
+        Ok(httparse::Status::Complete(len)) if len > limits.max_header_bytes => Parsed::TooLarge,
+        Ok(httparse::Status::Complete(_)) => Parsed::Complete,
+        Ok(httparse::Status::Partial) => Parsed::Partial,
+        Err(httparse::Error::TooManyHeaders) => Parsed::TooLarge,
+        Err(_) => Parsed::Invalid,
+    }
+}
+
+/// Writes a final answer on a connection that is about to close.
+async fn refuse(stream: &mut Stream, error: HeadError) {
+    let (status, reason, code) = match error {
+        HeadError::Timeout => (408, "Request Timeout", "request-timeout"),
+        HeadError::TooLarge => (431, "Request Header Fields Too Large", "header-too-large"),
+    };
+    let body = format!("{{\"error\":\"{code}\"}}");
+    let response = format!(
+        "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = stream.write_all(response.as_bytes()).await;
+        let _ = stream.flush().await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
+}
+
+/// An HTTP application (the proxy) behind the head limits.
+pub struct HeadGuard<A> {
+    inner: Arc<A>,
+    limits: HeadLimits,
+}
+
+impl<A> HeadGuard<A> {
+    pub fn new(inner: A, limits: HeadLimits) -> Self {
+        HeadGuard {
+            inner: Arc::new(inner),
+            limits,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl<A> ServerApp for HeadGuard<A>
+where
+    A: HttpServerApp + Send + Sync + 'static,
+{
+    async fn process_new(
+        self: &Arc<Self>,
+        stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        let h2c = self
+            .inner
+            .server_options()
+            .is_some_and(|o| o.h2c || o.force_custom);
+        if h2c
+            || matches!(
+                stream.selected_alpn_proto(),
+                Some(ALPN::H2) | Some(ALPN::Custom(_))
+            )
+        {
+            // HTTP/2 (and custom protocols) keep Pingora's own handling.
+            return ServerApp::process_new(&self.inner, stream, shutdown).await;
+        }
+        let mut stream = stream;
+        let mut settings = None;
+        loop {
+            let mut buf = BytesMut::with_capacity(4096);
+            match read_head(&mut stream, &mut buf, &self.limits).await {
+                Ok(true) => {}
+                Ok(false) => return None,
+                Err(e) => {
+                    refuse(&mut stream, e).await;
+                    return None;
+                }
+            }
+            let mut session = ServerSession::new_http1(stream);
+            match settings.take() {
+                Some(s) => pingora::apps::HttpPersistentSettings::apply_to_session(s, &mut session),
+                None => session.set_keepalive(Some(self.limits.keepalive_timeout.as_secs().max(1))),
+            }
+            if *shutdown.borrow() {
+                session.set_keepalive(None);
+            }
+            session.set_pipelined_prefix(buf);
+            let reused = self.inner.process_new_http(session, shutdown).await?;
+            let (next, persistent) = reused.consume();
+            stream = next;
+            settings = persistent;
+        }
+    }
+
+    async fn cleanup(&self) {
+        self.inner.http_cleanup().await;
+    }
+}

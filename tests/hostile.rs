@@ -1,0 +1,449 @@
+//! Hostile clients against the real gateway, over raw sockets: request
+//! smuggling shapes (HAProxy's http-messaging tests and HTTP Garden's
+//! classes, and the shapes of Pingora's pre-0.8 CVEs), head limits, and
+//! spoofed or malformed hosts. Each case is refused (4xx) or normalised so
+//! that no backend ever sees two requests where the client sent one; the
+//! backend frames requests itself and records their exact bytes.
+
+mod common;
+
+use common::*;
+use std::time::{Duration, Instant};
+
+fn gateway(backend: &RawBackend, extra: &str) -> Gateway {
+    let domains = if extra.contains("domains:") {
+        ""
+    } else {
+        "domains:\n  fallback_suffix: .localhost\n"
+    };
+    Gateway::start(&format!(
+        "listen: [{{ addr: \"127.0.0.1:{{port}}\" }}]\nadmin: {{ addr: \"127.0.0.1:{{admin}}\" }}\nstate: false\n\
+         shards:\n  - {{ id: raw, url: \"{}\" }}\n{domains}{extra}",
+        backend.url()
+    ))
+}
+
+/// What must hold after a hostile exchange.
+#[derive(Clone, Copy, Debug)]
+enum Expect {
+    /// Answered with this 4xx, and nothing reached the backend.
+    Refused(u16),
+    /// At most one request reached the backend, and never one for
+    /// `/smuggled`.
+    AtMostOne,
+}
+
+/// (what, raw bytes, expectation)
+const SMUGGLING: &[(&str, &str, Expect)] = &[
+    (
+        "content-length with transfer-encoding",
+        "POST / HTTP/1.1\r\nHost: t.localhost\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: t.localhost\r\n\r\n",
+        Expect::AtMostOne,
+    ),
+    (
+        "transfer-encoding before content-length",
+        "POST / HTTP/1.1\r\nHost: t.localhost\r\nTransfer-Encoding: chunked\r\nContent-Length: 60\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: t.localhost\r\n\r\n",
+        Expect::AtMostOne,
+    ),
+    (
+        "two differing content-lengths",
+        "POST / HTTP/1.1\r\nHost: t.localhost\r\nContent-Length: 3\r\nContent-Length: 40\r\n\r\nabcGET /smuggled HTTP/1.1\r\nHost: t.localhost\r\n\r\n",
+        Expect::Refused(400),
+    ),
+    (
+        "a content-length list",
+        "POST / HTTP/1.1\r\nHost: t.localhost\r\nContent-Length: 3, 40\r\n\r\nabcGET /smuggled HTTP/1.1\r\nHost: t.localhost\r\n\r\n",
+        Expect::Refused(400),
+    ),
+    (
+        "signed content-length",
+        "POST / HTTP/1.1\r\nHost: t.localhost\r\nContent-Length: +3\r\n\r\nabc",
+        Expect::Refused(400),
+    ),
+    (
+        "negative content-length",
+        "POST / HTTP/1.1\r\nHost: t.localhost\r\nContent-Length: -3\r\n\r\nabc",
+        Expect::Refused(400),
+    ),
+    (
+        "hex content-length",
+        "POST / HTTP/1.1\r\nHost: t.localhost\r\nContent-Length: 0x3\r\n\r\nabc",
+        Expect::Refused(400),
+    ),
+    (
+        "transfer-encoding chunked, identity",
+        "POST / HTTP/1.1\r\nHost: t.localhost\r\nTransfer-Encoding: chunked, identity\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: t.localhost\r\n\r\n",
+        Expect::AtMostOne,
+    ),
+    (
+        "xchunked",
+        "POST / HTTP/1.1\r\nHost: t.localhost\r\nTransfer-Encoding: xchunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: t.localhost\r\n\r\n",
+        Expect::AtMostOne,
+    ),
+    (
+        "transfer-encoding on HTTP/1.0",
+        "POST / HTTP/1.0\r\nHost: t.localhost\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: t.localhost\r\n\r\n",
+        Expect::AtMostOne,
+    ),
+    (
+        "obs-fold",
+        "GET / HTTP/1.1\r\nHost: t.localhost\r\nX-Folded: a\r\n b\r\n\r\n",
+        Expect::AtMostOne,
+    ),
+    (
+        "obs-fold hiding transfer-encoding",
+        "POST / HTTP/1.1\r\nHost: t.localhost\r\nContent-Length: 3\r\nX: y\r\n Transfer-Encoding: chunked\r\n\r\nabcGET /smuggled HTTP/1.1\r\nHost: t.localhost\r\n\r\n",
+        Expect::AtMostOne,
+    ),
+    (
+        "bare LF line endings",
+        "GET / HTTP/1.1\nHost: t.localhost\nX-A: 1\n\n",
+        Expect::AtMostOne,
+    ),
+    (
+        "bare CR in a header",
+        "GET / HTTP/1.1\r\nHost: t.localhost\r\nX-A: 1\rX-B: 2\r\n\r\n",
+        Expect::Refused(400),
+    ),
+    (
+        "bare CR in the request line",
+        "GET /\r HTTP/1.1\r\nHost: t.localhost\r\n\r\n",
+        Expect::AtMostOne,
+    ),
+    (
+        "bare LF in a chunk size",
+        "POST / HTTP/1.1\r\nHost: t.localhost\r\nTransfer-Encoding: chunked\r\n\r\n3\nabc\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: t.localhost\r\n\r\n",
+        Expect::AtMostOne,
+    ),
+    (
+        "chunk size overflow",
+        "POST / HTTP/1.1\r\nHost: t.localhost\r\nTransfer-Encoding: chunked\r\n\r\nFFFFFFFFFFFFFFFFFFFF3\r\nabc\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: t.localhost\r\n\r\n",
+        Expect::AtMostOne,
+    ),
+    (
+        "space before the header colon",
+        "POST / HTTP/1.1\r\nHost: t.localhost\r\nTransfer-Encoding : chunked\r\nContent-Length: 3\r\n\r\nabcGET /smuggled HTTP/1.1\r\nHost: t.localhost\r\n\r\n",
+        Expect::AtMostOne,
+    ),
+    (
+        "missing host",
+        "GET / HTTP/1.1\r\nX-A: 1\r\n\r\n",
+        Expect::Refused(400),
+    ),
+    (
+        "two host headers",
+        "GET / HTTP/1.1\r\nHost: a.localhost\r\nHost: b.localhost\r\n\r\n",
+        Expect::Refused(400),
+    ),
+    (
+        "empty host",
+        "GET / HTTP/1.1\r\nHost: \r\n\r\n",
+        Expect::Refused(400),
+    ),
+];
+
+#[test]
+fn smuggling_shapes_are_refused_or_normalised() {
+    for (what, raw, expect) in SMUGGLING {
+        let backend = RawBackend::start();
+        let gw = gateway(&backend, "");
+        let (statuses, text) = exchange(gw.port, raw.as_bytes(), Duration::from_millis(800));
+        let seen = backend.seen();
+        eprintln!(
+            "{what}: answered {statuses:?}, the backend saw {} request(s)",
+            seen.len()
+        );
+        match expect {
+            Expect::Refused(status) => {
+                assert_eq!(statuses.first(), Some(status), "{what}: answered {text:?}");
+                assert!(seen.is_empty(), "{what}: reached the backend: {seen:?}");
+            }
+            Expect::AtMostOne => {
+                assert!(
+                    seen.len() <= 1,
+                    "{what}: the backend saw {} requests: {seen:?}",
+                    seen.len()
+                );
+                assert!(
+                    seen.iter().all(|r| !r.request_line().contains("/smuggled")),
+                    "{what}: smuggled: {seen:?}"
+                );
+                for r in &seen {
+                    let lines: Vec<&str> = r.head.split("\r\n").collect();
+                    assert!(
+                        lines.iter().all(|l| !l.contains('\r') && !l.contains('\n')),
+                        "{what}: a bare CR or LF reached the backend: {:?}",
+                        r.head
+                    );
+                }
+                assert!(
+                    statuses.iter().all(|s| *s == 200 || (400..500).contains(s)),
+                    "{what}: {text:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn chunk_extensions_and_trailers_are_normalised() {
+    let backend = RawBackend::start();
+    let gw = gateway(&backend, "");
+    let (statuses, _) = exchange(
+        gw.port,
+        b"POST / HTTP/1.1\r\nHost: t.localhost\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nX-Trailer: t\r\n\r\n",
+        Duration::from_millis(800),
+    );
+    assert_eq!(statuses, vec![200]);
+    let seen = backend.seen();
+    assert_eq!(seen.len(), 1);
+    let body = String::from_utf8_lossy(&seen[0].body).to_string();
+    assert!(
+        !body.contains("ext=1"),
+        "chunk extensions are not forwarded: {body:?}"
+    );
+    let data: String = body
+        .split("\r\n")
+        .enumerate()
+        .filter(|(i, _)| i % 2 == 1)
+        .map(|(_, s)| s)
+        .collect();
+    assert_eq!(data, "abcde", "{body:?}");
+}
+
+#[test]
+fn absolute_form_targets_route_by_their_authority() {
+    let backend = RawBackend::start();
+    let gw = gateway(&backend, "");
+    let (statuses, _) = exchange(
+        gw.port,
+        b"GET http://a.localhost/p?q=1 HTTP/1.1\r\nHost: a.localhost\r\nConnection: close\r\n\r\n",
+        Duration::from_millis(800),
+    );
+    assert_eq!(statuses, vec![200]);
+    let seen = &backend.seen()[0];
+    assert_eq!(seen.header("x-tenant-id").as_deref(), Some("a"));
+    assert_eq!(seen.header("host").as_deref(), Some("a.localhost"));
+    // A Host that disagrees with the target's authority is refused: the
+    // gateway and the shard could otherwise pick different tenants.
+    let (statuses, _) = exchange(
+        gw.port,
+        b"GET http://a.localhost/p HTTP/1.1\r\nHost: b.localhost\r\nConnection: close\r\n\r\n",
+        Duration::from_millis(800),
+    );
+    assert_eq!(statuses, vec![400]);
+    assert_eq!(backend.seen().len(), 1);
+}
+
+#[test]
+fn an_upgrade_answered_200_starts_no_tunnel() {
+    let backend = RawBackend::start();
+    let gw = gateway(&backend, "");
+    // The shard answers 200 to the upgrade; what follows on the socket
+    // must be read as HTTP, not tunnelled.
+    let (statuses, _) = exchange(
+        gw.port,
+        b"GET /ws HTTP/1.1\r\nHost: t.localhost\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: t.localhost\r\n\r\n",
+        Duration::from_millis(800),
+    );
+    assert_eq!(statuses.first(), Some(&200));
+    let seen = backend.seen();
+    assert!(
+        seen.iter()
+            .all(|r| !r.request_line().contains("/smuggled") || r.header("x-tenant-id").is_some()),
+        "bytes after a refused upgrade were tunnelled raw: {seen:?}"
+    );
+}
+
+#[test]
+fn a_pipelined_request_after_an_unread_body_is_not_smuggled() {
+    let backend = RawBackend::start();
+    let gw = gateway(&backend, "limits: { deny: [blocked] }\n");
+    // The first request is refused before its body is read; the bytes of
+    // its body must not become a request.
+    let (statuses, _) = exchange(
+        gw.port,
+        b"POST / HTTP/1.1\r\nHost: blocked.localhost\r\nContent-Length: 44\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: t.localhost\r\n\r\nGET /second HTTP/1.1\r\nHost: t.localhost\r\nConnection: close\r\n\r\n",
+        Duration::from_millis(800),
+    );
+    assert_eq!(statuses.first(), Some(&403));
+    let seen = backend.seen();
+    assert!(
+        seen.iter().all(|r| !r.request_line().contains("/smuggled")),
+        "{seen:?}"
+    );
+}
+
+#[test]
+fn expect_100_continue_sends_the_body_once() {
+    let backend = RawBackend::start();
+    let gw = gateway(&backend, "");
+    let (statuses, _) = exchange(
+        gw.port,
+        b"POST /up HTTP/1.1\r\nHost: t.localhost\r\nContent-Length: 5\r\nExpect: 100-continue\r\nConnection: close\r\n\r\nhello",
+        Duration::from_millis(800),
+    );
+    assert!(statuses.contains(&200), "{statuses:?}");
+    let seen = backend.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].body, b"hello");
+}
+
+#[test]
+fn too_many_or_too_large_headers_are_431() {
+    let backend = RawBackend::start();
+    let gw = gateway(
+        &backend,
+        "limits: { max_headers: 20, max_header_bytes: 4096 }\n",
+    );
+    let many: String = (0..30).map(|i| format!("X-H{i}: v\r\n")).collect();
+    let (statuses, _) = exchange(
+        gw.port,
+        format!("GET / HTTP/1.1\r\nHost: t.localhost\r\n{many}\r\n").as_bytes(),
+        Duration::from_millis(800),
+    );
+    assert_eq!(statuses, vec![431]);
+    let big = "a".repeat(5000);
+    let (statuses, _) = exchange(
+        gw.port,
+        format!("GET / HTTP/1.1\r\nHost: t.localhost\r\nX-Big: {big}\r\n\r\n").as_bytes(),
+        Duration::from_millis(800),
+    );
+    assert_eq!(statuses, vec![431]);
+    assert!(backend.seen().is_empty());
+}
+
+#[test]
+fn slowloris_is_answered_408_within_the_header_timeout() {
+    use std::io::{Read, Write};
+    let backend = RawBackend::start();
+    let gw = gateway(&backend, "limits: { header_timeout_ms: 600 }\n");
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let head =
+        b"GET / HTTP/1.1\r\nHost: t.localhost\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+    let started = Instant::now();
+    let mut got = Vec::new();
+    for byte in head.iter() {
+        if stream.write_all(&[*byte]).is_err() {
+            break;
+        }
+        let mut buf = [0u8; 512];
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                got.extend_from_slice(&buf[..n]);
+                break;
+            }
+            Err(_) => {}
+        }
+        std::thread::sleep(Duration::from_millis(40));
+        if started.elapsed() > Duration::from_secs(5) {
+            break;
+        }
+    }
+    let mut rest = Vec::new();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let _ = stream.read_to_end(&mut rest);
+    got.extend(rest);
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text:?}");
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(1800), "closed after {took:?}");
+    assert!(backend.seen().is_empty());
+}
+
+#[test]
+fn a_stalled_request_body_is_bounded_by_the_body_timeout() {
+    use std::io::Write;
+    let backend = RawBackend::start();
+    let gw = gateway(&backend, "limits: { body_timeout_ms: 500 }\n");
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+    stream
+        .write_all(
+            b"POST / HTTP/1.1\r\nHost: t.localhost\r\nContent-Length: 100\r\n\r\nonly-a-little",
+        )
+        .unwrap();
+    let started = Instant::now();
+    let mut reader = std::io::BufReader::new(stream);
+    let r = read_response(&mut reader);
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    if let Ok(r) = r {
+        assert!(
+            r.status == 408 || r.status == 400 || r.status == 502,
+            "{}",
+            r.status
+        );
+    }
+}
+
+#[test]
+fn idle_keep_alive_connections_are_closed() {
+    use std::io::{Read, Write};
+    let backend = RawBackend::start();
+    let gw = gateway(&backend, "limits: { keepalive_timeout_ms: 1000 }\n");
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: t.localhost\r\n\r\n")
+        .unwrap();
+    let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+    assert_eq!(read_response(&mut reader).unwrap().status, 200);
+    let started = Instant::now();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    let n = reader.get_mut().read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "closed");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_millis(3000),
+        "{took:?}"
+    );
+}
+
+#[test]
+fn hosts_are_normalised_and_malformed_ones_refused() {
+    let backend = RawBackend::start();
+    let gw = gateway(
+        &backend,
+        "domains:\n  map: { \"app.acme.com\": acme }\n  fallback_suffix: .localhost\n",
+    );
+    let tenant_of = |host: &str| -> (u16, Option<String>) {
+        let before = backend.seen().len();
+        let (statuses, _) = exchange(
+            gw.port,
+            format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+            Duration::from_millis(500),
+        );
+        let seen = backend.seen();
+        let tenant = (seen.len() > before)
+            .then(|| seen[before].header("x-tenant-id"))
+            .flatten();
+        (statuses.first().copied().unwrap_or(0), tenant)
+    };
+    assert_eq!(
+        tenant_of("APP.ACME.COM:8080"),
+        (200, Some("acme".into())),
+        "uppercase and a port"
+    );
+    assert_eq!(
+        tenant_of("app.acme.com."),
+        (200, Some("acme".into())),
+        "a trailing dot"
+    );
+    assert_eq!(tenant_of("Beta.Localhost"), (200, Some("beta".into())));
+    assert_eq!(
+        tenant_of("[::1]:8080").0,
+        404,
+        "an IPv6 literal is no tenant"
+    );
+    assert_eq!(tenant_of("").0, 400, "empty");
+    assert_eq!(tenant_of("\u{fc}ber.localhost").0, 400, "non-ASCII");
+    assert_eq!(tenant_of("a b.localhost").0, 400, "a space");
+}
