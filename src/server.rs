@@ -35,8 +35,9 @@ pub fn server_conf(settings: &ServerSettings, retry_attempts: u32) -> ServerConf
         listener_tasks_per_fd: settings.listener_tasks_per_fd,
         upstream_keepalive_pool_size: settings.upstream_keepalive_pool_size,
         ca_file: settings.ca_file.clone(),
-        // Our retry rules decide; Pingora's loop only needs room for them.
-        max_retries: retry_attempts.max(1) as usize,
+        // Our retry rules decide; Pingora's loop only needs room for them
+        // (plus the one retry after a stale pooled connection).
+        max_retries: retry_attempts.max(1) as usize + 1,
         ..ServerConf::default()
     }
 }

@@ -30,6 +30,9 @@ pub struct RequestCtx {
     pub(crate) failed: SmallVec<[ShardId; 2]>,
     /// Upstream attempts started.
     pub attempts: u32,
+    /// Retries after a stale pooled connection (at most one; not counted
+    /// against `retry.attempts`).
+    pub(crate) stale_retries: u32,
     pub(crate) watch: Option<Watch>,
     /// The watch's verdict if it concluded while headers were arriving.
     pub(crate) verdict: Verdict,
@@ -59,6 +62,7 @@ impl Default for RequestCtx {
             admission: None,
             failed: SmallVec::new(),
             attempts: 0,
+            stale_retries: 0,
             watch: None,
             verdict: Verdict::None,
             headers_received: false,

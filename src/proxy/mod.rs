@@ -124,7 +124,10 @@ impl Gateway {
     fn may_retry(&self, session: &Session, ctx: &mut RequestCtx, sent: bool) -> bool {
         let method = &session.req_header().method;
         let replayable = !session.as_ref().retry_buffer_truncated();
-        match self.retry.check(method, ctx.attempts, sent, replayable) {
+        // A retry after a stale pooled connection does not count: it says
+        // nothing about the shard.
+        let attempts = ctx.attempts - ctx.stale_retries;
+        match self.retry.check(method, attempts, sent, replayable) {
             RetryVerdict::Allowed => match self.retry.admit_retry() {
                 Some(ticket) => {
                     ctx.retry_ticket = Some(ticket);
@@ -384,9 +387,14 @@ impl ProxyHttp for Gateway {
                 self.may_retry(session, ctx, true)
             }
             Verdict::None if ctx.headers_received || *e.esource() != ErrorSource::Upstream => false,
-            Verdict::None if client_reused => {
+            Verdict::None if client_reused && ctx.stale_retries == 0 => {
+                // Once per request: the shard may have closed an idle pooled
+                // connection just as we reused it. A second such failure is
+                // the shard's.
                 let method = &session.req_header().method;
-                method.is_idempotent() && self.may_retry(session, ctx, true)
+                let retry = method.is_idempotent() && self.may_retry(session, ctx, true);
+                ctx.stale_retries += u32::from(retry);
+                retry
             }
             Verdict::None => {
                 self.record_failure(ctx, UpstreamFailure::Reset);
