@@ -102,6 +102,32 @@ impl Gateway {
         Ok(())
     }
 
+    /// `request_filter`'s decision, without I/O: the host through the domain
+    /// map, the route prefix, the channel, the region, then the admission.
+    /// On `Ok` the context holds the tenant, the shard and the admission.
+    /// (Public for the fuzz target that drives it with arbitrary requests.)
+    pub fn plan(&self, req: &RequestHeader, ctx: &mut RequestCtx) -> Result<(), Refusal> {
+        let host = client_host(req).map_err(|what| Refusal::error(400, what))?;
+        let resolved = self
+            .control
+            .domains
+            .resolve(host)
+            .ok_or_else(|| Refusal::error(404, "unknown-domain"))?;
+        ctx.tenant = Some(resolved.tenant);
+        ctx.route = self.routes.route_for(req.uri.path());
+        if let Some(name) = &self.control.config.routing.channel_header {
+            ctx.channel = match req.headers.get(name).map(|v| v.to_str()) {
+                None | Some(Ok("")) => None,
+                Some(Ok(channel)) => Some(channel.to_string()),
+                Some(Err(_)) => return Err(Refusal::error(400, "invalid-channel")),
+            };
+        }
+        if let (Some(directory), Some(tenant)) = (&self.control.regions, &ctx.tenant) {
+            ctx.region = Some(directory.region_for(tenant));
+        }
+        self.admit(ctx)
+    }
+
     /// Notes a failed attempt: the failure hook, and the shard excluded
     /// from the rest of this request if it is unreachable.
     fn record_failure(&self, ctx: &mut RequestCtx, failure: UpstreamFailure) {
@@ -184,32 +210,7 @@ impl ProxyHttp for Gateway {
     /// refusal is answered here (`Ok(true)`: nothing goes upstream).
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         ctx.in_flight = Some(self.retry.request_started());
-        let req = session.req_header();
-        let outcome = match client_host(req) {
-            Err(what) => Err(Refusal::error(400, what)),
-            Ok(host) => match self.control.domains.resolve(host) {
-                None => Err(Refusal::error(404, "unknown-domain")),
-                Some(resolved) => {
-                    ctx.tenant = Some(resolved.tenant);
-                    ctx.route = self.routes.route_for(req.uri.path());
-                    Ok(())
-                }
-            },
-        };
-        let outcome = outcome.and_then(|()| {
-            if let Some(name) = &self.control.config.routing.channel_header {
-                ctx.channel = match req.headers.get(name).map(|v| v.to_str()) {
-                    None => None,
-                    Some(Ok("")) => None,
-                    Some(Ok(channel)) => Some(channel.to_string()),
-                    Some(Err(_)) => return Err(Refusal::error(400, "invalid-channel")),
-                };
-            }
-            if let (Some(directory), Some(tenant)) = (&self.control.regions, &ctx.tenant) {
-                ctx.region = Some(directory.region_for(tenant));
-            }
-            self.admit(ctx)
-        });
+        let outcome = self.plan(session.req_header(), ctx);
         let limits = &self.control.config.limits;
         session.set_keepalive(Some(limits.keepalive_timeout.as_secs().max(1)));
         match outcome {

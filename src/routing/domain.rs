@@ -154,7 +154,7 @@ fn is_js_whitespace(c: char) -> bool {
     )
 }
 
-/// Normalises a host: trim, lowercase, drop the port and one trailing dot
+/// Normalises a host: trim, lowercase, drop the port and trailing dots
 /// (`Example.COM.:80` → `example.com`); an IPv6 literal keeps its brackets
 /// (`[::1]:8080` → `[::1]`). Borrows when nothing changes. (The reference
 /// keeps a trailing dot; a fully qualified name is the same host.)
@@ -170,8 +170,10 @@ pub fn normalize(host: &str) -> Cow<'_, str> {
             Some(colon) => &trimmed[..colon],
             None => trimmed,
         };
-        // A fully qualified name (`example.com.`) is the same host.
-        name.strip_suffix('.').unwrap_or(name)
+        // A fully qualified name (`example.com.`) is the same host. Dots
+        // and blanks go together so that normalising twice changes nothing
+        // (`k \n.` → `k`, found by fuzzing).
+        name.trim_end_matches(|c: char| c == '.' || is_js_whitespace(c))
     };
     if cut.bytes().any(|b| b.is_ascii_uppercase() || !b.is_ascii()) {
         Cow::Owned(cut.to_lowercase())
@@ -413,6 +415,9 @@ mod tests {
         assert_eq!(normalize("::1"), "");
         assert_eq!(normalize("\u{FEFF}x.y"), "x.y");
         assert_eq!(normalize("Example.COM.:80"), "example.com");
+        for h in ["k\n\u{b}.", "k.\n.", " a.b. ", "X.Y..:1"] {
+            assert_eq!(normalize(&normalize(h)), normalize(h), "{h:?}");
+        }
         assert!(matches!(normalize("plain.host"), Cow::Borrowed(_)));
     }
 
