@@ -89,22 +89,16 @@ fn wrk(
 }
 
 fn config(shards: &[(&str, String)], extra: &str) -> String {
-    let mut yaml = String::from(
-        "server: { threads: 2, pid_file: \"{dir}/gw.pid\", upgrade_sock: \"{dir}/u.sock\", grace_period_seconds: 1, graceful_shutdown_timeout_seconds: 3 }\n\
-         listen: [{ addr: \"127.0.0.1:{port}\" }]\nadmin: { addr: \"127.0.0.1:{admin}\" }\n",
+    let state = if extra.contains("state:") {
+        ""
+    } else {
+        "state: false\n"
+    };
+    let head = format!(
+        "server: {{ threads: 2, pid_file: \"{{dir}}/gw.pid\", upgrade_sock: \"{{dir}}/u.sock\", grace_period_seconds: 1, graceful_shutdown_timeout_seconds: 3 }}\n\
+         listen: [{{ addr: \"127.0.0.1:{{port}}\" }}]\nadmin: {{ addr: \"127.0.0.1:{{admin}}\" }}\n{state}"
     );
-    if !extra.contains("state:") {
-        yaml.push_str("state: false\n");
-    }
-    yaml.push_str("shards:\n");
-    for (id, url) in shards {
-        yaml.push_str(&format!("  - {{ id: {id}, url: \"{url}\" }}\n"));
-    }
-    if !extra.contains("domains:") {
-        yaml.push_str("domains:\n  fallback_suffix: .localhost\n");
-    }
-    yaml.push_str(extra);
-    yaml
+    config_yaml(&head, shards, extra)
 }
 
 fn shard_healthy(gw: &Gateway, id: &str) -> bool {

@@ -13,17 +13,11 @@ use std::time::{Duration, Instant};
 
 /// A config with the given shards (`id`, url) and extra YAML sections.
 fn config(shards: &[(&str, String)], extra: &str) -> String {
-    let mut yaml = String::from(
-        "listen: [{ addr: \"127.0.0.1:{port}\" }]\nadmin: { addr: \"127.0.0.1:{admin}\" }\nstate: false\nshards:\n",
-    );
-    for (id, url) in shards {
-        yaml.push_str(&format!("  - {{ id: {id}, url: \"{url}\" }}\n"));
-    }
-    if !extra.contains("domains:") {
-        yaml.push_str("domains:\n  fallback_suffix: .localhost\n");
-    }
-    yaml.push_str(extra);
-    yaml
+    config_yaml(
+        "listen: [{ addr: \"127.0.0.1:{port}\" }]\nadmin: { addr: \"127.0.0.1:{admin}\" }\nstate: false\n",
+        shards,
+        extra,
+    )
 }
 
 fn one(backend: &Backend, extra: &str) -> Gateway {

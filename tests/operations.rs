@@ -12,21 +12,14 @@ const TOKEN: &str = "s3cret-admin-token";
 
 /// A config in a scratch folder, with state and an admin token.
 fn config(shards: &[(&str, String)], extra: &str) -> String {
-    let mut yaml = String::from(
+    config_yaml(
         "server: { pid_file: \"{dir}/gw.pid\", upgrade_sock: \"{dir}/upgrade.sock\", grace_period_seconds: 1, graceful_shutdown_timeout_seconds: 5 }\n\
          listen: [{ addr: \"127.0.0.1:{port}\" }]\n\
          admin: { addr: \"127.0.0.1:{admin}\", token_env: SHARDGATE_TEST_TOKEN }\n\
-         state: { path: \"{dir}/state.json\", interval_ms: 100 }\n\
-         shards:\n",
-    );
-    for (id, url) in shards {
-        yaml.push_str(&format!("  - {{ id: {id}, url: \"{url}\" }}\n"));
-    }
-    if !extra.contains("domains:") {
-        yaml.push_str("domains:\n  fallback_suffix: .localhost\n");
-    }
-    yaml.push_str(extra);
-    yaml
+         state: { path: \"{dir}/state.json\", interval_ms: 100 }\n",
+        shards,
+        extra,
+    )
 }
 
 fn start(shards: &[(&str, String)], extra: &str) -> Gateway {

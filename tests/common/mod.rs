@@ -32,6 +32,22 @@ pub fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
+/// A configuration for [`Gateway::start`]: `head` (the sections before
+/// `shards`), the shards as `(id, url)`, then `extra` sections; the
+/// fallback suffix `.localhost` unless `extra` has its own `domains`.
+pub fn config_yaml(head: &str, shards: &[(&str, String)], extra: &str) -> String {
+    let mut yaml = String::from(head);
+    yaml.push_str("shards:\n");
+    for (id, url) in shards {
+        yaml.push_str(&format!("  - {{ id: {id}, url: \"{url}\" }}\n"));
+    }
+    if !extra.contains("domains:") {
+        yaml.push_str("domains:\n  fallback_suffix: .localhost\n");
+    }
+    yaml.push_str(extra);
+    yaml
+}
+
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
     StdListener::bind("127.0.0.1:0")
