@@ -3,6 +3,10 @@
 //! upgrade) keep their meaning.
 
 use pingora::server::configuration::Opt;
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use shardgate::config::Config;
 use shardgate::proxy::hooks::DefaultHooks;
 use shardgate::server::Shardgate;

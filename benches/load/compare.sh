@@ -22,7 +22,11 @@
 #   SECS=10           seconds per wrk run
 #   CONNS="32 256"    wrk connection counts
 #   HOSTS_LIST="1 1000"  tenant host counts (hosts.lua's HOSTS)
-#   PROXIES="shardgate nginx haproxy direct"
+#   PROXIES="shardgate nginx haproxy direct"  (also: pingora = a bare Pingora
+#                     proxy, examples/bare_pingora.rs; shardgate2 = a second
+#                     shardgate binary, SHARDGATE2_BIN, for A/B comparisons)
+#   PINGORA_BIN=target/release/examples/bare_pingora
+#   SHARDGATE2_BIN=   the other shardgate for `shardgate2`
 #   BACKENDS=4        backend ports (18101…)
 #   HAPROXY_MAXCONN=  HAProxy's maxconn (default 16 x the most connections, >= 4096)
 #   OUT=              also write the raw per-run rows (TSV) to this file
@@ -64,7 +68,7 @@ for c in $CONNS $HOSTS_LIST; do
   [[ $c =~ ^[1-9][0-9]*$ ]] || die "CONNS and HOSTS_LIST must hold positive integers (got '$c')"
 done
 for p in $PROXIES; do
-  case $p in shardgate | nginx | haproxy | direct) ;; *) die "unknown proxy '$p' in PROXIES" ;; esac
+  case $p in shardgate | shardgate2 | pingora | nginx | haproxy | direct) ;; *) die "unknown proxy '$p' in PROXIES" ;; esac
 done
 for t in wrk nginx haproxy taskset curl ss pgrep python3; do
   command -v "$t" >/dev/null || die "$t is needed (Debian: apt-get install wrk nginx-light haproxy curl iproute2 procps python3)"
@@ -73,12 +77,19 @@ done
 if [[ " $PROXIES " == *" shardgate "* ]]; then
   resolve_shardgate_bin "$root" "$caller"
 fi
+if [[ " $PROXIES " == *" pingora "* ]]; then
+  PINGORA_BIN=${PINGORA_BIN:-$root/target/release/examples/bare_pingora}
+  [[ -x $PINGORA_BIN ]] || die "no bare Pingora proxy at $PINGORA_BIN: cargo build --release --example bare_pingora"
+fi
+if [[ " $PROXIES " == *" shardgate2 "* ]]; then
+  [[ -x ${SHARDGATE2_BIN:-} ]] || die "shardgate2 needs SHARDGATE2_BIN (another shardgate binary)"
+fi
 cd "$root"
 
-SG_PORT=18080 SG_ADMIN=18090 NGINX_PORT=18081 HAPROXY_PORT=18082
+SG_PORT=18080 SG_ADMIN=18090 NGINX_PORT=18081 HAPROXY_PORT=18082 PINGORA_PORT=18083
 backend_ports=()
 for ((i = 1; i <= BACKENDS; i++)); do backend_ports+=($((18100 + i))); done
-check_ports_free "$SG_PORT" "$SG_ADMIN" "$NGINX_PORT" "$HAPROXY_PORT" "${backend_ports[@]}"
+check_ports_free "$SG_PORT" "$SG_ADMIN" "$NGINX_PORT" "$HAPROXY_PORT" "$PINGORA_PORT" "${backend_ports[@]}"
 maxconns=0
 for c in $CONNS; do ((c > maxconns)) && maxconns=$c; done
 (($(ulimit -n) >= 2 * maxconns + 256)) || ulimit -n $((2 * maxconns + 256)) 2>/dev/null ||
@@ -143,6 +154,15 @@ run() {
       port=$SG_PORT
       start_proxy shardgate "$SG_WORK/shardgate.yaml" "$port" "$SG_ADMIN"
       ;;
+    shardgate2)
+      port=$SG_PORT
+      SHARDGATE_BIN=$SHARDGATE2_BIN start_proxy shardgate "$SG_WORK/shardgate.yaml" "$port" "$SG_ADMIN"
+      ;;
+    pingora)
+      port=$PINGORA_PORT
+      spawn pingora INT taskset -c 0 "$PINGORA_BIN" "127.0.0.1:$port" 1 "${backend_ports[@]/#/127.0.0.1:}"
+      wait_tcp "$port" "$SPAWNED" pingora
+      ;;
     nginx)
       port=$NGINX_PORT
       start_proxy nginx "$SG_WORK/nginx.conf" "$port"
@@ -204,7 +224,7 @@ run() {
         cpu = sprintf("%6.2f ms/1k req (%3.0f%% of a core)", t / hz * 1000 / (n / 1000), t / hz / s * 100)
         mem = sprintf("%6.1f MiB", rss / 1024)
       }
-      printf "round %d/%d  %3d conns %4d hosts  %-9s %8.0f req/s  p50 %6.2f ms  p99 %6.2f ms  CPU %-32s  peak RSS %-10s  new upstream conns %5d  errors %d  cores busy %3d%% %3d%%\n",
+      printf "round %d/%d  %3d conns %4d hosts  %-10s %8.0f req/s  p50 %6.2f ms  p99 %6.2f ms  CPU %-32s  peak RSS %-10s  new upstream conns %5d  errors %d  cores busy %3d%% %3d%%\n",
         r, R, c, h, p, n / s, p50 / 1000, p99 / 1000, cpu, mem, nc, e, b0, b1
     }'
 }
@@ -228,7 +248,7 @@ import sys
 
 path, rounds, secs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 rows = list(csv.DictReader(open(path), delimiter="\t"))
-order = ["shardgate", "nginx", "haproxy", "direct"]
+order = ["shardgate", "shardgate2", "pingora", "nginx", "haproxy", "direct"]
 runs = {}  # (proxy, conns, hosts) -> {round: metrics}
 for r in rows:
     n = int(r["requests"])

@@ -251,7 +251,7 @@ write_shardgate_conf() {
   dir=$(dirname "$file")
   {
     cat <<EOF
-server: { threads: 1, pid_file: $dir/shardgate.pid, upgrade_sock: $dir/shardgate.sock }
+server: { threads: 1, pid_file: $dir/shardgate.pid, upgrade_sock: $dir/shardgate.sock${SG_SERVER_EXTRA:+, $SG_SERVER_EXTRA} }
 listen: [{ addr: 127.0.0.1:$port }]
 admin: { addr: 127.0.0.1:$admin }
 state: false

@@ -45,7 +45,6 @@ pub struct RequestCtx {
     pub(crate) refusal: Option<Refusal>,
     /// Status of the answer shardgate wrote itself, if it did.
     pub answered: Option<u16>,
-    pub(crate) in_flight: Option<GaugeTicket>,
     pub(crate) retry_ticket: Option<GaugeTicket>,
 }
 
@@ -70,7 +69,6 @@ impl Default for RequestCtx {
             decision: None,
             refusal: None,
             answered: None,
-            in_flight: None,
             retry_ticket: None,
         }
     }

@@ -79,6 +79,19 @@ fn joined(req: &RequestHeader, name: &HeaderName) -> Option<String> {
 /// `TE`, `Trailer`, and `Upgrade` unless the response switches protocols.
 /// `Transfer-Encoding` stays: it describes the framing Pingora writes.
 pub fn strip_response_hop_by_hop(resp: &mut ResponseHeader) {
+    // Most responses carry none: one pass over the names decides.
+    let hop_by_hop = [
+        &CONNECTION,
+        &UPGRADE,
+        &KEEP_ALIVE,
+        &PROXY_CONNECTION,
+        &PROXY_AUTHENTICATE,
+        &TE,
+        &TRAILER,
+    ];
+    if !resp.headers.keys().any(|k| hop_by_hop.contains(&k)) {
+        return;
+    }
     let switching = resp.status == http::StatusCode::SWITCHING_PROTOCOLS;
     if !switching {
         let named: Vec<HeaderName> = resp

@@ -79,9 +79,19 @@ enum Parsed {
     Invalid,
 }
 
+/// Heads with up to this many fields are parsed with no allocation.
+const STACK_HEADERS: usize = 128;
+
 fn parse(buf: &[u8], limits: &HeadLimits) -> Parsed {
-    let mut headers = vec![httparse::EMPTY_HEADER; limits.max_headers];
-    let mut req = httparse::Request::new(&mut headers);
+    let mut on_stack = [httparse::EMPTY_HEADER; STACK_HEADERS];
+    let mut on_heap = Vec::new();
+    let headers: &mut [httparse::Header<'_>] = if limits.max_headers <= STACK_HEADERS {
+        &mut on_stack[..limits.max_headers]
+    } else {
+        on_heap.resize(limits.max_headers, httparse::EMPTY_HEADER);
+        &mut on_heap
+    };
+    let mut req = httparse::Request::new(headers);
     match req.parse(buf) {
         Ok(httparse::Status::Complete(len)) if len > limits.max_header_bytes => Parsed::TooLarge,
         Ok(httparse::Status::Complete(_)) => Parsed::Complete,

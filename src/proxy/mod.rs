@@ -154,7 +154,7 @@ impl Gateway {
         // nothing about the shard.
         let attempts = ctx.attempts - ctx.stale_retries;
         match self.retry.check(method, attempts, sent, replayable) {
-            RetryVerdict::Allowed => match self.retry.admit_retry() {
+            RetryVerdict::Allowed => match self.retry.admit_retry(self.requests_in_flight()) {
                 Some(ticket) => {
                     ctx.retry_ticket = Some(ticket);
                     self.control.metrics.retry();
@@ -164,6 +164,14 @@ impl Gateway {
             },
             _ => false,
         }
+    }
+
+    /// Requests (and sockets) in flight: the admissions counted on shards.
+    /// Read only when deciding a retry, so the request path counts nothing
+    /// extra.
+    fn requests_in_flight(&self) -> u64 {
+        let set = self.control.router.shard_set();
+        set.all.iter().map(|e| e.active().max(0) as u64).sum()
     }
 
     /// The `X-Forwarded-Proto` to advertise for this session.
@@ -209,7 +217,6 @@ impl ProxyHttp for Gateway {
     /// Resolves the tenant, matches the route and admits the request; any
     /// refusal is answered here (`Ok(true)`: nothing goes upstream).
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-        ctx.in_flight = Some(self.retry.request_started());
         let outcome = self.plan(session.req_header(), ctx);
         let limits = &self.control.config.limits;
         session.set_keepalive(Some(limits.keepalive_timeout.as_secs().max(1)));
@@ -277,11 +284,18 @@ impl ProxyHttp for Gateway {
         _reused: bool,
         _peer: &HttpPeer,
         fd: std::os::unix::io::RawFd,
-        _digest: Option<&Digest>,
+        digest: Option<&Digest>,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        if let Some(peer) = &ctx.peer {
-            ctx.watch = Watch::start(fd, peer.addr, self.watch);
+        // The connection's local address is cached per connection: pooled
+        // connections cost nothing here.
+        let local = digest
+            .and_then(|d| d.socket_digest.as_ref())
+            .and_then(|s| s.local_addr())
+            .and_then(|a| a.as_inet())
+            .copied();
+        if let (Some(peer), Some(local)) = (&ctx.peer, local) {
+            ctx.watch = Watch::start(fd, local, peer.addr, self.watch);
         }
         Ok(())
     }

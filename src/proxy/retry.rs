@@ -14,8 +14,6 @@ use std::time::Instant;
 
 pub struct RetryPolicy {
     config: RetryConfig,
-    /// Requests in flight.
-    requests: Gauge,
     /// Requests in flight that are on a retry.
     retries: Gauge,
     /// `(second, retries started in it)`, packed: second in the high half.
@@ -39,7 +37,6 @@ impl RetryPolicy {
     pub fn new(config: RetryConfig) -> Self {
         RetryPolicy {
             config,
-            requests: Gauge::new(),
             retries: Gauge::new(),
             window: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -48,11 +45,6 @@ impl RetryPolicy {
 
     pub fn attempts(&self) -> u32 {
         self.config.attempts
-    }
-
-    /// Counts a request in flight until the ticket drops.
-    pub fn request_started(&self) -> GaugeTicket {
-        self.requests.ticket()
     }
 
     /// Whether the attempt that just failed may be followed by another.
@@ -77,10 +69,11 @@ impl RetryPolicy {
         RetryVerdict::Allowed
     }
 
-    /// Takes a place in the retry budget; the ticket counts the retry in
-    /// flight until it drops. `None` when the budget is spent.
-    pub fn admit_retry(&self) -> Option<GaugeTicket> {
-        let in_flight = self.requests.get().max(1) as f64;
+    /// Takes a place in the retry budget, given the requests in flight now;
+    /// the ticket counts the retry in flight until it drops. `None` when the
+    /// budget is spent.
+    pub fn admit_retry(&self, requests_in_flight: u64) -> Option<GaugeTicket> {
+        let in_flight = requests_in_flight.max(1) as f64;
         let allowed_by_share =
             (self.retries.get() as f64) < in_flight * self.config.budget_percent / 100.0;
         if allowed_by_share || self.take_from_floor() {
@@ -163,14 +156,13 @@ mod tests {
     #[test]
     fn budget_is_a_share_of_requests_in_flight_with_a_floor() {
         let p = policy(20.0, 2);
-        let requests: Vec<_> = (0..10).map(|_| p.request_started()).collect();
-        // 20 % of 10 = 2 by share, then 2 more from this second's floor.
+        // 20 % of 10 in flight = 2 by share, then 2 more from this
+        // second's floor.
         let retries: Vec<_> = (0..4)
-            .map(|_| p.admit_retry().expect("within budget"))
+            .map(|_| p.admit_retry(10).expect("within budget"))
             .collect();
-        assert!(p.admit_retry().is_none());
+        assert!(p.admit_retry(10).is_none());
         drop(retries);
-        assert!(p.admit_retry().is_some());
-        drop(requests);
+        assert!(p.admit_retry(10).is_some());
     }
 }

@@ -9,14 +9,17 @@
 //!
 //! Either verdict ends the attempt by shutting down the upstream socket,
 //! which makes Pingora's pending read fail; the proxy then reads the
-//! verdict to classify the error. The task holds a duplicate of the
-//! socket's descriptor, so the shutdown can never hit a descriptor number
-//! that was closed and reused meanwhile; the watch is disarmed as soon as
-//! response headers arrive, before the connection can return to the pool.
+//! verdict to classify the error. The watch is disarmed as soon as response
+//! headers arrive, before the connection can return to the pool. To act on
+//! the right socket even if the descriptor number was closed and reused
+//! meanwhile, a verdict first duplicates the descriptor, then checks that
+//! the duplicate is the connection it watched (same local and peer
+//! addresses, which identify a live TCP socket) before shutting it down.
+//! Nothing of this costs a system call unless the watch concludes.
 
 use crate::config::LivenessConfig;
 use std::net::SocketAddr;
-use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,24 +63,28 @@ pub struct WatchSettings {
 }
 
 impl Watch {
-    /// Starts watching the upstream connection `fd` to `addr`. Returns
-    /// `None` if the descriptor cannot be duplicated (the attempt then runs
-    /// unwatched, as Pingora would run it).
-    pub fn start(fd: RawFd, addr: SocketAddr, settings: WatchSettings) -> Option<Watch> {
+    /// Starts watching the upstream connection `fd` from `local` to `addr`
+    /// (the shard; also what liveness probes dial).
+    pub fn start(
+        fd: RawFd,
+        local: SocketAddr,
+        addr: SocketAddr,
+        settings: WatchSettings,
+    ) -> Option<Watch> {
         if fd < 0 {
             return None;
         }
-        // SAFETY: Pingora passes the descriptor of the live upstream
-        // connection to `connected_to_upstream`, which calls us before
-        // returning; it stays open for the duration of this call.
-        let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
-        let owned = borrowed.try_clone_to_owned().ok()?;
         let shared = Arc::new(Shared {
             state: AtomicU8::new(WAITING),
             last_activity_ms: AtomicU64::new(0),
             start: Instant::now(),
         });
-        let task = tokio::spawn(watch(Arc::clone(&shared), owned, addr, settings));
+        let socket = Socket {
+            fd,
+            local,
+            peer: addr,
+        };
+        let task = tokio::spawn(watch(Arc::clone(&shared), socket, settings));
         Some(Watch { shared, task })
     }
 
@@ -124,20 +131,44 @@ fn verdict_of(state: u8) -> Verdict {
     }
 }
 
+/// The watched connection: its descriptor number and its addresses.
+struct Socket {
+    fd: RawFd,
+    local: SocketAddr,
+    peer: SocketAddr,
+}
+
+impl Socket {
+    /// Shuts the connection down if `fd` still is it.
+    fn shutdown(&self) {
+        // SAFETY: fcntl(F_DUPFD_CLOEXEC) only reads the descriptor number;
+        // on a closed number it fails with EBADF, which we handle.
+        let dup = unsafe { libc::fcntl(self.fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            return;
+        }
+        // SAFETY: `dup` is a descriptor we just created and own alone.
+        let stream = std::net::TcpStream::from(unsafe { OwnedFd::from_raw_fd(dup) });
+        let same = stream.local_addr().ok() == Some(self.local)
+            && stream.peer_addr().ok() == Some(self.peer);
+        if same {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
 /// Concludes (if still waiting) and cuts the connection.
-fn conclude(shared: &Shared, socket: OwnedFd, verdict: u8) {
+fn conclude(shared: &Shared, socket: &Socket, verdict: u8) {
     if shared
         .state
         .compare_exchange(WAITING, verdict, Ordering::AcqRel, Ordering::Acquire)
         .is_ok()
     {
-        // shutdown(2) acts on the socket, which our duplicate keeps open.
-        let stream = std::net::TcpStream::from(socket);
-        let _ = stream.shutdown(std::net::Shutdown::Both);
+        socket.shutdown();
     }
 }
 
-async fn watch(shared: Arc<Shared>, socket: OwnedFd, addr: SocketAddr, settings: WatchSettings) {
+async fn watch(shared: Arc<Shared>, socket: Socket, settings: WatchSettings) {
     let mut next_probe = settings.liveness.map(|l| shared.start + l.after);
     loop {
         let activity = Duration::from_millis(shared.last_activity_ms.load(Ordering::Relaxed));
@@ -153,13 +184,13 @@ async fn watch(shared: Arc<Shared>, socket: OwnedFd, addr: SocketAddr, settings:
         let now = Instant::now();
         let activity = Duration::from_millis(shared.last_activity_ms.load(Ordering::Relaxed));
         if now >= shared.start + activity + settings.headers_timeout {
-            conclude(&shared, socket, TIMED_OUT);
+            conclude(&shared, &socket, TIMED_OUT);
             return;
         }
         if let (Some(probe_at), Some(liveness)) = (next_probe, settings.liveness) {
             if now >= probe_at {
-                if !probe(addr, liveness.probe_timeout).await {
-                    conclude(&shared, socket, UNREACHABLE);
+                if !probe(socket.peer, liveness.probe_timeout).await {
+                    conclude(&shared, &socket, UNREACHABLE);
                     return;
                 }
                 next_probe = Some(Instant::now() + liveness.after);
