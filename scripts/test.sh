@@ -5,6 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/prereqs.sh
 cargo test --locked "$@"
+# The gateway suites once more with the fast path off: Pingora's path must
+# hold to the same tests for the requests the fast path usually takes.
+SHARDGATE_TEST_FAST_PATH=off cargo test --locked --test gateway --test hostile \
+  --test framing --test operations "$@"
 # Every fuzz target briefly (FUZZ_SECONDS=0 skips; longer: scripts/fuzz.sh 600).
 if [ "${FUZZ_SECONDS:-15}" != 0 ]; then
   bash scripts/fuzz.sh "${FUZZ_SECONDS:-15}"

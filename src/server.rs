@@ -8,10 +8,13 @@ use crate::admin::AdminApi;
 use crate::config::{Config, ServerSettings};
 use crate::control::Control;
 use crate::health::HealthChecker;
+use crate::proxy::fast::FastPath;
 use crate::proxy::head::{HeadGuard, HeadLimits};
 use crate::proxy::hooks::GatewayHooks;
 use crate::proxy::Gateway;
 use crate::state::StateWriter;
+use pingora::listeners::tls::TlsSettings;
+use pingora::listeners::{L4BufferSettings, ListenerConfig};
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::{RunArgs, Server};
 use pingora::services::background::background_service;
@@ -64,24 +67,38 @@ impl Shardgate {
         let mut server = Server::new_with_opt_and_conf(opt, conf);
         server.bootstrap();
         let limits = &control.config.limits;
+        let gateway = Gateway::new(Arc::clone(&control));
+        let fast = control
+            .config
+            .server
+            .fast_path
+            .then(|| FastPath::new(gateway.clone()));
         let proxy = HeadGuard::new(
-            pingora_proxy::http_proxy(&server.configuration, Gateway::new(Arc::clone(&control))),
+            pingora_proxy::http_proxy(&server.configuration, gateway),
             HeadLimits {
                 header_timeout: limits.header_timeout,
                 max_header_bytes: limits.max_header_bytes,
                 max_headers: limits.max_headers,
                 keepalive_timeout: limits.keepalive_timeout,
             },
-        );
+        )
+        .with_fast_path(fast);
         let mut proxy = Service::new("shardgate".to_string(), proxy);
         for listener in &control.config.listen {
             let addr = listener.addr.to_string();
-            match &listener.tls {
-                None => proxy.add_tcp(&addr),
-                Some((cert, key)) => proxy
-                    .add_tls(&addr, &cert.to_string_lossy(), &key.to_string_lossy())
-                    .map_err(|e| format!("listen {addr}: {e}"))?,
+            // No read buffer under the client connection: `HeadGuard`
+            // reads request heads into buffers of its own, and Pingora's
+            // default 64 KiB per connection was most of an idle
+            // WebSocket's memory.
+            let mut endpoint =
+                ListenerConfig::tcp(addr.clone()).l4_buffer(L4BufferSettings::default().read(0));
+            if let Some((cert, key)) = &listener.tls {
+                let tls =
+                    TlsSettings::intermediate(&cert.to_string_lossy(), &key.to_string_lossy())
+                        .map_err(|e| format!("listen {addr}: {e}"))?;
+                endpoint = endpoint.tls(tls);
             }
+            proxy.add_listener(endpoint);
         }
         server.add_service(proxy);
         let mut admin = Service::new(

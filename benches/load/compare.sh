@@ -23,8 +23,10 @@
 #   CONNS="32 256"    wrk connection counts
 #   HOSTS_LIST="1 1000"  tenant host counts (hosts.lua's HOSTS)
 #   PROXIES="shardgate nginx haproxy direct"  (also: pingora = a bare Pingora
-#                     proxy, examples/bare_pingora.rs; shardgate2 = a second
-#                     shardgate binary, SHARDGATE2_BIN, for A/B comparisons)
+#                     proxy, examples/bare_pingora.rs; sg-nofast = shardgate
+#                     with `server.fast_path: false`, every request on
+#                     Pingora's path; shardgate2 = a second shardgate
+#                     binary, SHARDGATE2_BIN, for A/B comparisons)
 #   PINGORA_BIN=target/release/examples/bare_pingora
 #   SHARDGATE2_BIN=   the other shardgate for `shardgate2`
 #   BACKENDS=4        backend ports (18101…)
@@ -68,13 +70,13 @@ for c in $CONNS $HOSTS_LIST; do
   [[ $c =~ ^[1-9][0-9]*$ ]] || die "CONNS and HOSTS_LIST must hold positive integers (got '$c')"
 done
 for p in $PROXIES; do
-  case $p in shardgate | shardgate2 | pingora | nginx | haproxy | direct) ;; *) die "unknown proxy '$p' in PROXIES" ;; esac
+  case $p in shardgate | sg-nofast | shardgate2 | pingora | nginx | haproxy | direct) ;; *) die "unknown proxy '$p' in PROXIES" ;; esac
 done
 for t in wrk nginx haproxy taskset curl ss pgrep python3; do
   command -v "$t" >/dev/null || die "$t is needed (Debian: apt-get install wrk nginx-light haproxy curl iproute2 procps python3)"
 done
 (($(nproc) >= 2)) || die "needs 2 cores (proxies on core 0, wrk and backends on core 1)"
-if [[ " $PROXIES " == *" shardgate "* ]]; then
+if [[ " $PROXIES " == *" shardgate "* || " $PROXIES " == *" sg-nofast "* ]]; then
   resolve_shardgate_bin "$root" "$caller"
 fi
 if [[ " $PROXIES " == *" pingora "* ]]; then
@@ -135,6 +137,8 @@ conns_log=$SG_WORK/backend-conns.log
 touch "$conns_log"
 
 write_shardgate_conf "$SG_WORK/shardgate.yaml" "$SG_PORT" "$SG_ADMIN" "${backend_ports[@]}"
+SG_SERVER_EXTRA="fast_path: false${SG_SERVER_EXTRA:+, $SG_SERVER_EXTRA}" \
+  write_shardgate_conf "$SG_WORK/sg-nofast.yaml" "$SG_PORT" "$SG_ADMIN" "${backend_ports[@]}"
 write_nginx_proxy_conf "$SG_WORK/nginx.conf" http "$NGINX_PORT" $((maxconns + 1024)) "${backend_ports[@]}"
 write_haproxy_conf "$SG_WORK/haproxy.cfg" "$HAPROXY_PORT" "$haproxy_maxconn" "${backend_ports[@]}"
 
@@ -153,6 +157,10 @@ run() {
     shardgate)
       port=$SG_PORT
       start_proxy shardgate "$SG_WORK/shardgate.yaml" "$port" "$SG_ADMIN"
+      ;;
+    sg-nofast)
+      port=$SG_PORT
+      start_proxy shardgate "$SG_WORK/sg-nofast.yaml" "$port" "$SG_ADMIN"
       ;;
     shardgate2)
       port=$SG_PORT
@@ -248,7 +256,7 @@ import sys
 
 path, rounds, secs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 rows = list(csv.DictReader(open(path), delimiter="\t"))
-order = ["shardgate", "shardgate2", "pingora", "nginx", "haproxy", "direct"]
+order = ["shardgate", "sg-nofast", "shardgate2", "pingora", "nginx", "haproxy", "direct"]
 runs = {}  # (proxy, conns, hosts) -> {round: metrics}
 for r in rows:
     n = int(r["requests"])

@@ -53,6 +53,7 @@ pub struct RawServer {
     pub grace_period_seconds: Option<u64>,
     pub graceful_shutdown_timeout_seconds: Option<u64>,
     pub work_stealing: Option<bool>,
+    pub fast_path: Option<bool>,
     pub listener_tasks_per_fd: Option<usize>,
     pub upstream_keepalive_pool_size: Option<usize>,
     pub ca_file: Option<String>,

@@ -219,6 +219,7 @@ fn check_server(c: &mut Checker<'_>, s: RawServer) -> ServerSettings {
         grace_period_seconds: s.grace_period_seconds.unwrap_or(5),
         graceful_shutdown_timeout_seconds: s.graceful_shutdown_timeout_seconds.unwrap_or(5),
         work_stealing: s.work_stealing.unwrap_or(true),
+        fast_path: s.fast_path.unwrap_or(true),
         listener_tasks_per_fd,
         upstream_keepalive_pool_size: s.upstream_keepalive_pool_size.unwrap_or(1024),
         ca_file: s.ca_file,

@@ -8,6 +8,8 @@
 //! the bytes to Pingora's session as already read, so nothing is read
 //! twice.
 
+use super::fast::{FastPath, Outcome};
+use super::with_planned;
 use bytes::BytesMut;
 use pingora::apps::{HttpServerApp, ServerApp};
 use pingora::protocols::http::ServerSession;
@@ -120,10 +122,12 @@ async fn refuse(stream: &mut Stream, error: HeadError) {
     .await;
 }
 
-/// An HTTP application (the proxy) behind the head limits.
+/// An HTTP application (the proxy) behind the head limits, with the fast
+/// path (if on) taking the requests it serves first.
 pub struct HeadGuard<A> {
     inner: Arc<A>,
     limits: HeadLimits,
+    fast: Option<FastPath>,
 }
 
 impl<A> HeadGuard<A> {
@@ -131,7 +135,14 @@ impl<A> HeadGuard<A> {
         HeadGuard {
             inner: Arc::new(inner),
             limits,
+            fast: None,
         }
+    }
+
+    /// Lets `fast` serve each request head it takes before Pingora sees it.
+    pub fn with_fast_path(mut self, fast: Option<FastPath>) -> Self {
+        self.fast = fast;
+        self
     }
 }
 
@@ -170,6 +181,20 @@ where
                     return None;
                 }
             }
+            let mut planned = None;
+            if let Some(fast) = &self.fast {
+                let closing = *shutdown.borrow();
+                match fast.serve(stream, buf, closing).await {
+                    Outcome::Served(Some(next)) => {
+                        stream = next;
+                        continue;
+                    }
+                    Outcome::Served(None) => return None,
+                    Outcome::NotMine(next, head, ctx) => {
+                        (stream, buf, planned) = (next, head, ctx);
+                    }
+                }
+            }
             let mut session = ServerSession::new_http1(stream);
             match settings.take() {
                 Some(s) => pingora::apps::HttpPersistentSettings::apply_to_session(s, &mut session),
@@ -179,7 +204,11 @@ where
                 session.set_keepalive(None);
             }
             session.set_pipelined_prefix(buf);
-            let reused = self.inner.process_new_http(session, shutdown).await?;
+            let serve = self.inner.process_new_http(session, shutdown);
+            let reused = match planned {
+                Some(ctx) => with_planned(*ctx, serve).await?,
+                None => serve.await?,
+            };
             let (next, persistent) = reused.consume();
             stream = next;
             settings = persistent;

@@ -16,6 +16,7 @@
 //! `examples/embed.rs`).
 
 pub mod ctx;
+pub mod fast;
 pub mod forward;
 pub mod head;
 pub mod hooks;
@@ -43,11 +44,13 @@ use routes::RoutePrefixes;
 use std::sync::Arc;
 use watch::{Verdict, Watch, WatchSettings};
 
-/// shardgate's proxy logic.
+/// shardgate's proxy logic. Cloning shares everything (the retry budget
+/// included): the fast path and the Pingora path run the same gateway.
+#[derive(Clone)]
 pub struct Gateway {
     control: Arc<Control>,
-    routes: RoutePrefixes,
-    retry: RetryPolicy,
+    routes: Arc<RoutePrefixes>,
+    retry: Arc<RetryPolicy>,
     watch: WatchSettings,
 }
 
@@ -55,8 +58,10 @@ impl Gateway {
     pub fn new(control: Arc<Control>) -> Self {
         let config = &control.config;
         Gateway {
-            routes: RoutePrefixes::new(config.limits.routes.iter().map(|(p, _)| p.clone())),
-            retry: RetryPolicy::new(config.retry.clone()),
+            routes: Arc::new(RoutePrefixes::new(
+                config.limits.routes.iter().map(|(p, _)| p.clone()),
+            )),
+            retry: Arc::new(RetryPolicy::new(config.retry.clone())),
             watch: WatchSettings {
                 headers_timeout: config.upstream.headers_timeout,
                 liveness: config.upstream.liveness,
@@ -71,7 +76,7 @@ impl Gateway {
 
     /// Routes and admits the request in `ctx`; on success the context
     /// holds the shard, its peer and the admission.
-    fn admit(&self, ctx: &mut RequestCtx) -> Result<(), Refusal> {
+    pub(crate) fn admit(&self, ctx: &mut RequestCtx) -> Result<(), Refusal> {
         let tenant = ctx.tenant.as_deref().unwrap_or_default();
         let request = RouteRequest {
             tenant,
@@ -107,21 +112,45 @@ impl Gateway {
     /// On `Ok` the context holds the tenant, the shard and the admission.
     /// (Public for the fuzz target that drives it with arbitrary requests.)
     pub fn plan(&self, req: &RequestHeader, ctx: &mut RequestCtx) -> Result<(), Refusal> {
-        let host = client_host(req).map_err(|what| Refusal::error(400, what))?;
+        let channel = self
+            .control
+            .config
+            .routing
+            .channel_header
+            .as_ref()
+            .and_then(|name| req.headers.get(name))
+            .map(|v| v.as_bytes());
+        self.plan_parts(client_host(req), req.uri.path(), channel, ctx)
+    }
+
+    /// [`Gateway::plan`] from the parts it reads: the client's host (or why
+    /// it is unusable), the path, and the channel header's raw value.
+    pub(crate) fn plan_parts(
+        &self,
+        host: Result<&str, &'static str>,
+        path: &str,
+        channel: Option<&[u8]>,
+        ctx: &mut RequestCtx,
+    ) -> Result<(), Refusal> {
+        let host = host.map_err(|what| Refusal::error(400, what))?;
         let resolved = self
             .control
             .domains
             .resolve(host)
             .ok_or_else(|| Refusal::error(404, "unknown-domain"))?;
         ctx.tenant = Some(resolved.tenant);
-        ctx.route = self.routes.route_for(req.uri.path());
-        if let Some(name) = &self.control.config.routing.channel_header {
-            ctx.channel = match req.headers.get(name).map(|v| v.to_str()) {
-                None | Some(Ok("")) => None,
-                Some(Ok(channel)) => Some(channel.to_string()),
-                Some(Err(_)) => return Err(Refusal::error(400, "invalid-channel")),
-            };
-        }
+        ctx.route = self.routes.route_for(path);
+        ctx.channel = match channel.map(std::str::from_utf8) {
+            None | Some(Ok("")) => None,
+            Some(Ok(channel))
+                if channel
+                    .bytes()
+                    .all(|b| b == b'\t' || (b' '..=b'~').contains(&b)) =>
+            {
+                Some(channel.to_string())
+            }
+            Some(_) => return Err(Refusal::error(400, "invalid-channel")),
+        };
         if let (Some(directory), Some(tenant)) = (&self.control.regions, &ctx.tenant) {
             ctx.region = Some(directory.region_for(tenant));
         }
@@ -130,7 +159,7 @@ impl Gateway {
 
     /// Notes a failed attempt: the failure hook, and the shard excluded
     /// from the rest of this request if it is unreachable.
-    fn record_failure(&self, ctx: &mut RequestCtx, failure: UpstreamFailure) {
+    pub(crate) fn record_failure(&self, ctx: &mut RequestCtx, failure: UpstreamFailure) {
         ctx.failure = Some(failure);
         if let Some(shard) = ctx.shard.as_ref().map(|s| s.id().clone()) {
             self.control
@@ -148,8 +177,19 @@ impl Gateway {
     /// Whether to try again after a failed attempt (taking a place in the
     /// retry budget if so).
     fn may_retry(&self, session: &Session, ctx: &mut RequestCtx, sent: bool) -> bool {
-        let method = &session.req_header().method;
         let replayable = !session.as_ref().retry_buffer_truncated();
+        self.may_retry_request(&session.req_header().method, replayable, ctx, sent)
+    }
+
+    /// [`Gateway::may_retry`] from the request's method and whether its
+    /// body can be replayed.
+    pub(crate) fn may_retry_request(
+        &self,
+        method: &http::Method,
+        replayable: bool,
+        ctx: &mut RequestCtx,
+        sent: bool,
+    ) -> bool {
         // A retry after a stale pooled connection does not count: it says
         // nothing about the shard.
         let attempts = ctx.attempts - ctx.stale_retries;
@@ -176,25 +216,59 @@ impl Gateway {
 
     /// The `X-Forwarded-Proto` to advertise for this session.
     fn scheme(&self, session: &Session) -> &'static str {
-        match self.control.config.public_protocol {
-            Some(s) => s.as_str(),
-            None if session.digest().is_some_and(|d| d.ssl_digest.is_some()) => "https",
-            None => "http",
-        }
+        self.scheme_of(session.digest().is_some_and(|d| d.ssl_digest.is_some()))
     }
+
+    /// Routes a retry: the failed attempt's admission goes first, then the
+    /// request is routed again with the failed shards excluded — balanced,
+    /// capped and rate limited like any route. No shard left is a 502.
+    pub(crate) fn readmit(&self, ctx: &mut RequestCtx) -> Result<(), Refusal> {
+        ctx.admission = None;
+        ctx.shard = None;
+        ctx.peer = None;
+        self.admit(ctx).map_err(|refusal| match refusal.decision {
+            Some(Decision::NoShards | Decision::NoTenantShards | Decision::NoRegionShards) => {
+                Refusal::error(502, "upstream-unreachable")
+            }
+            _ => refusal,
+        })
+    }
+}
+
+tokio::task_local! {
+    /// A request the fast path planned but hands to Pingora's path (its
+    /// shard speaks https): picked up by `new_ctx`, so it is not routed,
+    /// admitted or charged twice.
+    static PLANNED: std::cell::RefCell<Option<RequestCtx>>;
+}
+
+/// Runs `serve` (one Pingora session) with `ctx` as its planned context.
+pub(crate) async fn with_planned<F: std::future::Future>(ctx: RequestCtx, serve: F) -> F::Output {
+    PLANNED
+        .scope(std::cell::RefCell::new(Some(ctx)), serve)
+        .await
 }
 
 /// The client's host: the absolute-form authority if the target has one,
 /// else the single `Host` header.
 fn client_host(req: &RequestHeader) -> Result<&str, &'static str> {
-    if let Some(authority) = req.uri.authority() {
-        return Ok(authority.as_str());
+    let hosts = req.headers.get_all(HOST).iter().map(|v| v.as_bytes());
+    host_from(req.uri.authority().map(|a| a.as_str()), hosts)
+}
+
+/// The client's host from an absolute-form target's authority, else from
+/// the `Host` values: exactly one, a valid authority without user info.
+pub(crate) fn host_from<'a>(
+    authority: Option<&'a str>,
+    mut hosts: impl Iterator<Item = &'a [u8]>,
+) -> Result<&'a str, &'static str> {
+    if let Some(authority) = authority {
+        return Ok(authority);
     }
-    let mut hosts = req.headers.get_all(HOST).iter();
     let host = match (hosts.next(), hosts.next()) {
         (None, _) => return Err("missing-host"),
         (Some(_), Some(_)) => return Err("duplicate-host"),
-        (Some(h), None) => h.to_str().map_err(|_| "invalid-host")?,
+        (Some(h), None) => std::str::from_utf8(h).map_err(|_| "invalid-host")?,
     };
     if host.is_empty() {
         return Err("missing-host");
@@ -211,13 +285,21 @@ impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
 
     fn new_ctx(&self) -> RequestCtx {
-        RequestCtx::default()
+        PLANNED
+            .try_with(|planned| planned.borrow_mut().take())
+            .ok()
+            .flatten()
+            .unwrap_or_default()
     }
 
     /// Resolves the tenant, matches the route and admits the request; any
     /// refusal is answered here (`Ok(true)`: nothing goes upstream).
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-        let outcome = self.plan(session.req_header(), ctx);
+        // Planned already if the fast path handed it over.
+        let outcome = match ctx.peer {
+            Some(_) => Ok(()),
+            None => self.plan(session.req_header(), ctx),
+        };
         let limits = &self.control.config.limits;
         session.set_keepalive(Some(limits.keepalive_timeout.as_secs().max(1)));
         match outcome {
@@ -250,16 +332,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
         if ctx.attempts > 0 {
-            ctx.admission = None;
-            ctx.shard = None;
-            ctx.peer = None;
-            if let Err(refusal) = self.admit(ctx) {
-                let refusal = match refusal.decision {
-                    Some(
-                        Decision::NoShards | Decision::NoTenantShards | Decision::NoRegionShards,
-                    ) => Refusal::error(502, "upstream-unreachable"),
-                    _ => refusal,
-                };
+            if let Err(refusal) = self.readmit(ctx) {
                 let status = refusal.status;
                 ctx.refusal = Some(refusal);
                 return Err(Error::explain(
@@ -473,31 +546,55 @@ impl ProxyHttp for Gateway {
     /// its duration, the access log line, and — dropping the context right
     /// after — the admission's release.
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+        let status = ctx
+            .answered
+            .or_else(|| session.response_written().map(|r| r.status.as_u16()))
+            .unwrap_or(0);
+        let req = session.req_header();
+        let client = fast::OrEmpty(session.client_addr());
+        self.finish(ctx, &client, req.method.as_str(), &req.uri, status);
+    }
+}
+
+impl Gateway {
+    /// The request is over: its duration, the admission's release, the
+    /// access log line.
+    pub(crate) fn finish(
+        &self,
+        ctx: &mut RequestCtx,
+        client: &dyn std::fmt::Display,
+        method: &str,
+        target: &dyn std::fmt::Display,
+        status: u16,
+    ) {
         let elapsed = ctx.started.elapsed();
         self.control.metrics.request_finished(elapsed.as_secs_f64());
         ctx.admission = None;
         if let Some(level) = self.control.config.log.access {
             if log::log_enabled!(target: "shardgate::access", level) {
-                let status = ctx
-                    .answered
-                    .or_else(|| session.response_written().map(|r| r.status.as_u16()))
-                    .unwrap_or(0);
-                let req = session.req_header();
                 log::log!(
                     target: "shardgate::access",
                     level,
-                    "{} {} {} tenant={} shard={} decision={} status={} duration_ms={:.3} attempts={}",
-                    session.client_addr().map(|a| a.to_string()).unwrap_or_default(),
-                    req.method,
-                    req.uri,
+                    "{client} {method} {target} tenant={} shard={} decision={} status={status} duration_ms={:.3} attempts={}",
                     ctx.tenant.as_deref().unwrap_or("-"),
                     ctx.shard_id().map_or("-", |s| s.as_str()),
                     ctx.decision.map_or("-", |d| d.as_str()),
-                    status,
                     elapsed.as_secs_f64() * 1000.0,
                     ctx.attempts,
                 );
             }
         }
+    }
+
+    pub(crate) fn scheme_of(&self, tls: bool) -> &'static str {
+        match self.control.config.public_protocol {
+            Some(s) => s.as_str(),
+            None if tls => "https",
+            None => "http",
+        }
+    }
+
+    pub(crate) fn watch_settings(&self) -> WatchSettings {
+        self.watch
     }
 }

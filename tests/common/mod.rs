@@ -497,6 +497,22 @@ pub struct Gateway {
     pub config_path: std::path::PathBuf,
 }
 
+/// `SHARDGATE_TEST_FAST_PATH=off` runs every test gateway with
+/// `server.fast_path: false`, so the same tests cover Pingora's path for
+/// the requests the fast path would take (`scripts/test.sh` does both).
+fn without_fast_path_if_asked(yaml: String) -> String {
+    if std::env::var("SHARDGATE_TEST_FAST_PATH").as_deref() != Ok("off") {
+        return yaml;
+    }
+    match yaml.find("server: {") {
+        Some(at) => {
+            let at = at + "server: {".len();
+            format!("{} fast_path: false,{}", &yaml[..at], &yaml[at..])
+        }
+        None => format!("{yaml}server: {{ fast_path: false }}\n"),
+    }
+}
+
 impl Gateway {
     /// Starts the binary. In `yaml`, `{port}`, `{admin}` and `{dir}` are
     /// replaced by the listen port, the admin port and a scratch folder.
@@ -508,6 +524,7 @@ impl Gateway {
             .replace("{port}", &port.to_string())
             .replace("{admin}", &admin_port.to_string())
             .replace("{dir}", &dir.path().display().to_string());
+        let text = without_fast_path_if_asked(text);
         let config_path = dir.path().join("shardgate.yaml");
         std::fs::write(&config_path, text).expect("write config");
         let mut gw = Gateway {

@@ -1,0 +1,360 @@
+//! Response framing through the gateway, against a shard that writes raw
+//! bytes: every way HTTP/1.1 delimits a body arrives intact on one
+//! kept-alive client connection, upstream connections are reused, and a
+//! broken or cut-short response never leaves the client's connection
+//! mis-framed. Run with `SHARDGATE_TEST_FAST_PATH=off` as well (scripts/
+//! test.sh does) so both of shardgate's forwarding paths are held to it.
+
+mod common;
+
+use common::{config_yaml, runtime, Gateway};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const BIG: usize = 1 << 20;
+
+fn big_body() -> Vec<u8> {
+    (0..BIG).map(|i| (i % 251) as u8).collect()
+}
+
+/// The raw response a scripted shard writes for a path, and whether it
+/// closes the connection after it.
+fn script(path: &str) -> (Vec<u8>, bool) {
+    let text = |s: &str| s.as_bytes().to_vec();
+    match path {
+        "/length" => (text("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Kind: length\r\n\r\nhello"), false),
+        "/chunked" => (
+            text("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Sum\r\n\r\n3\r\nabc\r\n4;ext=1\r\ndefg\r\n0\r\nX-Sum: 7\r\n\r\n"),
+            false,
+        ),
+        "/both" => (
+            text("HTTP/1.1 200 OK\r\nContent-Length: 999\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"),
+            false,
+        ),
+        "/informational" => (
+            text("HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"),
+            false,
+        ),
+        "/empty" => (text("HTTP/1.1 204 No Content\r\nX-Kind: empty\r\n\r\n"), false),
+        "/named" => (
+            text("HTTP/1.1 200 OK\r\nConnection: X-Secret\r\nX-Secret: 1\r\nKeep-Alive: timeout=9\r\nContent-Length: 2\r\n\r\nok"),
+            false,
+        ),
+        "/big" => {
+            let mut out = format!("HTTP/1.1 200 OK\r\nContent-Length: {BIG}\r\n\r\n").into_bytes();
+            out.extend_from_slice(&big_body());
+            (out, false)
+        }
+        "/close" => (text("HTTP/1.1 200 OK\r\nX-Kind: close\r\n\r\nuntil-close"), true),
+        "/garbage" => (text("HTTP/1.1 abc\r\n\r\n"), true),
+        "/cut" => (text("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly-ten.."), true),
+        _ => (text("HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"), false),
+    }
+}
+
+/// A shard that answers each request with `script(path)`, counting the
+/// connections it accepted.
+struct ScriptedShard {
+    addr: std::net::SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ScriptedShard {
+    fn start() -> ScriptedShard {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = runtime()
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        let task = runtime().spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            match stream.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                            continue;
+                        };
+                        let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                        buf.drain(..end + 4);
+                        let mut line = head.lines().next().unwrap_or_default().split(' ');
+                        let method = line.next().unwrap_or_default();
+                        let path = line.next().unwrap_or_default();
+                        let (mut response, close) = script(path);
+                        if method == "HEAD" {
+                            let head_end = response
+                                .windows(4)
+                                .position(|w| w == b"\r\n\r\n")
+                                .unwrap_or(0);
+                            response.truncate(head_end + 4);
+                        }
+                        if stream.write_all(&response).await.is_err() || close {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        ScriptedShard {
+            addr,
+            accepted,
+            task,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for ScriptedShard {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A response as the client saw it; `trailers` are a chunked body's.
+#[derive(Debug)]
+struct Seen {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    trailers: Vec<String>,
+}
+
+impl Seen {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn line(reader: &mut impl BufRead) -> String {
+    let mut l = String::new();
+    reader.read_line(&mut l).expect("read a line");
+    l.trim_end_matches(['\r', '\n']).to_string()
+}
+
+/// Reads one response, framed as its head says; `head_only` for HEAD.
+/// Informational heads before it (which a proxy may forward) are skipped.
+fn read(reader: &mut impl BufRead, head_only: bool) -> Seen {
+    let mut status_line = line(reader);
+    while status_line.starts_with("HTTP/1.1 1") {
+        while !line(reader).is_empty() {}
+        status_line = line(reader);
+    }
+    let status = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("status line {status_line:?}"));
+    let mut seen = Seen {
+        status,
+        headers: Vec::new(),
+        body: Vec::new(),
+        trailers: Vec::new(),
+    };
+    loop {
+        let l = line(reader);
+        if l.is_empty() {
+            break;
+        }
+        let (k, v) = l.split_once(':').expect("a field");
+        seen.headers.push((k.to_string(), v.trim().to_string()));
+    }
+    if head_only || matches!(status, 204 | 304) {
+        return seen;
+    }
+    if seen
+        .header("transfer-encoding")
+        .is_some_and(|v| v.to_ascii_lowercase().ends_with("chunked"))
+    {
+        loop {
+            let size = line(reader);
+            let size = usize::from_str_radix(size.split(';').next().unwrap_or_default(), 16)
+                .expect("chunk size");
+            if size == 0 {
+                loop {
+                    let t = line(reader);
+                    if t.is_empty() {
+                        return seen;
+                    }
+                    seen.trailers.push(t);
+                }
+            }
+            let mut chunk = vec![0; size + 2];
+            reader.read_exact(&mut chunk).expect("chunk");
+            assert_eq!(&chunk[size..], b"\r\n");
+            seen.body.extend_from_slice(&chunk[..size]);
+        }
+    } else if let Some(n) = seen.header("content-length") {
+        seen.body = vec![0; n.parse().expect("a length")];
+        reader.read_exact(&mut seen.body).expect("the body");
+    } else {
+        reader
+            .read_to_end(&mut seen.body)
+            .expect("body until close");
+    }
+    seen
+}
+
+fn gateway(shard: &ScriptedShard) -> Gateway {
+    Gateway::start(&config_yaml(
+        "listen: [{ addr: \"127.0.0.1:{port}\" }]\nadmin: { addr: \"127.0.0.1:{admin}\" }\nstate: false\n",
+        &[("raw", shard.url())],
+        "server: { threads: 2 }\n",
+    ))
+}
+
+fn connect(gw: &Gateway) -> (TcpStream, BufReader<TcpStream>) {
+    let stream = TcpStream::connect(("127.0.0.1", gw.port)).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(20))).ok();
+    let reader = BufReader::new(stream.try_clone().expect("clone"));
+    (stream, reader)
+}
+
+fn request(stream: &mut TcpStream, method: &str, path: &str) {
+    let raw = format!("{method} {path} HTTP/1.1\r\nHost: acme.localhost\r\n\r\n");
+    stream.write_all(raw.as_bytes()).expect("send");
+}
+
+#[test]
+fn every_body_framing_arrives_intact_on_one_kept_alive_connection() {
+    let shard = ScriptedShard::start();
+    let gw = gateway(&shard);
+    let (mut stream, mut reader) = connect(&gw);
+    let mut exchange = |method: &str, path: &str| {
+        request(&mut stream, method, path);
+        read(&mut reader, method == "HEAD")
+    };
+
+    let r = exchange("GET", "/length");
+    assert_eq!(
+        (r.status, r.body.as_slice(), r.header("x-kind")),
+        (200, &b"hello"[..], Some("length"))
+    );
+    assert!(
+        r.header("date").is_some_and(|d| d.ends_with(" GMT")),
+        "a forwarded response is dated"
+    );
+
+    let r = exchange("GET", "/chunked");
+    assert_eq!(r.body, b"abcdefg");
+    assert!(r.header("content-length").is_none());
+    assert!(r.header("trailer").is_none(), "hop-by-hop: {:?}", r.headers);
+
+    let r = exchange("GET", "/both");
+    assert_eq!(r.body, b"ok", "Transfer-Encoding wins over Content-Length");
+    assert!(
+        r.header("content-length").is_none(),
+        "never both: {:?}",
+        r.headers
+    );
+
+    let r = exchange("GET", "/informational");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"hi"[..]));
+
+    let r = exchange("GET", "/empty");
+    assert_eq!((r.status, r.header("x-kind")), (204, Some("empty")));
+
+    let r = exchange("GET", "/named");
+    assert_eq!(r.body, b"ok");
+    for hop in ["x-secret", "keep-alive"] {
+        assert!(r.header(hop).is_none(), "{hop} forwarded: {:?}", r.headers);
+    }
+    // A `Connection` of the proxy's own may appear; the shard's may not.
+    assert!(!r
+        .header("connection")
+        .unwrap_or_default()
+        .to_ascii_lowercase()
+        .contains("x-secret"));
+
+    let r = exchange("HEAD", "/length");
+    assert_eq!((r.status, r.header("content-length")), (200, Some("5")));
+
+    let r = exchange("GET", "/big");
+    assert!(
+        r.body == big_body(),
+        "1 MiB body altered ({} bytes)",
+        r.body.len()
+    );
+
+    // Still the same connection, still in step.
+    let r = exchange("GET", "/length");
+    assert_eq!(r.body, b"hello");
+
+    // A body that ends when the shard closes ends the client's connection.
+    let r = exchange("GET", "/close");
+    assert_eq!(
+        (r.body.as_slice(), r.header("x-kind")),
+        (&b"until-close"[..], Some("close"))
+    );
+}
+
+#[test]
+fn upstream_connections_are_reused() {
+    let shard = ScriptedShard::start();
+    let gw = gateway(&shard);
+    let (mut stream, mut reader) = connect(&gw);
+    for _ in 0..200 {
+        request(&mut stream, "GET", "/length");
+        assert_eq!(read(&mut reader, false).body, b"hello");
+    }
+    let accepted = shard.accepted.load(Ordering::SeqCst);
+    // One idle connection per worker thread at most, plus slack for a
+    // request task that moved threads mid-flight.
+    assert!(
+        accepted <= 4,
+        "200 requests opened {accepted} upstream connections"
+    );
+}
+
+#[test]
+fn a_response_that_is_not_http_is_a_502_and_the_connection_closes() {
+    let shard = ScriptedShard::start();
+    let gw = gateway(&shard);
+    let (mut stream, mut reader) = connect(&gw);
+    request(&mut stream, "GET", "/garbage");
+    let r = read(&mut reader, false);
+    assert_eq!(r.status, 502);
+    let mut rest = Vec::new();
+    let _ = reader.read_to_end(&mut rest);
+    assert!(
+        rest.is_empty(),
+        "nothing after the 502: {:?}",
+        String::from_utf8_lossy(&rest)
+    );
+}
+
+#[test]
+fn a_body_cut_short_closes_the_client_connection() {
+    // The client gets what came, then the connection closes: never a
+    // second response glued to the first.
+    let shard = ScriptedShard::start();
+    let gw = gateway(&shard);
+    let (mut stream, mut reader) = connect(&gw);
+    request(&mut stream, "GET", "/cut");
+    let status = line(&mut reader);
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    let mut rest = Vec::new();
+    let _ = reader.read_to_end(&mut rest);
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(
+        rest.contains("Content-Length: 100") || rest.contains("content-length: 100"),
+        "{rest}"
+    );
+    assert!(rest.ends_with("only-ten.."), "{rest:?}");
+}
