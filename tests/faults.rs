@@ -225,7 +225,12 @@ fn a_blackholed_shard_under_load_fails_over_within_liveness_time() {
     let s1 = Backend::start("s1");
     let gw = Gateway::start(&config(
         &[("s0", s0.url()), ("s1", s1.url())],
-        "health: { interval_ms: 60000 }\nupstream:\n  connect_timeout_ms: 500\n  headers_timeout_ms: 10000\n  liveness: { after_ms: 300, probe_timeout_ms: 300 }\n",
+        // All 16 connections may be waiting on s1 when it vanishes, and
+        // their retries come due within milliseconds of each other: the
+        // default budget (20 % of in-flight, at least 10/s) would rightly
+        // refuse a few. This test is about how fast they fail over.
+        "health: { interval_ms: 60000 }\nupstream:\n  connect_timeout_ms: 500\n  headers_timeout_ms: 10000\n  liveness: { after_ms: 300, probe_timeout_ms: 300 }\n\
+         retry: { budget_min_per_second: 100 }\n",
     ));
     let load = wrk(gw.port, 6, 16, "hosts.lua", &[("HOSTS", "1000")]);
     std::thread::sleep(Duration::from_millis(2000));

@@ -32,11 +32,15 @@ use pingora::protocols::Stream;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
+use std::future::poll_fn;
+use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 use thread_local::ThreadLocal;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 /// Response heads larger than this are refused (502).
@@ -49,6 +53,8 @@ const POOL_PER_SHARD: usize = 256;
 /// Every this many releases, a thread's pool drops expired connections to
 /// every shard (removed shards included).
 const POOL_SWEEP_EVERY: u32 = 1024;
+/// Pooled connections idle for longer are checked before reuse.
+const CHECK_IDLE_AFTER: Duration = Duration::from_secs(1);
 /// The copy buffers of a WebSocket tunnel, each way.
 const TUNNEL_BUFFER: usize = 2048;
 /// Response bodies are copied in reads of up to this much.
@@ -267,10 +273,32 @@ impl FastPath {
                         .map(|a| canonical_ip(a.ip())),
                 };
                 let request = self.rewrite(&head, &forwarded, &ctx);
-                match self
-                    .exchange(&mut client, &head, &request, close, &mut ctx)
-                    .await
-                {
+                let how = How {
+                    // `classify` took only methods `http` knows.
+                    method: Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::GET),
+                    head_only: head.head_only(),
+                    websocket: head.shape == Shape::WebSocket,
+                    close,
+                };
+                if how.websocket {
+                    // A tunnel may stay open for hours: of the head, only
+                    // the target is kept (for the log).
+                    let target = head.target.to_owned();
+                    drop(head);
+                    drop(buf);
+                    let status = match self.exchange(&mut client, request, &how, &mut ctx).await {
+                        Ok((status, _)) | Err(status) => status,
+                    };
+                    gw.finish(
+                        &mut ctx,
+                        &OrEmpty(client_addr.as_ref()),
+                        "GET",
+                        &target,
+                        status,
+                    );
+                    return Outcome::Served(None);
+                }
+                match self.exchange(&mut client, request, &how, &mut ctx).await {
                     Ok(done) => done,
                     Err(status) => (status, false),
                 }
@@ -293,42 +321,33 @@ impl FastPath {
     async fn exchange(
         &self,
         client: &mut Stream,
-        head: &RequestHead<'_>,
-        request: &[u8],
-        close: bool,
+        request: Vec<u8>,
+        how: &How,
         ctx: &mut RequestCtx,
     ) -> Result<(u16, bool), u16> {
-        // `classify` took only methods `http` knows.
-        let method = Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::GET);
-        let websocket = head.shape == Shape::WebSocket;
         loop {
             let Some(peer) = ctx.peer.clone() else {
-                return Err(answer(
-                    client,
-                    ctx,
-                    Refusal::error(502, "upstream-unreachable"),
-                    head,
-                )
-                .await);
+                let refusal = Refusal::error(502, "upstream-unreachable");
+                return Err(answer(client, ctx, refusal, how.head_only).await);
             };
             ctx.attempts += 1;
             let failure = match self
-                .attempt(peer.addr, request, head.head_only(), websocket)
+                .attempt(peer.addr, &request, how.head_only, how.websocket)
                 .await
             {
-                Ok(upstream) if websocket && upstream.parsed.status == 101 => {
+                Ok(upstream) if how.websocket && upstream.parsed.status == 101 => {
+                    drop(request);
                     return self.tunnel(client, upstream).await;
                 }
                 // A handshake refused: an ordinary response, then close.
                 Ok(upstream) => {
-                    return self
-                        .respond(client, close || websocket, upstream, peer.addr)
-                        .await
+                    let close = how.close || how.websocket;
+                    return self.respond(client, close, upstream, peer.addr).await;
                 }
                 Err(failure) => failure,
             };
-            if let Err(refusal) = self.after_failure(failure, &method, ctx) {
-                return Err(answer(client, ctx, refusal, head).await);
+            if let Err(refusal) = self.after_failure(failure, &how.method, ctx) {
+                return Err(answer(client, ctx, refusal, how.head_only).await);
             }
         }
     }
@@ -347,9 +366,12 @@ impl FastPath {
         let kind = match failure {
             AttemptError::Stale if ctx.stale_retries == 0 => {
                 // The shard may have closed an idle connection just as we
-                // reused it: once per request, that is not its fault.
-                if method.is_idempotent() && gw.may_retry_request(method, true, ctx, true) {
-                    ctx.stale_retries += 1;
+                // reused it: sent again, on a fresh connection (the others
+                // idle in this thread's pool are likely closed too).
+                if let Some(peer) = &ctx.peer {
+                    self.forget(peer.addr);
+                }
+                if gw.may_resend_stale(method, true, ctx) {
                     return Ok(());
                 }
                 return Err(Refusal::error(502, "upstream-unreachable"));
@@ -427,16 +449,27 @@ impl FastPath {
         self.pools.get_or(RefCell::default).borrow_mut()
     }
 
-    /// A pooled connection to `addr` that still looks open, if any.
+    /// A pooled connection to `addr`, if any: the most recently used one.
+    /// One idle for longer than [`CHECK_IDLE_AFTER`] is checked first (a
+    /// peek); a younger one is not — under load that check was one
+    /// syscall in five — and if the shard closed it anyway, the request is
+    /// retried once on a fresh connection (see `after_failure`).
     fn pooled(&self, addr: SocketAddr) -> Option<TcpStream> {
         let mut pool = self.pool();
         let idle = pool.idle.get_mut(&addr)?;
         while let Some((conn, since)) = idle.pop() {
-            if since.elapsed() < self.idle_timeout && still_open(&conn) {
+            let idle_for = since.elapsed();
+            if idle_for < self.idle_timeout && (idle_for < CHECK_IDLE_AFTER || still_open(&conn)) {
                 return Some(conn);
             }
         }
         None
+    }
+
+    /// Drops this thread's idle connections to `addr` (one was found
+    /// closed: the shard may have restarted).
+    fn forget(&self, addr: SocketAddr) {
+        self.pool().idle.remove(&addr);
     }
 
     fn release(&self, addr: SocketAddr, conn: TcpStream) {
@@ -590,20 +623,19 @@ impl FastPath {
         // Until either side closes (or fails): a WebSocket does not
         // half-close, and a client that keeps its end open after the
         // shard's close would otherwise hold the admission forever.
-        let (mut up, mut down) = ([0u8; TUNNEL_BUFFER], [0u8; TUNNEL_BUFFER]);
         loop {
             tokio::select! {
-                read = client.read(&mut up) => match read {
-                    Ok(n) if n > 0 => {
-                        if conn.write_all(&up[..n]).await.is_err() {
+                read = poll_fn(|cx| poll_read_lazily(&mut *client, cx)) => match read {
+                    Ok(bytes) if !bytes.is_empty() => {
+                        if conn.write_all(&bytes).await.is_err() {
                             break;
                         }
                     }
                     _ => break,
                 },
-                read = conn.read(&mut down) => match read {
-                    Ok(n) if n > 0 => {
-                        if client.write_all(&down[..n]).await.is_err() || client.flush().await.is_err() {
+                read = poll_fn(|cx| poll_read_lazily(&mut conn, cx)) => match read {
+                    Ok(bytes) if !bytes.is_empty() => {
+                        if client.write_all(&bytes).await.is_err() || client.flush().await.is_err() {
                             break;
                         }
                     }
@@ -615,16 +647,44 @@ impl FastPath {
     }
 }
 
+/// How a request is exchanged with its shard.
+struct How {
+    method: Method,
+    head_only: bool,
+    websocket: bool,
+    /// The client connection closes after the response.
+    close: bool,
+}
+
+/// Reads what `io` has, without holding a buffer while it waits: an empty
+/// read first (it completes when the socket is readable, or at once on a
+/// stream that cannot wait that way), then a read into a fresh buffer
+/// that is dropped again if nothing is there after all. An idle tunnel
+/// therefore holds no copy buffers. Empty: the stream ended.
+fn poll_read_lazily<R: AsyncRead + Unpin + ?Sized>(
+    io: &mut R,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<Vec<u8>>> {
+    let mut probe = ReadBuf::new(&mut []);
+    ready!(Pin::new(&mut *io).poll_read(cx, &mut probe))?;
+    let mut bytes = vec![0u8; TUNNEL_BUFFER];
+    let mut buf = ReadBuf::new(&mut bytes);
+    ready!(Pin::new(&mut *io).poll_read(cx, &mut buf))?;
+    let n = buf.filled().len();
+    bytes.truncate(n);
+    Poll::Ready(Ok(bytes))
+}
+
 /// Writes shardgate's answer after upstream failures; the connection
 /// closes after it (as on the Pingora path). Returns its status.
 async fn answer(
     client: &mut Stream,
     ctx: &mut RequestCtx,
     refusal: Refusal,
-    head: &RequestHead<'_>,
+    head_only: bool,
 ) -> u16 {
     ctx.answered = Some(refusal.status);
-    let _ = write_refusal(client, &refusal, head.head_only(), true).await;
+    let _ = write_refusal(client, &refusal, head_only, true).await;
     refusal.status
 }
 

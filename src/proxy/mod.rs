@@ -206,6 +206,28 @@ impl Gateway {
         }
     }
 
+    /// Whether to send the request again after a reused pooled connection
+    /// broke before any response byte: once per request, for idempotent
+    /// methods, outside the retry rules and budget. It may say nothing
+    /// about the shard (it closed an idle connection just as we reused it);
+    /// a shard that is really gone fails the fresh connection the resend
+    /// opens, and that failure is judged by the rules. (Counted against
+    /// the budget, a dying shard's in-flight requests spent it twice and
+    /// some were answered 502.)
+    pub(crate) fn may_resend_stale(
+        &self,
+        method: &http::Method,
+        replayable: bool,
+        ctx: &mut RequestCtx,
+    ) -> bool {
+        if ctx.stale_retries > 0 || !method.is_idempotent() || !replayable {
+            return false;
+        }
+        ctx.stale_retries += 1;
+        self.control.metrics.retry();
+        true
+    }
+
     /// Requests (and sockets) in flight: the admissions counted on shards.
     /// Read only when deciding a retry, so the request path counts nothing
     /// extra.
@@ -476,13 +498,8 @@ impl ProxyHttp for Gateway {
             }
             Verdict::None if ctx.headers_received || *e.esource() != ErrorSource::Upstream => false,
             Verdict::None if client_reused && ctx.stale_retries == 0 => {
-                // Once per request: the shard may have closed an idle pooled
-                // connection just as we reused it. A second such failure is
-                // the shard's.
-                let method = &session.req_header().method;
-                let retry = method.is_idempotent() && self.may_retry(session, ctx, true);
-                ctx.stale_retries += u32::from(retry);
-                retry
+                let replayable = !session.as_ref().retry_buffer_truncated();
+                self.may_resend_stale(&session.req_header().method, replayable, ctx)
             }
             Verdict::None => {
                 self.record_failure(ctx, UpstreamFailure::Reset);
