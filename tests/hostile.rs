@@ -447,3 +447,42 @@ fn hosts_are_normalised_and_malformed_ones_refused() {
     assert_eq!(tenant_of("\u{fc}ber.localhost").0, 400, "non-ASCII");
     assert_eq!(tenant_of("a b.localhost").0, 400, "a space");
 }
+
+#[test]
+fn a_client_that_stops_reading_is_closed_after_the_send_timeout() {
+    use std::io::Write;
+    let big = vec![b'x'; 32 << 20];
+    let backend = Backend::with("big", move |seen| match seen.uri.as_str() {
+        "/big" => Reply::Full(200, Vec::new(), big.clone()),
+        _ => Reply::ok("small"),
+    });
+    let gw = Gateway::start(&config_yaml(
+        "listen: [{ addr: \"127.0.0.1:{port}\" }]\nadmin: { addr: \"127.0.0.1:{admin}\" }\nstate: false\n",
+        &[("a", backend.url())],
+        "limits: { connection_cap: 1, send_timeout_ms: 500 }\n",
+    ));
+    // Asks for 32 MiB and never reads: the socket buffers fill, the
+    // gateway's writes stall.
+    let mut stalled = std::net::TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+    stalled
+        .write_all(b"GET /big HTTP/1.1\r\nHost: t.localhost\r\n\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        gw.get("t.localhost", "/").status,
+        429,
+        "the stalled response holds the tenant's only slot"
+    );
+    let started = Instant::now();
+    assert!(
+        eventually(Duration::from_secs(5), || gw.get("t.localhost", "/").status
+            == 200),
+        "the slot is freed once the write has stalled for send_timeout_ms"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(stalled);
+}

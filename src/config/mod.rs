@@ -126,6 +126,8 @@ pub struct LimitsConfig {
     pub max_headers: usize,
     /// Longest pause between two reads of a request body.
     pub body_timeout: Duration,
+    /// Longest a write to a client may stall (it stopped reading).
+    pub send_timeout: Duration,
     /// How long an idle client keep-alive connection stays open.
     pub keepalive_timeout: Duration,
 }

@@ -120,6 +120,7 @@ pub struct RawLimits {
     pub max_header_bytes: Option<usize>,
     pub max_headers: Option<usize>,
     pub body_timeout_ms: Option<u64>,
+    pub send_timeout_ms: Option<u64>,
     pub keepalive_timeout_ms: Option<u64>,
 }
 

@@ -507,6 +507,7 @@ fn check_limits(c: &mut Checker<'_>, l: RawLimits) -> LimitsConfig {
         max_header_bytes,
         max_headers,
         body_timeout: c.positive_ms("limits.body_timeout_ms", l.body_timeout_ms, 60_000),
+        send_timeout: c.positive_ms("limits.send_timeout_ms", l.send_timeout_ms, 60_000),
         keepalive_timeout: c.positive_ms(
             "limits.keepalive_timeout_ms",
             l.keepalive_timeout_ms,

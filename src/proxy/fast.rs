@@ -40,7 +40,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 use thread_local::ThreadLocal;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 /// Response heads larger than this are refused (502).
@@ -113,6 +113,7 @@ pub struct FastPath {
     pools: ThreadLocal<RefCell<Pool>>,
     idle_timeout: Duration,
     connect_timeout: Duration,
+    send_timeout: Duration,
 }
 
 fn header_is(name: &str, wanted: &str) -> bool {
@@ -227,6 +228,7 @@ impl FastPath {
         FastPath {
             idle_timeout: upstream.keepalive_timeout,
             connect_timeout: upstream.connect_timeout,
+            send_timeout: gateway.control().config.limits.send_timeout,
             gateway,
             pools: ThreadLocal::new(),
         }
@@ -256,7 +258,8 @@ impl FastPath {
         let (status, keep) = match gw.plan_parts(host, path, channel, &mut ctx) {
             Err(refusal) => {
                 ctx.answered = Some(refusal.status);
-                let written = write_refusal(&mut client, &refusal, head.head_only(), close).await;
+                let answer = refusal_bytes(&refusal, head.head_only(), close);
+                let written = self.send(&mut client, answer.as_bytes()).await;
                 (refusal.status, written && !close)
             }
             Ok(()) if ctx.peer.as_ref().is_some_and(|p| p.peer.is_tls()) => {
@@ -328,7 +331,7 @@ impl FastPath {
         loop {
             let Some(peer) = ctx.peer.clone() else {
                 let refusal = Refusal::error(502, "upstream-unreachable");
-                return Err(answer(client, ctx, refusal, how.head_only).await);
+                return Err(self.answer(client, ctx, refusal, how.head_only).await);
             };
             ctx.attempts += 1;
             let failure = match self
@@ -347,7 +350,7 @@ impl FastPath {
                 Err(failure) => failure,
             };
             if let Err(refusal) = self.after_failure(failure, &how.method, ctx) {
-                return Err(answer(client, ctx, refusal, how.head_only).await);
+                return Err(self.answer(client, ctx, refusal, how.head_only).await);
             }
         }
     }
@@ -445,6 +448,36 @@ impl FastPath {
         out
     }
 
+    /// Writes `bytes` and flushes, unless that stalls for longer than
+    /// `limits.send_timeout_ms` (a peer that stopped reading). False:
+    /// failed or stalled; the caller closes the connection.
+    async fn send<W: AsyncWrite + Unpin + ?Sized>(&self, to: &mut W, bytes: &[u8]) -> bool {
+        let write = async {
+            to.write_all(bytes).await?;
+            to.flush().await
+        };
+        matches!(
+            tokio::time::timeout(self.send_timeout, write).await,
+            Ok(Ok(()))
+        )
+    }
+
+    /// Writes shardgate's answer after upstream failures; the connection
+    /// closes after it (as on the Pingora path). Returns its status.
+    async fn answer(
+        &self,
+        client: &mut Stream,
+        ctx: &mut RequestCtx,
+        refusal: Refusal,
+        head_only: bool,
+    ) -> u16 {
+        ctx.answered = Some(refusal.status);
+        let _ = self
+            .send(client, refusal_bytes(&refusal, head_only, true).as_bytes())
+            .await;
+        refusal.status
+    }
+
     fn pool(&self) -> std::cell::RefMut<'_, Pool> {
         self.pools.get_or(RefCell::default).borrow_mut()
     }
@@ -508,12 +541,14 @@ impl FastPath {
                 (conn, AttemptError::Failed(UpstreamFailure::Reset))
             }
         };
-        if conn.write_all(request).await.is_err() {
-            return Err(broken);
-        }
         let settings = self.gateway.watch_settings();
         let started = tokio::time::Instant::now();
         let deadline = started + settings.headers_timeout;
+        match tokio::time::timeout_at(deadline, conn.write_all(request)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(broken),
+            Err(_) => return Err(AttemptError::Failed(UpstreamFailure::Timeout)),
+        }
         let mut next_probe = settings.liveness.map(|l| started + l.after);
         let mut buf = BytesMut::with_capacity(8192);
         let mut received = false;
@@ -574,7 +609,7 @@ impl FastPath {
         // Bytes beyond the response: the shard misbehaved; do not reuse it.
         let mut reusable = used == body.len() && !parsed.upstream_close;
         out.extend_from_slice(&body[..used]);
-        if client.write_all(&out).await.is_err() || client.flush().await.is_err() {
+        if !self.send(client, &out).await {
             return Err(status);
         }
         drop(out);
@@ -594,7 +629,7 @@ impl FastPath {
             }
             let used = framing.consume(&buf).map_err(|()| status)?;
             reusable &= used == buf.len();
-            if client.write_all(&buf[..used]).await.is_err() || client.flush().await.is_err() {
+            if !self.send(client, &buf[..used]).await {
                 return Err(status);
             }
         }
@@ -616,7 +651,7 @@ impl FastPath {
         // Bytes the shard sent right after its 101 are tunnel data.
         out.extend_from_slice(&buf[parsed.head_len..]);
         drop(buf);
-        if client.write_all(&out).await.is_err() || client.flush().await.is_err() {
+        if !self.send(client, &out).await {
             return Err(101);
         }
         drop(out);
@@ -627,7 +662,7 @@ impl FastPath {
             tokio::select! {
                 read = poll_fn(|cx| poll_read_lazily(&mut *client, cx)) => match read {
                     Ok(bytes) if !bytes.is_empty() => {
-                        if conn.write_all(&bytes).await.is_err() {
+                        if !self.send(&mut conn, &bytes).await {
                             break;
                         }
                     }
@@ -635,7 +670,7 @@ impl FastPath {
                 },
                 read = poll_fn(|cx| poll_read_lazily(&mut conn, cx)) => match read {
                     Ok(bytes) if !bytes.is_empty() => {
-                        if client.write_all(&bytes).await.is_err() || client.flush().await.is_err() {
+                        if !self.send(client, &bytes).await {
                             break;
                         }
                     }
@@ -673,19 +708,6 @@ fn poll_read_lazily<R: AsyncRead + Unpin + ?Sized>(
     let n = buf.filled().len();
     bytes.truncate(n);
     Poll::Ready(Ok(bytes))
-}
-
-/// Writes shardgate's answer after upstream failures; the connection
-/// closes after it (as on the Pingora path). Returns its status.
-async fn answer(
-    client: &mut Stream,
-    ctx: &mut RequestCtx,
-    refusal: Refusal,
-    head_only: bool,
-) -> u16 {
-    ctx.answered = Some(refusal.status);
-    let _ = write_refusal(client, &refusal, head_only, true).await;
-    refusal.status
 }
 
 fn push_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
@@ -1026,14 +1048,8 @@ impl Framing {
     }
 }
 
-/// Writes one of shardgate's own JSON answers; returns whether the
-/// connection is still good.
-async fn write_refusal(
-    client: &mut Stream,
-    refusal: &Refusal,
-    head_only: bool,
-    close: bool,
-) -> bool {
+/// One of shardgate's own JSON answers, as written to the client.
+fn refusal_bytes(refusal: &Refusal, head_only: bool, close: bool) -> String {
     let reason = http::StatusCode::from_u16(refusal.status)
         .ok()
         .and_then(|s| s.canonical_reason())
@@ -1053,7 +1069,7 @@ async fn write_refusal(
     if !head_only {
         out.push_str(&refusal.body);
     }
-    client.write_all(out.as_bytes()).await.is_ok() && client.flush().await.is_ok()
+    out
 }
 
 #[cfg(test)]

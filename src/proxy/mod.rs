@@ -324,6 +324,7 @@ impl ProxyHttp for Gateway {
         };
         let limits = &self.control.config.limits;
         session.set_keepalive(Some(limits.keepalive_timeout.as_secs().max(1)));
+        session.set_write_timeout(Some(limits.send_timeout));
         match outcome {
             Ok(()) => {
                 if session.is_upgrade_req()
