@@ -303,14 +303,17 @@ fn concurrent_requests_never_exceed_the_cap() {
     let a = Backend::with("a", move |_| {
         let now = i.fetch_add(1, Ordering::SeqCst) + 1;
         p.fetch_max(now, Ordering::SeqCst);
-        // The backend counts itself out when it replies; the body is tiny,
-        // so the admission ends right after.
+        // The backend counts itself out just before it replies, so the
+        // count is down before the gateway can see the response and admit
+        // the next request: a peak above 2 is the gateway's doing.
         let i = Arc::clone(&i);
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(150));
-            i.fetch_sub(1, Ordering::SeqCst);
-        });
-        Reply::After(Duration::from_millis(150), Box::new(Reply::ok("x")))
+        let out = Reply::Then(
+            Box::new(move || {
+                i.fetch_sub(1, Ordering::SeqCst);
+            }),
+            Box::new(Reply::ok("x")),
+        );
+        Reply::After(Duration::from_millis(150), Box::new(out))
     });
     let gw = one(&a, "limits: { connection_cap: 2 }\n");
     let port = gw.port;

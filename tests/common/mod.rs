@@ -87,6 +87,8 @@ pub enum Reply {
     Full(u16, Vec<(String, String)>, Vec<u8>),
     /// Wait, then answer.
     After(Duration, Box<Reply>),
+    /// Run the closure, then answer: it happens before any reply byte leaves.
+    Then(Box<dyn FnOnce() + Send>, Box<Reply>),
     /// Headers now, then the chunks, one every `gap`.
     Stream { chunks: Vec<Vec<u8>>, gap: Duration },
 }
@@ -249,6 +251,10 @@ fn respond(
             }
             Reply::After(delay, inner) => {
                 tokio::time::sleep(delay).await;
+                respond(*inner).await
+            }
+            Reply::Then(before, inner) => {
+                before();
                 respond(*inner).await
             }
             Reply::Stream { chunks, gap } => {
