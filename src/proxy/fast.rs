@@ -404,12 +404,7 @@ impl FastPath {
         out.extend_from_slice(head.target.as_bytes());
         out.extend_from_slice(b" HTTP/1.1\r\n");
         for (name, value) in &head.headers {
-            if hop_by_hop(name)
-                || header_is(name, "x-forwarded-for")
-                || header_is(name, "x-forwarded-host")
-                || header_is(name, "x-forwarded-proto")
-                || header_is(name, tenant_header)
-            {
+            if hop_by_hop(name) || super::forward::is_ours(name, tenant_header) {
                 continue;
             }
             push_field(&mut out, name.as_bytes(), value);

@@ -30,8 +30,39 @@ pub struct Forwarding<'a> {
     pub tenant: &'a str,
 }
 
+/// Whether a request field is one shardgate sets itself — the forwarding
+/// fields and the tenant header — under its own name or a look-alike with
+/// `_` for `-` (CGI-style backends read `X_Tenant_Id` as `X-Tenant-Id`;
+/// nginx drops such fields by default for this reason). Either way the
+/// client's value never reaches the shard.
+pub fn is_ours(name: &str, tenant_header: &str) -> bool {
+    let same = |wanted: &str| {
+        name.len() == wanted.len()
+            && name.bytes().zip(wanted.bytes()).all(|(a, b)| {
+                let a = if a == b'_' { b'-' } else { a };
+                let b = if b == b'_' { b'-' } else { b };
+                a.eq_ignore_ascii_case(&b)
+            })
+    };
+    same("x-forwarded-for")
+        || same("x-forwarded-host")
+        || same("x-forwarded-proto")
+        || same(tenant_header)
+}
+
 impl Forwarding<'_> {
     pub fn apply(&self, req: &mut RequestHeader) -> Result<()> {
+        let lookalikes: Vec<HeaderName> = req
+            .headers
+            .keys()
+            .filter(|n| {
+                n.as_str().contains('_') && is_ours(n.as_str(), self.tenant_header.as_str())
+            })
+            .cloned()
+            .collect();
+        for name in &lookalikes {
+            req.remove_header(name);
+        }
         req.insert_header(X_FORWARDED_HOST, self.host)?;
         req.insert_header(X_FORWARDED_PROTO, self.proto)?;
         let client_xff = self
@@ -139,6 +170,9 @@ mod tests {
         req.insert_header("x-forwarded-host", "evil.example")
             .unwrap();
         req.insert_header("x-tenant-id", "someone-else").unwrap();
+        req.insert_header("x_tenant_id", "someone-else").unwrap();
+        req.insert_header("X_Forwarded_For", "6.6.6.6").unwrap();
+        req.insert_header("x-tenant_id-extra", "kept").unwrap();
         req
     }
 
@@ -168,6 +202,9 @@ mod tests {
         assert_eq!(h.get_all("x-tenant-id").iter().count(), 1);
         assert_eq!(h["x-tenant-id"], "acme");
         assert_eq!(h["host"], "App.Acme.com:8080");
+        assert!(h.get("x_tenant_id").is_none(), "look-alikes go too");
+        assert!(h.get("x_forwarded_for").is_none());
+        assert_eq!(h["x-tenant_id-extra"], "kept");
     }
 
     #[test]
