@@ -50,10 +50,20 @@ fn script(path: &str) -> (Vec<u8>, bool) {
         }
         "/close" => (text("HTTP/1.1 200 OK\r\nX-Kind: close\r\n\r\nuntil-close"), true),
         "/garbage" => (text("HTTP/1.1 abc\r\n\r\n"), true),
+        // Python's http.server, say: HTTP/1.0, connection left open.
+        "/http10" => (text("HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok"), false),
+        // A complete response now, a forged one a moment later (see
+        // `LATE_FORGERY`).
+        "/forge" => (text("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"), false),
         "/cut" => (text("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly-ten.."), true),
         _ => (text("HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"), false),
     }
 }
+
+/// What a shard answering `/forge` writes 100 ms after its response, on
+/// the same connection: a proxy that reuses the connection without
+/// noticing hands it to the next request.
+const LATE_FORGERY: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nforged";
 
 /// A shard that answers each request with `script(path)`, counting the
 /// connections it accepted.
@@ -101,6 +111,12 @@ impl ScriptedShard {
                         }
                         if stream.write_all(&response).await.is_err() || close {
                             return;
+                        }
+                        if path == "/forge" {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            if stream.write_all(LATE_FORGERY).await.is_err() {
+                                return;
+                            }
                         }
                     }
                 });
@@ -357,4 +373,129 @@ fn a_body_cut_short_closes_the_client_connection() {
         "{rest}"
     );
     assert!(rest.ends_with("only-ten.."), "{rest:?}");
+}
+
+#[test]
+fn a_malformed_response_does_not_take_the_shard_out_of_rotation() {
+    // The shard answered: it is reachable. Marked unhealthy, the only
+    // shard would turn the next request into a 503.
+    let shard = ScriptedShard::start();
+    let gw = gateway(&shard);
+    let (mut stream, mut reader) = connect(&gw);
+    request(&mut stream, "GET", "/garbage");
+    assert_eq!(read(&mut reader, false).status, 502);
+    let (mut stream, mut reader) = connect(&gw);
+    request(&mut stream, "GET", "/length");
+    let r = read(&mut reader, false);
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"hello"[..]));
+}
+
+#[test]
+fn http_1_0_responses_are_forwarded() {
+    let shard = ScriptedShard::start();
+    let gw = gateway(&shard);
+    let (mut stream, mut reader) = connect(&gw);
+    request(&mut stream, "GET", "/http10");
+    let r = read(&mut reader, false);
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]));
+    // Framed by its length, so the client connection carries on.
+    request(&mut stream, "GET", "/length");
+    assert_eq!(read(&mut reader, false).body, b"hello");
+}
+
+#[test]
+fn bytes_a_shard_sends_between_requests_never_answer_the_next_one() {
+    let shard = ScriptedShard::start();
+    let gw = gateway(&shard);
+    let (mut stream, mut reader) = connect(&gw);
+    for _ in 0..3 {
+        request(&mut stream, "GET", "/forge");
+        assert_eq!(read(&mut reader, false).body, b"ok");
+        // The forgery arrives on the idle upstream connection.
+        std::thread::sleep(Duration::from_millis(300));
+        for _ in 0..4 {
+            request(&mut stream, "GET", "/length");
+            let r = read(&mut reader, false);
+            assert_eq!(
+                r.body,
+                b"hello",
+                "{:?} answered a later request",
+                String::from_utf8_lossy(&r.body)
+            );
+        }
+    }
+}
+
+#[test]
+fn a_websocket_client_slow_to_read_still_gets_its_messages_through() {
+    // The shard floods the client, which does not read: the gateway's
+    // writes to the client wait. The client's own messages must still
+    // reach the shard — each direction of a tunnel moves on its own.
+    // Pingora 0.9's tunnel waits on the client write and fails this (see
+    // the README): the fast path's tunnel is held to it.
+    if !common::fast_path_on() {
+        return;
+    }
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = runtime()
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let heard = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&heard);
+    // Health probes connect too: every connection is served.
+    let task = runtime().spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let count = Arc::clone(&count);
+            tokio::spawn(async move {
+                let (mut rd, mut wr) = stream.into_split();
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match rd.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let switched = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
+                if wr.write_all(switched).await.is_err() {
+                    return;
+                }
+                tokio::spawn(async move {
+                    let flood = vec![b'x'; 64 * 1024];
+                    while wr.write_all(&flood).await.is_ok() {}
+                });
+                while let Ok(n @ 1..) = rd.read(&mut buf).await {
+                    count.fetch_add(n, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    let shard = ScriptedShard {
+        addr,
+        accepted: Arc::default(),
+        task,
+    };
+    let gw = gateway(&shard);
+    let (mut stream, mut reader) = connect(&gw);
+    stream
+        .write_all(
+            b"GET /ws HTTP/1.1\r\nHost: acme.localhost\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        )
+        .expect("handshake");
+    let status = line(&mut reader);
+    assert!(status.starts_with("HTTP/1.1 101"), "{status}");
+    // From here on the client reads nothing; the flood fills the buffers.
+    std::thread::sleep(Duration::from_millis(500));
+    for _ in 0..10 {
+        stream.write_all(&[b'm'; 100]).expect("client message");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        common::eventually(Duration::from_secs(5), || heard.load(Ordering::SeqCst)
+            >= 1000),
+        "the shard heard {} of the client's 1000 bytes",
+        heard.load(Ordering::SeqCst)
+    );
 }

@@ -380,6 +380,61 @@ fn a_killed_shard_is_retried_elsewhere_for_gets() {
 }
 
 #[test]
+fn a_get_retried_onto_an_https_shard_goes_over_tls() {
+    // The fast path forwards to plain-HTTP shards itself; a retry it
+    // routes to an https shard must reach it over TLS all the same.
+    let s0 = Backend::start("s0");
+    let tls = TlsBackend::start("secure");
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, &tls.ca_pem).unwrap();
+    let gw = Gateway::start(&config(
+        &[("s0", s0.url()), ("secure", tls.url())],
+        &format!(
+            "server: {{ ca_file: \"{}\" }}\nhealth: {{ interval_ms: 60000 }}\n",
+            ca.display()
+        ),
+    ));
+    let on_s0 = (0..40)
+        .map(|t| format!("t{t}.localhost"))
+        .find(|host| gw.get(host, "/").json()["shard"] == "s0")
+        .expect("a tenant on s0");
+    s0.stop();
+    let r = gw.get(&on_s0, "/retried");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["tls"], true);
+    assert_eq!(tls.seen.lock().unwrap().last().unwrap().uri, "/retried");
+}
+
+#[test]
+fn a_client_that_leaves_while_its_shard_thinks_frees_its_slot() {
+    let a = Backend::with("a", |seen| {
+        if seen.uri == "/slow" {
+            Reply::After(Duration::from_secs(4), Box::new(Reply::ok("late")))
+        } else {
+            Reply::ok("quick")
+        }
+    });
+    let gw = one(&a, "limits: { connection_cap: 1 }\n");
+    let mut client = std::net::TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+    client
+        .write_all(b"GET /slow HTTP/1.1\r\nHost: hot.localhost\r\n\r\n")
+        .unwrap();
+    assert!(eventually(Duration::from_secs(2), || a.count() == 1));
+    assert_eq!(
+        gw.get("hot.localhost", "/quick").status,
+        429,
+        "the slot is taken"
+    );
+    drop(client);
+    // Freed when the client leaves, not when the shard answers (4 s).
+    assert!(eventually(Duration::from_secs(2), || gw
+        .get("hot.localhost", "/quick")
+        .status
+        == 200));
+}
+
+#[test]
 fn all_shards_down_answers_502_after_the_attempts() {
     let dead = free_port();
     let dead2 = free_port();

@@ -33,6 +33,9 @@ pub struct RequestCtx {
     /// Retries after a stale pooled connection (at most one; not counted
     /// against `retry.attempts`).
     pub(crate) stale_retries: u32,
+    /// The next attempt's shard is routed already: the fast path routed a
+    /// retry to an `https` shard and handed the request over.
+    pub(crate) rerouted: bool,
     pub(crate) watch: Option<Watch>,
     /// The watch's verdict if it concluded while headers were arriving.
     pub(crate) verdict: Verdict,
@@ -62,6 +65,7 @@ impl Default for RequestCtx {
             failed: SmallVec::new(),
             attempts: 0,
             stale_retries: 0,
+            rerouted: false,
             watch: None,
             verdict: Verdict::None,
             headers_received: false,

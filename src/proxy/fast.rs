@@ -32,7 +32,7 @@ use pingora::protocols::Stream;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
@@ -45,7 +45,8 @@ use tokio::net::TcpStream;
 
 /// Response heads larger than this are refused (502).
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
-const MAX_RESPONSE_HEADERS: usize = 128;
+/// As Pingora's limit on header fields.
+const MAX_RESPONSE_HEADERS: usize = 256;
 /// Request heads with more fields go to Pingora's path.
 const MAX_REQUEST_HEADERS: usize = 128;
 /// Idle upstream connections kept per shard and worker thread.
@@ -285,12 +286,20 @@ impl FastPath {
                 };
                 if how.websocket {
                     // A tunnel may stay open for hours: of the head, only
-                    // the target is kept (for the log).
+                    // the target is kept (for the log), and the buffer
+                    // only until the tunnel starts.
                     let target = head.target.to_owned();
                     drop(head);
-                    drop(buf);
-                    let status = match self.exchange(&mut client, request, &how, &mut ctx).await {
-                        Ok((status, _)) | Err(status) => status,
+                    let mut held = Some(buf);
+                    let status = match self
+                        .exchange(&mut client, request, &how, &mut ctx, &mut held)
+                        .await
+                    {
+                        Exchanged::Done(status, _) | Exchanged::Closed(status) => status,
+                        Exchanged::HandOver => match held {
+                            Some(buf) => return Outcome::NotMine(client, buf, Some(Box::new(ctx))),
+                            None => 0,
+                        },
                     };
                     gw.finish(
                         &mut ctx,
@@ -301,9 +310,16 @@ impl FastPath {
                     );
                     return Outcome::Served(None);
                 }
-                match self.exchange(&mut client, request, &how, &mut ctx).await {
-                    Ok(done) => done,
-                    Err(status) => (status, false),
+                match self
+                    .exchange(&mut client, request, &how, &mut ctx, &mut None)
+                    .await
+                {
+                    Exchanged::Done(status, keep) => (status, keep),
+                    Exchanged::Closed(status) => (status, false),
+                    Exchanged::HandOver => {
+                        drop(head);
+                        return Outcome::NotMine(client, buf, Some(Box::new(ctx)));
+                    }
                 }
             }
         };
@@ -318,28 +334,38 @@ impl FastPath {
     }
 
     /// Attempts until a response head arrives or the rules say stop, then
-    /// the response (or the tunnel). `Ok((status, keep))`: answered, and
-    /// whether the client connection may carry another request; `Err`: the
-    /// connection must close.
+    /// the response (or the tunnel). A retry routed to an `https` shard is
+    /// handed to Pingora's path, already routed; `held` is the head's
+    /// buffer when the caller needs it back for that, dropped once a
+    /// tunnel starts. While the shard is awaited, a client that closes
+    /// ends the request (and frees its admission), as on Pingora's path.
     async fn exchange(
         &self,
         client: &mut Stream,
         request: Vec<u8>,
         how: &How,
         ctx: &mut RequestCtx,
-    ) -> Result<(u16, bool), u16> {
+        held: &mut Option<BytesMut>,
+    ) -> Exchanged {
         loop {
             let Some(peer) = ctx.peer.clone() else {
                 let refusal = Refusal::error(502, "upstream-unreachable");
-                return Err(self.answer(client, ctx, refusal, how.head_only).await);
+                return Exchanged::Closed(self.answer(client, ctx, refusal, how.head_only).await);
             };
+            if peer.peer.is_tls() {
+                ctx.rerouted = ctx.attempts > 0;
+                return Exchanged::HandOver;
+            }
             ctx.attempts += 1;
-            let failure = match self
-                .attempt(peer.addr, &request, how.head_only, how.websocket)
-                .await
-            {
+            let attempt = self.attempt(peer.addr, &request, how.head_only, how.websocket);
+            let result = tokio::select! {
+                result = attempt => result,
+                () = client_gone(client) => return Exchanged::Closed(0),
+            };
+            let failure = match result {
                 Ok(upstream) if how.websocket && upstream.parsed.status == 101 => {
                     drop(request);
+                    *held = None;
                     return self.tunnel(client, upstream).await;
                 }
                 // A handshake refused: an ordinary response, then close.
@@ -350,7 +376,7 @@ impl FastPath {
                 Err(failure) => failure,
             };
             if let Err(refusal) = self.after_failure(failure, &how.method, ctx) {
-                return Err(self.answer(client, ctx, refusal, how.head_only).await);
+                return Exchanged::Closed(self.answer(client, ctx, refusal, how.head_only).await);
             }
         }
     }
@@ -381,6 +407,10 @@ impl FastPath {
             }
             AttemptError::Stale => UpstreamFailure::Reset,
             AttemptError::Failed(kind) => kind,
+            // The shard answered, but not in HTTP/1.x as we read it: it is
+            // reachable (no hook; one tenant's broken app must not take a
+            // shared shard out of rotation), and the request was delivered.
+            AttemptError::Invalid => return Err(Refusal::error(502, "upstream-invalid-response")),
         };
         gw.record_failure(ctx, kind);
         if kind == UpstreamFailure::Timeout {
@@ -478,16 +508,25 @@ impl FastPath {
     }
 
     /// A pooled connection to `addr`, if any: the most recently used one.
-    /// One idle for longer than [`CHECK_IDLE_AFTER`] is checked first (a
-    /// peek); a younger one is not — under load that check was one
-    /// syscall in five — and if the shard closed it anyway, the request is
-    /// retried once on a fresh connection (see `after_failure`).
+    /// A connection the reactor has seen become readable while idle (the
+    /// shard closed it, or sent bytes no request asked for — reused, they
+    /// would answer the next request) is checked with a read and dropped
+    /// unless that finds nothing; so is one idle for longer than
+    /// [`CHECK_IDLE_AFTER`]. A quiet young one costs no syscall (a peek
+    /// on every reuse was one syscall in five under load); one closed too
+    /// recently for the reactor to know is retried once on a fresh
+    /// connection (see `after_failure`).
     fn pooled(&self, addr: SocketAddr) -> Option<TcpStream> {
         let mut pool = self.pool();
         let idle = pool.idle.get_mut(&addr)?;
         while let Some((conn, since)) = idle.pop() {
             let idle_for = since.elapsed();
-            if idle_for < self.idle_timeout && (idle_for < CHECK_IDLE_AFTER || still_open(&conn)) {
+            if idle_for >= self.idle_timeout {
+                continue;
+            }
+            let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+            let quiet = conn.poll_read_ready(&mut cx).is_pending();
+            if (quiet && idle_for < CHECK_IDLE_AFTER) || nothing_to_read(&conn) {
                 return Some(conn);
             }
         }
@@ -560,8 +599,7 @@ impl FastPath {
                     match parse_response(&buf, head_only, websocket) {
                         Ok(Some(parsed)) => return Ok(Upstream { conn, buf, parsed }),
                         Ok(None) if buf.len() <= MAX_RESPONSE_HEAD => {}
-                        // Not HTTP/1.1 as we read it: the shard is broken.
-                        _ => return Err(AttemptError::Failed(UpstreamFailure::Reset)),
+                        _ => return Err(AttemptError::Invalid),
                     }
                 }
                 _ = tokio::time::sleep_until(wake) => {
@@ -587,7 +625,7 @@ impl FastPath {
         close: bool,
         upstream: Upstream,
         addr: SocketAddr,
-    ) -> Result<(u16, bool), u16> {
+    ) -> Exchanged {
         let Upstream {
             mut conn,
             mut buf,
@@ -600,43 +638,57 @@ impl FastPath {
         let mut out = response_head(&buf, &parsed, close);
         let mut framing = parsed.framing;
         let body = buf.split_off(parsed.head_len);
-        let used = framing.consume(&body).map_err(|()| status)?;
+        // Body bytes that break the framing before anything was sent: the
+        // client still gets an answer.
+        let Ok(used) = framing.consume(&body) else {
+            let refusal = Refusal::error(502, "upstream-invalid-response");
+            let _ = self
+                .send(client, refusal_bytes(&refusal, false, true).as_bytes())
+                .await;
+            return Exchanged::Closed(502);
+        };
         // Bytes beyond the response: the shard misbehaved; do not reuse it.
         let mut reusable = used == body.len() && !parsed.upstream_close;
         out.extend_from_slice(&body[..used]);
         if !self.send(client, &out).await {
-            return Err(status);
+            return Exchanged::Closed(status);
         }
         drop(out);
         buf = body;
         while !framing.is_done() {
             buf.clear();
             buf.reserve(BODY_READ);
-            match conn.read_buf(&mut buf).await {
+            let read = tokio::select! {
+                read = conn.read_buf(&mut buf) => read,
+                () = client_gone(client) => return Exchanged::Closed(status),
+            };
+            match read {
                 Ok(0) | Err(_) if matches!(framing, Framing::UntilClose) => {
                     reusable = false;
                     break;
                 }
                 // Cut short: the client's connection cannot frame anything
                 // after this.
-                Ok(0) | Err(_) => return Err(status),
+                Ok(0) | Err(_) => return Exchanged::Closed(status),
                 Ok(_) => {}
             }
-            let used = framing.consume(&buf).map_err(|()| status)?;
+            let Ok(used) = framing.consume(&buf) else {
+                return Exchanged::Closed(status);
+            };
             reusable &= used == buf.len();
             if !self.send(client, &buf[..used]).await {
-                return Err(status);
+                return Exchanged::Closed(status);
             }
         }
         if reusable {
             self.release(addr, conn);
         }
-        Ok((status, !close))
+        Exchanged::Done(status, !close)
     }
 
     /// A WebSocket's 101 goes to the client, then bytes flow both ways
     /// until either side closes; the admission is held all along.
-    async fn tunnel(&self, client: &mut Stream, upstream: Upstream) -> Result<(u16, bool), u16> {
+    async fn tunnel(&self, client: &mut Stream, upstream: Upstream) -> Exchanged {
         let Upstream {
             mut conn,
             buf,
@@ -647,33 +699,109 @@ impl FastPath {
         out.extend_from_slice(&buf[parsed.head_len..]);
         drop(buf);
         if !self.send(client, &out).await {
-            return Err(101);
+            return Exchanged::Closed(101);
         }
         drop(out);
         // Until either side closes (or fails): a WebSocket does not
         // half-close, and a client that keeps its end open after the
-        // shard's close would otherwise hold the admission forever.
-        loop {
-            tokio::select! {
-                read = poll_fn(|cx| poll_read_lazily(&mut *client, cx)) => match read {
-                    Ok(bytes) if !bytes.is_empty() => {
-                        if !self.send(&mut conn, &bytes).await {
-                            break;
-                        }
-                    }
-                    _ => break,
-                },
-                read = poll_fn(|cx| poll_read_lazily(&mut conn, cx)) => match read {
-                    Ok(bytes) if !bytes.is_empty() => {
-                        if !self.send(client, &bytes).await {
-                            break;
-                        }
-                    }
-                    _ => break,
-                },
+        // shard's close would otherwise hold the admission forever. Each
+        // direction moves on its own: a side slow to read holds back only
+        // what is sent to it, for at most `limits.send_timeout_ms`.
+        let mut legs = [Leg::default(), Leg::default()];
+        let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        poll_fn(|cx| {
+            if legs[0].poll_move(&mut **client, &mut conn, cx).is_ready()
+                || legs[1].poll_move(&mut conn, &mut **client, cx).is_ready()
+            {
+                return Poll::Ready(());
             }
+            let Some(since) = legs.iter().filter_map(|leg| leg.stalled).min() else {
+                timer = None;
+                return Poll::Pending;
+            };
+            let deadline = since + self.send_timeout;
+            let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            if timer.deadline() != deadline {
+                timer.as_mut().reset(deadline);
+            }
+            timer.as_mut().poll(cx)
+        })
+        .await;
+        Exchanged::Closed(101)
+    }
+}
+
+/// One direction of a WebSocket tunnel: what was read from one side and
+/// is being written to the other (nothing while idle).
+#[derive(Default)]
+struct Leg {
+    pending: Vec<u8>,
+    written: usize,
+    /// Since when the write has been waiting without progress.
+    stalled: Option<tokio::time::Instant>,
+}
+
+impl Leg {
+    /// Moves bytes from `from` to `to` until one of them has to wait.
+    /// Ready: this direction ended (closed or failed).
+    fn poll_move<R, W>(&mut self, from: &mut R, to: &mut W, cx: &mut Context<'_>) -> Poll<()>
+    where
+        R: AsyncRead + Unpin + ?Sized,
+        W: AsyncWrite + Unpin + ?Sized,
+    {
+        loop {
+            if self.pending.is_empty() {
+                match ready!(poll_read_lazily(from, cx)) {
+                    Ok(bytes) if !bytes.is_empty() => {
+                        self.pending = bytes;
+                        self.written = 0;
+                    }
+                    _ => return Poll::Ready(()),
+                }
+            }
+            while self.written < self.pending.len() {
+                match Pin::new(&mut *to).poll_write(cx, &self.pending[self.written..]) {
+                    Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(()),
+                    Poll::Ready(Ok(n)) => {
+                        self.written += n;
+                        self.stalled = None;
+                    }
+                    Poll::Pending => return self.wait(),
+                }
+            }
+            match Pin::new(&mut *to).poll_flush(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(_)) => return Poll::Ready(()),
+                Poll::Pending => return self.wait(),
+            }
+            self.pending = Vec::new();
+            self.stalled = None;
         }
-        Ok((101, false))
+    }
+
+    fn wait(&mut self) -> Poll<()> {
+        self.stalled.get_or_insert_with(tokio::time::Instant::now);
+        Poll::Pending
+    }
+}
+
+/// How an exchange with the shards ended.
+enum Exchanged {
+    /// Answered; whether the client connection may carry another request.
+    Done(u16, bool),
+    /// The client connection must close (the status, 0 if none was sent).
+    Closed(u16),
+    /// A retry was routed to an `https` shard: Pingora's path takes it.
+    HandOver,
+}
+
+/// Completes when the client closes its connection (or it fails) while a
+/// response is awaited; never if it sends bytes instead (a pipelined
+/// request, kept for later: the peek puts them back) or cannot be peeked.
+async fn client_gone(client: &mut Stream) {
+    let mut byte = [0u8; 1];
+    if client.try_peek(&mut byte).await.is_ok() {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -776,21 +904,12 @@ fn canonical_ip(ip: IpAddr) -> IpAddr {
 }
 
 /// Whether an idle connection has neither been closed nor sent anything:
-/// one non-blocking peek that must find nothing to read.
-fn still_open(conn: &TcpStream) -> bool {
-    use std::os::fd::AsRawFd;
-    let mut byte = 0u8;
-    // SAFETY: a non-blocking MSG_PEEK of at most one byte into a local, on
-    // a descriptor `conn` owns for the duration of the call.
-    let n = unsafe {
-        libc::recv(
-            conn.as_raw_fd(),
-            (&mut byte as *mut u8).cast(),
-            1,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
-    };
-    n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
+/// a non-blocking read must find nothing (it also clears the reactor's
+/// readiness, so a quiet connection reads as quiet next time). A byte it
+/// does read condemns the connection anyway.
+fn nothing_to_read(conn: &TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(conn.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
 }
 
 /// An attempt that got a response head.
@@ -805,6 +924,9 @@ enum AttemptError {
     /// just closed by the shard while idle.
     Stale,
     Failed(UpstreamFailure),
+    /// The shard answered with something that is not an HTTP/1.x response
+    /// we forward (malformed, over the head limits, a 101 nobody asked for).
+    Invalid,
 }
 
 /// A response head, as ranges into the buffer it was read in.
@@ -846,11 +968,11 @@ fn parse_response(
             Ok(httparse::Status::Partial) => return Ok(None),
             Err(_) => return Err(()),
         };
-        if resp.version != Some(1) {
-            return Err(());
-        }
+        // HTTP/1.0 (Python's http.server, say): framed by length or by
+        // the close, never chunked, and the connection is not reused.
+        let http10 = resp.version == Some(0);
         let status = resp.code.ok_or(())?;
-        if status == 101 && !websocket {
+        if status == 101 && (!websocket || http10) {
             return Err(());
         }
         if (100..200).contains(&status) && status != 101 {
@@ -869,7 +991,7 @@ fn parse_response(
             reason,
             headers: Vec::with_capacity(resp.headers.len()),
             named: Vec::new(),
-            upstream_close: false,
+            upstream_close: http10,
             transfer_encoding: false,
             chunked: false,
             head_len: offset + len,
@@ -889,6 +1011,9 @@ fn parse_response(
                     }
                 }
             } else if header_is(h.name, "transfer-encoding") {
+                if http10 {
+                    return Err(());
+                }
                 parsed.transfer_encoding = true;
                 parsed.chunked = tokens(h.value)
                     .last()
@@ -943,6 +1068,10 @@ enum ChunkState {
         value: u64,
         digits: u8,
     },
+    /// Whitespace after the size.
+    SizeSpace {
+        value: u64,
+    },
     /// After the size: an extension, up to CR.
     Extension {
         value: u64,
@@ -976,8 +1105,17 @@ impl ChunkState {
                         digits: digits + 1,
                     }
                 }
-                b';' | b' ' | b'\t' if digits > 0 => ChunkState::Extension { value },
+                b';' if digits > 0 => ChunkState::Extension { value },
+                b' ' | b'\t' if digits > 0 => ChunkState::SizeSpace { value },
                 b'\r' if digits > 0 => ChunkState::SizeLf { value },
+                _ => return Err(()),
+            },
+            // RFC 9112 §7.1.1: only whitespace before `;` or the CRLF, so
+            // "5 6" is not a size 5 with an extension.
+            ChunkState::SizeSpace { value } => match b {
+                b' ' | b'\t' => ChunkState::SizeSpace { value },
+                b';' => ChunkState::Extension { value },
+                b'\r' => ChunkState::SizeLf { value },
                 _ => return Err(()),
             },
             ChunkState::Extension { value } => match b {
@@ -1162,7 +1300,7 @@ mod tests {
 
     #[test]
     fn chunked_bodies_end_where_their_framing_says() {
-        let body = b"3;x=1\r\nabc\r\n10\r\n0123456789abcdef\r\n0\r\nX-T: 1\r\n\r\nEXTRA";
+        let body = b"3;x=1\r\nabc\r\n10 \t;y\r\n0123456789abcdef\r\n0\r\nX-T: 1\r\n\r\nEXTRA";
         let end = body.len() - b"EXTRA".len();
         let mut f = chunked();
         assert_eq!(f.consume(body), Ok(end));
@@ -1191,6 +1329,8 @@ mod tests {
             b"3\nabc",
             b"3\r\nabcX\r\n",
             b"FFFFFFFFFFFFFFFF1\r\n",
+            b"5 6\r\nhello\r\n",
+            b"5 x;a=b\r\nhello\r\n",
             b"\r\n",
             b"0\r\n\n",
         ] {

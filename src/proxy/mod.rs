@@ -354,7 +354,7 @@ impl ProxyHttp for Gateway {
         _session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
-        if ctx.attempts > 0 {
+        if ctx.attempts > 0 && !std::mem::take(&mut ctx.rerouted) {
             if let Err(refusal) = self.readmit(ctx) {
                 let status = refusal.status;
                 ctx.refusal = Some(refusal);
@@ -498,6 +498,10 @@ impl ProxyHttp for Gateway {
                 self.may_retry(session, ctx, true)
             }
             Verdict::None if ctx.headers_received || *e.esource() != ErrorSource::Upstream => false,
+            // The shard answered, but not in HTTP/1.x: reachable, so no
+            // hook (one tenant's broken app must not take a shared shard
+            // out of rotation), and the request was delivered: no retry.
+            Verdict::None if *e.etype() == ErrorType::InvalidHTTPHeader => false,
             Verdict::None if client_reused && ctx.stale_retries == 0 => {
                 let replayable = !session.as_ref().retry_buffer_truncated();
                 self.may_resend_stale(&session.req_header().method, replayable, ctx)
@@ -535,6 +539,9 @@ impl ProxyHttp for Gateway {
                         "upstream-error"
                     },
                 )),
+                (_, ErrorType::InvalidHTTPHeader) if *e.esource() == ErrorSource::Upstream => {
+                    Some(Refusal::error(502, "upstream-invalid-response"))
+                }
                 _ => match e.esource() {
                     ErrorSource::Upstream => Some(Refusal::error(502, "upstream-unreachable")),
                     ErrorSource::Downstream => match e.etype() {

@@ -503,11 +503,16 @@ pub struct Gateway {
     pub config_path: std::path::PathBuf,
 }
 
+/// Whether test gateways run with the fast path (see below).
+pub fn fast_path_on() -> bool {
+    std::env::var("SHARDGATE_TEST_FAST_PATH").as_deref() != Ok("off")
+}
+
 /// `SHARDGATE_TEST_FAST_PATH=off` runs every test gateway with
 /// `server.fast_path: false`, so the same tests cover Pingora's path for
 /// the requests the fast path would take (`scripts/test.sh` does both).
 fn without_fast_path_if_asked(yaml: String) -> String {
-    if std::env::var("SHARDGATE_TEST_FAST_PATH").as_deref() != Ok("off") {
+    if fast_path_on() {
         return yaml;
     }
     match yaml.find("server: {") {
