@@ -305,12 +305,16 @@ fn all_shards_down_answers_fast_without_a_retry_storm() {
         "{retries} retries for {} requests",
         result.requests
     );
+    // Every other request found no live shard: only those routed before
+    // all three were marked down reached one — at most the 16 in flight,
+    // per shard, as for the retries.
+    let no_shards = m["router"]["rejects_by_decision"]["no-shards"]
+        .as_u64()
+        .unwrap();
     assert!(
-        m["router"]["rejects_by_decision"]["no-shards"]
-            .as_u64()
-            .unwrap()
-            + 3
-            >= result.requests
+        no_shards + 48 >= result.requests,
+        "{no_shards} no-shard answers for {} requests",
+        result.requests
     );
 }
 
