@@ -91,6 +91,8 @@ const BROKEN: &[(&str, &str, &str, usize)] = &[
     ("bad tenant header", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ntenant_header: \"x tenant\"\n", "tenant_header", 4),
     ("bad public protocol", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\npublic_protocol: gopher\n", "public_protocol", 4),
     ("unknown server setting", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nserver: { treads: 4 }\n", "server", 4),
+    ("more fields than Pingora reads", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nlimits:\n  max_headers: 300\n", "limits.max_headers", 5),
+    ("a head larger than Pingora reads", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nlimits:\n  max_header_bytes: 2000000\n", "limits.max_header_bytes", 5),
     ("not yaml", "listen: [\n", "", 2),
 ];
 

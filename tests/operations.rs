@@ -615,6 +615,29 @@ fn sigterm_lets_in_flight_requests_finish() {
 }
 
 #[test]
+fn sigterm_closes_idle_keep_alive_connections_at_once() {
+    use std::io::{Read, Write};
+    let a = Backend::start("a");
+    let mut gw = start(&[("a", a.url())], "");
+    let mut idle = std::net::TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+    idle.write_all(b"GET / HTTP/1.1\r\nHost: t.localhost\r\n\r\n")
+        .unwrap();
+    let mut reader = std::io::BufReader::new(idle.try_clone().unwrap());
+    assert_eq!(read_response(&mut reader).unwrap().status, 200);
+    // Now idle between requests, as keep-alive clients mostly are.
+    idle.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let stopped = Instant::now();
+    gw.signal("TERM");
+    let mut byte = [0u8; 1];
+    let closed = matches!(reader.read(&mut byte), Ok(0));
+    let took = stopped.elapsed();
+    assert!(closed, "the idle connection was not closed");
+    // Not at the runtime's end (grace 1 s + shutdown timeout 5 s).
+    assert!(took < Duration::from_secs(2), "closed after {took:?}");
+    assert!(gw.wait_exit(Duration::from_secs(15)));
+}
+
+#[test]
 fn sigquit_hands_the_listeners_to_a_new_process_without_refusing_connections() {
     let a = Backend::start("a");
     let mut old = start(&[("a", a.url())], "");

@@ -8,6 +8,9 @@ use crate::routing::{DomainMap, Fallback};
 use std::collections::{BTreeSet, HashMap};
 use std::net::ToSocketAddrs;
 
+/// The longest duration a `*_ms` setting may have: a week.
+const MAX_MS: u64 = 7 * 24 * 3600 * 1000;
+
 /// Collects errors with the field positions of one document.
 struct Checker<'a> {
     file: Option<&'a str>,
@@ -30,6 +33,10 @@ impl Checker<'_> {
         let ms = value.unwrap_or(default);
         if ms == 0 {
             self.error(field, "must be greater than 0");
+        }
+        // A deadline this far out would overflow `Instant` arithmetic.
+        if ms > MAX_MS {
+            self.error(field, format!("must be at most {MAX_MS} (a week)"));
         }
         Duration::from_millis(ms)
     }
@@ -491,12 +498,17 @@ fn check_limits(c: &mut Checker<'_>, l: RawLimits) -> LimitsConfig {
         routes.push((prefix.clone(), rule));
     }
     let max_header_bytes = l.max_header_bytes.unwrap_or(32 * 1024);
-    if max_header_bytes < 1024 {
-        c.error("limits.max_header_bytes", "must be at least 1024");
+    // Above Pingora's own ceilings (1 MiB, 256 fields), a head that passes
+    // ours would get Pingora's 400 instead of a 431.
+    if !(1024..=1024 * 1024).contains(&max_header_bytes) {
+        c.error(
+            "limits.max_header_bytes",
+            "must be between 1024 and 1048576",
+        );
     }
     let max_headers = l.max_headers.unwrap_or(100);
-    if max_headers == 0 {
-        c.error("limits.max_headers", "must be at least 1");
+    if !(1..=256).contains(&max_headers) {
+        c.error("limits.max_headers", "must be between 1 and 256");
     }
     LimitsConfig {
         connection_cap,

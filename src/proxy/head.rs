@@ -39,11 +39,14 @@ pub enum HeadError {
 }
 
 /// Reads one request head into `buf` (which may already hold bytes).
-/// `Ok(false)`: the connection closed or idled out before a request began.
+/// `Ok(false)`: the connection closed or idled out before a request began,
+/// or the server is shutting down (`shutdown`, if given, turned true)
+/// while it waited for one.
 pub async fn read_head(
     stream: &mut Stream,
     buf: &mut BytesMut,
     limits: &HeadLimits,
+    mut shutdown: Option<&mut ShutdownWatch>,
 ) -> Result<bool, HeadError> {
     let mut deadline =
         (!buf.is_empty()).then(|| tokio::time::Instant::now() + limits.header_timeout);
@@ -58,9 +61,23 @@ pub async fn read_head(
                 Parsed::Partial => {}
             }
         }
-        let wait = match deadline {
-            Some(d) => tokio::time::timeout_at(d, stream.read_buf(buf)).await,
-            None => tokio::time::timeout(limits.keepalive_timeout, stream.read_buf(buf)).await,
+        let wait = match (deadline, shutdown.as_deref_mut()) {
+            (Some(d), _) => tokio::time::timeout_at(d, stream.read_buf(buf)).await,
+            (None, None) => {
+                tokio::time::timeout(limits.keepalive_timeout, stream.read_buf(buf)).await
+            }
+            // Idle between requests: closed at once when shutdown starts,
+            // as Pingora closes its idle keep-alive connections.
+            (None, Some(watch)) => {
+                if *watch.borrow() {
+                    return Ok(false);
+                }
+                let read = tokio::time::timeout(limits.keepalive_timeout, stream.read_buf(buf));
+                tokio::select! {
+                    wait = read => wait,
+                    _ = watch.changed() => return Ok(false),
+                }
+            }
         };
         match wait {
             Err(_) if deadline.is_some() => return Err(HeadError::Timeout),
@@ -77,7 +94,8 @@ enum Parsed {
     Complete,
     Partial,
     TooLarge,
-    /// Not HTTP as httparse reads it: Pingora answers it (400).
+    /// Not HTTP as httparse reads it, and whole: Pingora answers it (400)
+    /// or repairs it.
     Invalid,
 }
 
@@ -99,7 +117,35 @@ fn parse(buf: &[u8], limits: &HeadLimits) -> Parsed {
         Ok(httparse::Status::Complete(_)) => Parsed::Complete,
         Ok(httparse::Status::Partial) => Parsed::Partial,
         Err(httparse::Error::TooManyHeaders) => Parsed::TooLarge,
+        // Pingora repairs these (it escapes the target) and then reads on
+        // with only its own per-read timeout and ceilings: it gets the head
+        // only once it is whole, within ours.
+        Err(httparse::Error::Token | httparse::Error::Version) => match head_end(buf) {
+            None => Parsed::Partial,
+            Some(end) => {
+                // The request line and the blank line are not fields.
+                let fields = buf[..end].iter().filter(|b| **b == b'\n').count() - 2;
+                if end > limits.max_header_bytes || fields > limits.max_headers {
+                    Parsed::TooLarge
+                } else {
+                    Parsed::Invalid
+                }
+            }
+        },
         Err(_) => Parsed::Invalid,
+    }
+}
+
+/// Where a head ends: just past its blank line (CRLF CRLF, or bare LFs).
+fn head_end(buf: &[u8]) -> Option<usize> {
+    let crlf = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|at| at + 4);
+    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|at| at + 2);
+    match (crlf, lf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -171,9 +217,16 @@ where
         }
         let mut stream = stream;
         let mut settings = None;
+        let mut watch = shutdown.clone();
+        let mut first = true;
         loop {
             let mut buf = BytesMut::with_capacity(4096);
-            match read_head(&mut stream, &mut buf, &self.limits).await {
+            // A new connection's first request is read even while shutting
+            // down (one accepted during a graceful upgrade is served); only
+            // connections idle between requests close when shutdown starts.
+            let idle_watch = (!first).then_some(&mut watch);
+            first = false;
+            match read_head(&mut stream, &mut buf, &self.limits, idle_watch).await {
                 Ok(true) => {}
                 Ok(false) => return None,
                 Err(e) => {
