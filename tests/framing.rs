@@ -50,6 +50,10 @@ fn script(path: &str) -> (Vec<u8>, bool) {
         }
         "/close" => (text("HTTP/1.1 200 OK\r\nX-Kind: close\r\n\r\nuntil-close"), true),
         "/garbage" => (text("HTTP/1.1 abc\r\n\r\n"), true),
+        "/switch" => (
+            text("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\nraw bytes"),
+            true,
+        ),
         // Python's http.server, say: HTTP/1.0, connection left open.
         "/http10" => (text("HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok"), false),
         // A complete response now, a forged one a moment later (see
@@ -498,4 +502,86 @@ Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n
         "the shard heard {} of the client's 1000 bytes",
         heard.load(Ordering::SeqCst)
     );
+}
+
+#[test]
+fn a_101_nobody_asked_for_is_a_502() {
+    // Neither a GET (the fast path) nor a POST (Pingora's path) that asked
+    // for no upgrade may be switched into a tunnel.
+    let shard = ScriptedShard::start();
+    let gw = gateway(&shard);
+    for method in ["GET", "POST"] {
+        let (mut stream, mut reader) = connect(&gw);
+        let raw = format!(
+            "{method} /switch HTTP/1.1\r\nHost: acme.localhost\r\nContent-Length: 0\r\n\r\n"
+        );
+        stream.write_all(raw.as_bytes()).expect("send");
+        let r = read(&mut reader, false);
+        assert_eq!(r.status, 502, "{method}: {r:?}");
+        assert!(
+            String::from_utf8_lossy(&r.body).contains("upstream-invalid-response"),
+            "{method}: {r:?}"
+        );
+    }
+}
+
+#[test]
+fn a_stale_pooled_connection_is_resent_to_the_same_shard_at_no_cost() {
+    // The shard closes a kept-alive connection when the next request
+    // arrives on it (as a shard closing idle connections may, just as one
+    // is reused). The resend goes to the same shard on a fresh connection,
+    // without being routed — or charged — again: with two tokens and no
+    // refill, two requests both pass.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = runtime()
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let task = runtime().spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                let mut answered = false;
+                loop {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                    if !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        continue;
+                    }
+                    if answered {
+                        return; // closed without a byte of response
+                    }
+                    head.clear();
+                    answered = true;
+                    let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                    if stream.write_all(ok).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let shard = ScriptedShard {
+        addr,
+        accepted: Arc::default(),
+        task,
+    };
+    let gw = Gateway::start(&config_yaml(
+        "listen: [{ addr: \"127.0.0.1:{port}\" }]\nadmin: { addr: \"127.0.0.1:{admin}\" }\nstate: false\n",
+        &[("raw", shard.url())],
+        "server: { threads: 1 }\nlimits: { rate: { tokens: 2, refill_per_second: 0.001 } }\n",
+    ));
+    let (mut stream, mut reader) = connect(&gw);
+    for attempt in 0..2 {
+        request(&mut stream, "GET", "/");
+        let r = read(&mut reader, false);
+        assert_eq!(
+            (r.status, r.body.as_slice()),
+            (200, &b"ok"[..]),
+            "request {attempt}: {r:?}"
+        );
+    }
 }

@@ -212,19 +212,24 @@ fn chunk_extensions_and_trailers_are_normalised() {
 }
 
 #[test]
-fn look_alike_tenant_and_forwarding_fields_never_reach_the_shard() {
+fn look_alike_and_rfc7239_forwarding_fields_never_reach_the_shard() {
     // CGI-style backends read `X_Tenant_Id` as `X-Tenant-Id`.
     let backend = RawBackend::start();
     let gw = gateway(&backend, "");
     let (statuses, _) = exchange(
         gw.port,
         b"GET / HTTP/1.1\r\nHost: a.localhost\r\nX_Tenant_Id: victim\r\nx_forwarded_for: 6.6.6.6\r\n\
-X-Forwarded_Proto: https\r\nX-Tenant_Note: kept\r\nConnection: close\r\n\r\n",
+X-Forwarded_Proto: https\r\nX-Tenant_Note: kept\r\nForwarded: for=6.6.6.6\r\nConnection: close\r\n\r\n",
         Duration::from_millis(800),
     );
     assert_eq!(statuses, vec![200]);
     let seen = &backend.seen()[0];
-    for name in ["X_Tenant_Id", "x_forwarded_for", "X-Forwarded_Proto"] {
+    for name in [
+        "X_Tenant_Id",
+        "x_forwarded_for",
+        "X-Forwarded_Proto",
+        "Forwarded",
+    ] {
         assert_eq!(seen.header(name), None, "{name} reached the shard");
     }
     assert_eq!(seen.header("x-tenant-id").as_deref(), Some("a"));

@@ -33,8 +33,9 @@ pub struct RequestCtx {
     /// Retries after a stale pooled connection (at most one; not counted
     /// against `retry.attempts`).
     pub(crate) stale_retries: u32,
-    /// The next attempt's shard is routed already: the fast path routed a
-    /// retry to an `https` shard and handed the request over.
+    /// The next attempt's shard is chosen already: a stale resend goes to
+    /// the same shard, and a retry the fast path routed to an `https`
+    /// shard is handed over routed.
     pub(crate) rerouted: bool,
     pub(crate) watch: Option<Watch>,
     /// The watch's verdict if it concluded while headers were arriving.

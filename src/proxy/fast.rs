@@ -434,7 +434,10 @@ impl FastPath {
         out.extend_from_slice(head.target.as_bytes());
         out.extend_from_slice(b" HTTP/1.1\r\n");
         for (name, value) in &head.headers {
-            if hop_by_hop(name) || super::forward::is_ours(name, tenant_header) {
+            if hop_by_hop(name)
+                || super::forward::is_ours(name, tenant_header)
+                || (!config.trust_forwarded_for && header_is(name, "forwarded"))
+            {
                 continue;
             }
             push_field(&mut out, name.as_bytes(), value);

@@ -63,6 +63,11 @@ impl Forwarding<'_> {
         for name in &lookalikes {
             req.remove_header(name);
         }
+        // RFC 7239's field says the same things; a client's is as
+        // untrusted as its X-Forwarded-For.
+        if !self.trust_forwarded_for {
+            req.remove_header(&http::header::FORWARDED);
+        }
         req.insert_header(X_FORWARDED_HOST, self.host)?;
         req.insert_header(X_FORWARDED_PROTO, self.proto)?;
         let client_xff = self
@@ -173,6 +178,8 @@ mod tests {
         req.insert_header("x_tenant_id", "someone-else").unwrap();
         req.insert_header("X_Forwarded_For", "6.6.6.6").unwrap();
         req.insert_header("x-tenant_id-extra", "kept").unwrap();
+        req.insert_header("forwarded", "for=6.6.6.6;proto=https")
+            .unwrap();
         req
     }
 
@@ -205,6 +212,7 @@ mod tests {
         assert!(h.get("x_tenant_id").is_none(), "look-alikes go too");
         assert!(h.get("x_forwarded_for").is_none());
         assert_eq!(h["x-tenant_id-extra"], "kept");
+        assert!(h.get("forwarded").is_none());
     }
 
     #[test]

@@ -440,11 +440,21 @@ impl ProxyHttp for Gateway {
     /// Response headers arrived: disarm the watch, strip hop-by-hop fields.
     async fn upstream_response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         let status = upstream_response.status;
+        if status == http::StatusCode::SWITCHING_PROTOCOLS && !session.is_upgrade_req() {
+            // Nobody asked to switch: the shard's answer is not HTTP we
+            // forward (502, no hook, no retry: see `error_while_proxy`).
+            return Err(Error::create(
+                ErrorType::InvalidHTTPHeader,
+                ErrorSource::Upstream,
+                Some("101 to a request that asked for no upgrade".into()),
+                None,
+            ));
+        }
         if status.is_informational() && status != http::StatusCode::SWITCHING_PROTOCOLS {
             return Ok(());
         }
@@ -489,6 +499,10 @@ impl ProxyHttp for Gateway {
             None => ctx.verdict,
         };
         let retry = match verdict {
+            // The watch ruled just as the response head arrived: the head
+            // may be on its way to the client already, so nothing is
+            // retried (another shard's response would be spliced onto it).
+            Verdict::TimedOut | Verdict::Unreachable if ctx.headers_received => false,
             Verdict::TimedOut => {
                 self.record_failure(ctx, UpstreamFailure::Timeout);
                 false
@@ -504,7 +518,10 @@ impl ProxyHttp for Gateway {
             Verdict::None if *e.etype() == ErrorType::InvalidHTTPHeader => false,
             Verdict::None if client_reused && ctx.stale_retries == 0 => {
                 let replayable = !session.as_ref().retry_buffer_truncated();
-                self.may_resend_stale(&session.req_header().method, replayable, ctx)
+                let resend = self.may_resend_stale(&session.req_header().method, replayable, ctx);
+                // To the same shard, still admitted: not routed again.
+                ctx.rerouted = resend;
+                resend
             }
             Verdict::None => {
                 self.record_failure(ctx, UpstreamFailure::Reset);
