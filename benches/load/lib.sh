@@ -114,6 +114,23 @@ log_tail() {
   tail -n 20 "$SG_WORK/$1.log" 2>/dev/null | sed 's/^/    /' >&2 || true
 }
 
+# parse_args SCRIPT ARGS...: the scripts' common arguments: --build sets
+# BUILD=1; -h/--help prints SCRIPT's header comment and exits.
+parse_args() {
+  local script=$1 arg
+  shift
+  for arg in "$@"; do
+    case $arg in
+      --build) BUILD=1 ;;
+      -h | --help)
+        sed -n '2,/^set -euo/p' "$script" | sed '$d; s/^# \{0,1\}//'
+        exit 0
+        ;;
+      *) die "unknown argument $arg (try --help)" ;;
+    esac
+  done
+}
+
 # wait_tcp PORT PID NAME [TIMEOUT_S]: polls until 127.0.0.1:PORT accepts a
 # connection; fails if PID exits first or after TIMEOUT_S (default 30).
 wait_tcp() {

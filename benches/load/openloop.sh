@@ -36,16 +36,7 @@ caller=$PWD
 # shellcheck source=lib.sh
 source "$here/lib.sh"
 
-for arg in "$@"; do
-  case $arg in
-    --build) BUILD=1 ;;
-    -h | --help)
-      sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
-      exit 0
-      ;;
-    *) die "unknown argument $arg (try --help)" ;;
-  esac
-done
+parse_args "$0" "$@"
 
 RATE=${RATE:-}
 CONNS=${CONNS:-32}

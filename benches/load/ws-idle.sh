@@ -38,16 +38,7 @@ caller=$PWD
 # shellcheck source=lib.sh
 source "$here/lib.sh"
 
-for arg in "$@"; do
-  case $arg in
-    --build) BUILD=1 ;;
-    -h | --help)
-      sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
-      exit 0
-      ;;
-    *) die "unknown argument $arg (try --help)" ;;
-  esac
-done
+parse_args "$0" "$@"
 
 K=${K:-5000}
 WS_HOSTS=${WS_HOSTS:-1000}
