@@ -69,17 +69,43 @@ fn script(path: &str) -> (Vec<u8>, bool) {
 /// noticing hands it to the next request.
 const LATE_FORGERY: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nforged";
 
-/// A shard that answers each request with `script(path)`, counting the
-/// connections it accepted.
+/// A raw shard on 127.0.0.1, counting the connections it accepted:
+/// `start` answers each request with `script(path)`; `serve` runs any
+/// per-connection handler.
 struct ScriptedShard {
     addr: std::net::SocketAddr,
     accepted: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
+/// The next request head on `stream` (its text, without the blank line);
+/// bytes after it stay in `pending`. None: the stream ended first.
+async fn next_head<R>(stream: &mut R, pending: &mut Vec<u8>) -> Option<String>
+where
+    R: tokio::io::AsyncRead + Unpin,
+{
+    use tokio::io::AsyncReadExt;
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&pending[..end]).to_string();
+            pending.drain(..end + 4);
+            return Some(head);
+        }
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => pending.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
 impl ScriptedShard {
-    fn start() -> ScriptedShard {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// Runs `handle` on every connection (health probes connect too).
+    fn serve<F, Fut>(handle: F) -> ScriptedShard
+    where
+        F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
         let listener = runtime()
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .expect("bind");
@@ -87,43 +113,9 @@ impl ScriptedShard {
         let accepted = Arc::new(AtomicUsize::new(0));
         let count = Arc::clone(&accepted);
         let task = runtime().spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
+            while let Ok((stream, _)) = listener.accept().await {
                 count.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let mut chunk = [0u8; 4096];
-                    loop {
-                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                            match stream.read(&mut chunk).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                            }
-                            continue;
-                        };
-                        let head = String::from_utf8_lossy(&buf[..end]).to_string();
-                        buf.drain(..end + 4);
-                        let mut line = head.lines().next().unwrap_or_default().split(' ');
-                        let method = line.next().unwrap_or_default();
-                        let path = line.next().unwrap_or_default();
-                        let (mut response, close) = script(path);
-                        if method == "HEAD" {
-                            let head_end = response
-                                .windows(4)
-                                .position(|w| w == b"\r\n\r\n")
-                                .unwrap_or(0);
-                            response.truncate(head_end + 4);
-                        }
-                        if stream.write_all(&response).await.is_err() || close {
-                            return;
-                        }
-                        if path == "/forge" {
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                            if stream.write_all(LATE_FORGERY).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                });
+                tokio::spawn(handle(stream));
             }
         });
         ScriptedShard {
@@ -131,6 +123,35 @@ impl ScriptedShard {
             accepted,
             task,
         }
+    }
+
+    fn start() -> ScriptedShard {
+        ScriptedShard::serve(|mut stream| async move {
+            use tokio::io::AsyncWriteExt;
+            let mut pending = Vec::new();
+            while let Some(head) = next_head(&mut stream, &mut pending).await {
+                let mut line = head.lines().next().unwrap_or_default().split(' ');
+                let method = line.next().unwrap_or_default();
+                let path = line.next().unwrap_or_default();
+                let (mut response, close) = script(path);
+                if method == "HEAD" {
+                    let head_end = response
+                        .windows(4)
+                        .position(|w| w == b"\r\n\r\n")
+                        .unwrap_or(0);
+                    response.truncate(head_end + 4);
+                }
+                if stream.write_all(&response).await.is_err() || close {
+                    return;
+                }
+                if path == "/forge" {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    if stream.write_all(LATE_FORGERY).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        })
     }
 
     fn url(&self) -> String {
@@ -441,45 +462,31 @@ fn a_websocket_client_slow_to_read_still_gets_its_messages_through() {
         return;
     }
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = runtime()
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
     let heard = Arc::new(AtomicUsize::new(0));
     let count = Arc::clone(&heard);
-    // Health probes connect too: every connection is served.
-    let task = runtime().spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let count = Arc::clone(&count);
+    let shard = ScriptedShard::serve(move |stream| {
+        let count = Arc::clone(&count);
+        async move {
+            let (mut rd, mut wr) = stream.into_split();
+            let mut pending = Vec::new();
+            if next_head(&mut rd, &mut pending).await.is_none() {
+                return;
+            }
+            let switched = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
+            if wr.write_all(switched).await.is_err() {
+                return;
+            }
             tokio::spawn(async move {
-                let (mut rd, mut wr) = stream.into_split();
-                let mut head = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match rd.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let switched = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
-                if wr.write_all(switched).await.is_err() {
-                    return;
-                }
-                tokio::spawn(async move {
-                    let flood = vec![b'x'; 64 * 1024];
-                    while wr.write_all(&flood).await.is_ok() {}
-                });
-                while let Ok(n @ 1..) = rd.read(&mut buf).await {
-                    count.fetch_add(n, Ordering::SeqCst);
-                }
+                let flood = vec![b'x'; 64 * 1024];
+                while wr.write_all(&flood).await.is_ok() {}
             });
+            count.fetch_add(pending.len(), Ordering::SeqCst);
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = rd.read(&mut buf).await {
+                count.fetch_add(n, Ordering::SeqCst);
+            }
         }
     });
-    let shard = ScriptedShard {
-        addr,
-        accepted: Arc::default(),
-        task,
-    };
     let gw = gateway(&shard);
     let (mut stream, mut reader) = connect(&gw);
     stream
@@ -532,43 +539,19 @@ fn a_stale_pooled_connection_is_resent_to_the_same_shard_at_no_cost() {
     // is reused). The resend goes to the same shard on a fresh connection,
     // without being routed — or charged — again: with two tokens and no
     // refill, two requests both pass.
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = runtime()
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let task = runtime().spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 4096];
-                let mut answered = false;
-                loop {
-                    match stream.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                    if !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        continue;
-                    }
-                    if answered {
-                        return; // closed without a byte of response
-                    }
-                    head.clear();
-                    answered = true;
-                    let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
-                    if stream.write_all(ok).await.is_err() {
-                        return;
-                    }
-                }
-            });
+    let shard = ScriptedShard::serve(|mut stream| async move {
+        use tokio::io::AsyncWriteExt;
+        let mut pending = Vec::new();
+        if next_head(&mut stream, &mut pending).await.is_none() {
+            return;
         }
+        let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        if stream.write_all(ok).await.is_err() {
+            return;
+        }
+        // The next request: closed without a byte of response.
+        let _ = next_head(&mut stream, &mut pending).await;
     });
-    let shard = ScriptedShard {
-        addr,
-        accepted: Arc::default(),
-        task,
-    };
     let gw = Gateway::start(&config_yaml(
         "listen: [{ addr: \"127.0.0.1:{port}\" }]\nadmin: { addr: \"127.0.0.1:{admin}\" }\nstate: false\n",
         &[("raw", shard.url())],
