@@ -435,8 +435,7 @@ impl FastPath {
         out.extend_from_slice(b" HTTP/1.1\r\n");
         for (name, value) in &head.headers {
             if hop_by_hop(name)
-                || super::forward::is_ours(name, tenant_header)
-                || (!config.trust_forwarded_for && header_is(name, "forwarded"))
+                || super::forward::is_ours(name, tenant_header, config.trust_forwarded_for)
             {
                 continue;
             }

@@ -33,9 +33,10 @@ pub struct Forwarding<'a> {
 /// Whether a request field is one shardgate sets itself — the forwarding
 /// fields and the tenant header — under its own name or a look-alike with
 /// `_` for `-` (CGI-style backends read `X_Tenant_Id` as `X-Tenant-Id`;
-/// nginx drops such fields by default for this reason). Either way the
-/// client's value never reaches the shard.
-pub fn is_ours(name: &str, tenant_header: &str) -> bool {
+/// nginx drops such fields by default for this reason), or RFC 7239's
+/// `Forwarded`, which says the same things, unless `trust_forwarded_for`.
+/// Either way the client's value never reaches the shard.
+pub fn is_ours(name: &str, tenant_header: &str, trust_forwarded_for: bool) -> bool {
     let same = |wanted: &str| {
         name.len() == wanted.len()
             && name.bytes().zip(wanted.bytes()).all(|(a, b)| {
@@ -48,33 +49,33 @@ pub fn is_ours(name: &str, tenant_header: &str) -> bool {
         || same("x-forwarded-host")
         || same("x-forwarded-proto")
         || same(tenant_header)
+        || (!trust_forwarded_for && same("forwarded"))
 }
 
 impl Forwarding<'_> {
     pub fn apply(&self, req: &mut RequestHeader) -> Result<()> {
-        let lookalikes: Vec<HeaderName> = req
-            .headers
-            .keys()
-            .filter(|n| {
-                n.as_str().contains('_') && is_ours(n.as_str(), self.tenant_header.as_str())
-            })
-            .cloned()
-            .collect();
-        for name in &lookalikes {
-            req.remove_header(name);
-        }
-        // RFC 7239's field says the same things; a client's is as
-        // untrusted as its X-Forwarded-For.
-        if !self.trust_forwarded_for {
-            req.remove_header(&http::header::FORWARDED);
-        }
-        req.insert_header(X_FORWARDED_HOST, self.host)?;
-        req.insert_header(X_FORWARDED_PROTO, self.proto)?;
+        // A trusted chain is read before the client's fields go.
         let client_xff = self
             .trust_forwarded_for
             .then(|| joined(req, &X_FORWARDED_FOR))
             .flatten();
-        req.remove_header(&X_FORWARDED_FOR);
+        let theirs: Vec<HeaderName> = req
+            .headers
+            .keys()
+            .filter(|n| {
+                is_ours(
+                    n.as_str(),
+                    self.tenant_header.as_str(),
+                    self.trust_forwarded_for,
+                )
+            })
+            .cloned()
+            .collect();
+        for name in &theirs {
+            req.remove_header(name);
+        }
+        req.insert_header(X_FORWARDED_HOST, self.host)?;
+        req.insert_header(X_FORWARDED_PROTO, self.proto)?;
         if let Some(ip) = self.peer_ip {
             let ip = canonical(ip).to_string();
             let value = match client_xff {
@@ -83,7 +84,6 @@ impl Forwarding<'_> {
             };
             req.insert_header(X_FORWARDED_FOR, value)?;
         }
-        req.remove_header(self.tenant_header);
         req.insert_header(self.tenant_header.clone(), self.tenant)?;
         Ok(())
     }
