@@ -13,19 +13,20 @@ use std::marker::PhantomData;
 pub struct RawConfig {
     #[serde(default)]
     pub server: RawServer,
-    pub listen: Vec<RawListen>,
+    /// Required; absent is reported by validation, naming the field.
+    pub listen: Option<Vec<RawListen>>,
     pub public_protocol: Option<String>,
     #[serde(default)]
     pub trust_forwarded_for: bool,
     pub tenant_header: Option<String>,
     pub admin: Option<RawAdmin>,
-    pub shards: Vec<RawShard>,
+    pub shards: Option<Vec<RawShard>>,
     #[serde(default)]
     pub routing: RawRouting,
     #[serde(default)]
     pub limits: RawLimits,
     pub regions: Option<Vec<RawRegion>>,
-    pub domains: RawDomains,
+    pub domains: Option<RawDomains>,
     #[serde(default)]
     pub retry: Switch<RawRetry>,
     #[serde(default)]
@@ -131,7 +132,7 @@ pub struct RawRegion {
     pub weight: Option<f64>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawDomains {
     #[serde(default)]

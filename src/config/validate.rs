@@ -29,6 +29,20 @@ impl Checker<'_> {
         });
     }
 
+    /// A required top-level section that is absent: reported at the start
+    /// of the document, where it would go.
+    fn required<T: Default>(&mut self, field: &str, value: Option<T>) -> T {
+        value.unwrap_or_else(|| {
+            self.errors.push(ConfigError {
+                file: self.file.map(str::to_string),
+                position: Some((1, 1)),
+                field: field.to_string(),
+                message: "is required and missing".to_string(),
+            });
+            T::default()
+        })
+    }
+
     fn positive_ms(&mut self, field: &str, value: Option<u64>, default: u64) -> Duration {
         let ms = value.unwrap_or(default);
         if ms == 0 {
@@ -128,7 +142,10 @@ pub fn parse(text: &str, file: Option<&str>) -> Result<Config, ConfigErrors> {
 
 fn check(c: &mut Checker<'_>, raw: RawConfig) -> Config {
     let server = check_server(c, raw.server);
-    let listen = check_listen(c, raw.listen);
+    let listen = match raw.listen {
+        Some(listen) => check_listen(c, listen),
+        None => c.required("listen", None),
+    };
     let public_protocol = raw.public_protocol.as_deref().and_then(|p| match p {
         "http" => Some(Scheme::Http),
         "https" => Some(Scheme::Https),
@@ -149,10 +166,12 @@ fn check(c: &mut Checker<'_>, raw: RawConfig) -> Config {
         .unwrap_or(HeaderName::from_static("x-tenant-id"));
     let admin = check_admin(c, raw.admin);
     let regions = check_regions(c, raw.regions);
-    let shards = check_shards(c, raw.shards, regions.as_deref());
+    let shards = c.required("shards", raw.shards);
+    let shards = check_shards(c, shards, regions.as_deref());
     let routing = check_routing(c, raw.routing);
     let limits = check_limits(c, raw.limits);
-    let domains = check_domains(c, raw.domains);
+    let domains = c.required("domains", raw.domains);
+    let domains = check_domains(c, domains);
     let retry = check_retry(c, raw.retry);
     let upstream = check_upstream(c, raw.upstream);
     let health = check_health(c, raw.health);
