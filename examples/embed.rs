@@ -1,35 +1,48 @@
-//! Embedding shardgate in your own Pingora server: a proxy that wraps
-//! [`Gateway`], delegates every phase shardgate uses, and adds its own —
-//! here, stamping a header on every response and refusing one tenant
-//! through the hooks trait.
+//! Embedding shardgate in your own Pingora proxy: a `ProxyHttp` of ours
+//! wraps [`Gateway`], adds phases of its own around shardgate's, and runs
+//! with everything the `shardgate` binary has around it (head limits,
+//! health checks, admin API, Prometheus, state file, TLS listeners,
+//! graceful restarts) and the same flags:
 //!
 //! ```sh
-//! cargo run --example embed -- conf/quickstart.yaml   # then curl http://acme.localhost:8080/
+//! cargo run --example embed -- -c conf/quickstart.yaml   # -t checks, -d daemonizes, -u upgrades
+//! curl -i http://acme.localhost:8080/                    # x-embedded: 1
+//! curl -i -H 'x-embed-teapot: 1' http://acme.localhost:8080/   # 418
 //! ```
 //!
-//! Phases shardgate implements (delegate all of them): `new_ctx`,
+//! Ours: `request_filter` answers 418 to any request with an
+//! `x-embed-teapot` header, `response_filter` stamps `x-embedded: 1` on
+//! every proxied response, `logging` logs each request. The rest delegates
+//! to shardgate — every phase `Gateway` implements: `new_ctx`,
 //! `request_filter`, `upstream_peer`, `connected_to_upstream`,
 //! `request_body_filter`, `upstream_request_filter`,
 //! `upstream_response_filter`, `fail_to_connect`, `error_while_proxy`,
-//! `fail_to_proxy`, `logging`.
+//! `fail_to_proxy`, `logging`. A wrapped build forwards every request
+//! through Pingora's proxy, so every phase runs on every request
+//! (`Builder::fast_transport(true)` would trade that for the fast
+//! transport's CPU on bodiless requests).
+//!
+//! The platform rules that need no phase of their own are hooks
+//! ([`GatewayHooks`]): here, tenants whose trial ran out are refused, and
+//! requests of trial tenants carry their plan upstream.
 
 use async_trait::async_trait;
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::protocols::Digest;
-use pingora::server::Server;
 use pingora::upstreams::peer::HttpPeer;
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
-use shardgate::config::Config;
-use shardgate::control::Control;
 use shardgate::proxy::ctx::RequestCtx;
-use shardgate::proxy::hooks::{GatewayHooks, UpstreamFailure};
+use shardgate::proxy::hooks::{GatewayHooks, RequestCheck, RequestView};
 use shardgate::proxy::Gateway;
-use shardgate::routing::{Router, ShardId};
+use shardgate::server::run_cli;
+use std::process::ExitCode;
 use std::sync::Arc;
 
-/// Platform rules: tenants on a trial that ran out are refused, and every
-/// shard failure is logged before the default handling.
+/// Platform rules as hooks: they run on every request whichever way its
+/// bytes travel.
 pub struct PlatformHooks;
 
 impl GatewayHooks for PlatformHooks {
@@ -37,41 +50,56 @@ impl GatewayHooks for PlatformHooks {
         !tenant.starts_with("expired-")
     }
 
-    fn on_upstream_failure(&self, router: &Router, shard: &ShardId, failure: UpstreamFailure) {
-        log::warn!("platform: shard {shard} failed ({failure})");
-        if failure.is_unreachable() {
-            router.mark_unhealthy(shard.as_str());
+    fn check_request(&self, tenant: &str, _request: &RequestView<'_>) -> RequestCheck {
+        if tenant.starts_with("trial-") {
+            RequestCheck::AddFields(vec![(
+                HeaderName::from_static("x-platform-plan"),
+                HeaderValue::from_static("trial"),
+            )])
+        } else {
+            RequestCheck::Proceed
         }
     }
 }
 
-/// Our proxy: shardgate plus one phase of our own.
-pub struct StampingProxy {
+/// Our proxy: shardgate plus phases of our own.
+pub struct EmbeddingProxy {
     inner: Gateway,
 }
 
-pub struct StampCtx {
+pub struct EmbedCtx {
     inner: RequestCtx,
 }
 
 #[async_trait]
-impl ProxyHttp for StampingProxy {
-    type CTX = StampCtx;
+impl ProxyHttp for EmbeddingProxy {
+    type CTX = EmbedCtx;
 
-    fn new_ctx(&self) -> StampCtx {
-        StampCtx {
+    fn new_ctx(&self) -> EmbedCtx {
+        EmbedCtx {
             inner: self.inner.new_ctx(),
         }
     }
 
-    async fn request_filter(&self, session: &mut Session, ctx: &mut StampCtx) -> Result<bool> {
+    /// Ours first: a teapot is answered here, before shardgate routes (so
+    /// it spends no token); everything else goes on to shardgate.
+    async fn request_filter(&self, session: &mut Session, ctx: &mut EmbedCtx) -> Result<bool> {
+        if session.req_header().headers.contains_key("x-embed-teapot") {
+            let body = Bytes::from_static(b"{\"error\":\"teapot\"}");
+            let mut resp = ResponseHeader::build(418, Some(3))?;
+            resp.insert_header("content-type", "application/json")?;
+            resp.insert_header("content-length", body.len().to_string())?;
+            session.write_response_header(Box::new(resp), false).await?;
+            session.write_response_body(Some(body), true).await?;
+            return Ok(true);
+        }
         self.inner.request_filter(session, &mut ctx.inner).await
     }
 
     async fn upstream_peer(
         &self,
         session: &mut Session,
-        ctx: &mut StampCtx,
+        ctx: &mut EmbedCtx,
     ) -> Result<Box<HttpPeer>> {
         self.inner.upstream_peer(session, &mut ctx.inner).await
     }
@@ -83,7 +111,7 @@ impl ProxyHttp for StampingProxy {
         peer: &HttpPeer,
         fd: std::os::unix::io::RawFd,
         digest: Option<&Digest>,
-        ctx: &mut StampCtx,
+        ctx: &mut EmbedCtx,
     ) -> Result<()> {
         self.inner
             .connected_to_upstream(session, reused, peer, fd, digest, &mut ctx.inner)
@@ -93,9 +121,9 @@ impl ProxyHttp for StampingProxy {
     async fn request_body_filter(
         &self,
         session: &mut Session,
-        body: &mut Option<bytes::Bytes>,
+        body: &mut Option<Bytes>,
         end_of_stream: bool,
-        ctx: &mut StampCtx,
+        ctx: &mut EmbedCtx,
     ) -> Result<()> {
         self.inner
             .request_body_filter(session, body, end_of_stream, &mut ctx.inner)
@@ -106,7 +134,7 @@ impl ProxyHttp for StampingProxy {
         &self,
         session: &mut Session,
         upstream_request: &mut RequestHeader,
-        ctx: &mut StampCtx,
+        ctx: &mut EmbedCtx,
     ) -> Result<()> {
         self.inner
             .upstream_request_filter(session, upstream_request, &mut ctx.inner)
@@ -117,24 +145,21 @@ impl ProxyHttp for StampingProxy {
         &self,
         session: &mut Session,
         upstream_response: &mut ResponseHeader,
-        ctx: &mut StampCtx,
+        ctx: &mut EmbedCtx,
     ) -> Result<()> {
         self.inner
             .upstream_response_filter(session, upstream_response, &mut ctx.inner)
             .await
     }
 
-    /// Our own phase: every proxied response says who served it.
+    /// Ours: every proxied response says it went through us.
     async fn response_filter(
         &self,
         _session: &mut Session,
         upstream_response: &mut ResponseHeader,
-        ctx: &mut StampCtx,
+        _ctx: &mut EmbedCtx,
     ) -> Result<()> {
-        upstream_response.insert_header("x-served-by", "my-platform")?;
-        if let Some(shard) = ctx.inner.shard_id() {
-            upstream_response.insert_header("x-shard", shard.as_str())?;
-        }
+        upstream_response.insert_header("x-embedded", "1")?;
         Ok(())
     }
 
@@ -142,7 +167,7 @@ impl ProxyHttp for StampingProxy {
         &self,
         session: &mut Session,
         peer: &HttpPeer,
-        ctx: &mut StampCtx,
+        ctx: &mut EmbedCtx,
         e: Box<Error>,
     ) -> Box<Error> {
         self.inner.fail_to_connect(session, peer, &mut ctx.inner, e)
@@ -153,7 +178,7 @@ impl ProxyHttp for StampingProxy {
         peer: &HttpPeer,
         session: &mut Session,
         e: Box<Error>,
-        ctx: &mut StampCtx,
+        ctx: &mut EmbedCtx,
         client_reused: bool,
     ) -> Box<Error> {
         self.inner
@@ -164,49 +189,31 @@ impl ProxyHttp for StampingProxy {
         &self,
         session: &mut Session,
         e: &Error,
-        ctx: &mut StampCtx,
+        ctx: &mut EmbedCtx,
     ) -> FailToProxy {
         self.inner.fail_to_proxy(session, e, &mut ctx.inner).await
     }
 
-    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut StampCtx) {
+    /// Ours: one line per request, then shardgate's end of the request
+    /// (its access log, metrics and the admission's release).
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut EmbedCtx) {
+        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        log::info!(
+            "embed: {} {} -> {status} tenant={} shard={}",
+            session.req_header().method,
+            session.req_header().uri,
+            ctx.inner.tenant.as_deref().unwrap_or("-"),
+            ctx.inner.shard_id().map_or("-", |s| s.as_str()),
+        );
         self.inner.logging(session, e, &mut ctx.inner).await
     }
 }
 
-/// Our server: Pingora settings from shardgate's config, our proxy on its
-/// listeners.
-pub fn build_server(config: Config) -> std::result::Result<Server, String> {
-    let conf = shardgate::server::server_conf(&config.server, config.retry.attempts);
-    let control = Arc::new(Control::new(config, Arc::new(PlatformHooks))?);
-    let mut server = Server::new_with_opt_and_conf(None, conf);
-    server.bootstrap();
-    let proxy = StampingProxy {
-        inner: Gateway::new(Arc::clone(&control)),
-    };
-    let mut service = pingora_proxy::http_proxy_service(&server.configuration, proxy);
-    for l in &control.config.listen {
-        service.add_tcp(&l.addr.to_string());
-    }
-    server.add_service(service);
-    Ok(server)
-}
-
-#[allow(dead_code)]
-fn main() {
-    env_logger::init();
-    let path = std::env::args().nth(1).unwrap_or_else(|| {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/conf/quickstart.yaml").to_string()
-    });
-    let config = Config::load(&path).unwrap_or_else(|e| {
-        eprintln!("{e}");
-        std::process::exit(1)
-    });
-    match build_server(config) {
-        Ok(server) => server.run_forever(),
-        Err(e) => {
-            eprintln!("error: {e}");
-            std::process::exit(1)
-        }
-    }
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    run_cli(|builder| {
+        builder
+            .hooks(Arc::new(PlatformHooks))
+            .build_with(|gateway| EmbeddingProxy { inner: gateway })
+    })
 }

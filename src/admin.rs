@@ -6,7 +6,7 @@
 //! applied: each request is validated whole before it changes anything.
 
 use crate::control::Control;
-use crate::proxy::routes::RoutePrefixes;
+use crate::proxy::pipeline::routes::RoutePrefixes;
 use crate::routing::{RouteRequest, Shard, ShardId};
 use crate::state::{self, StateSnapshot};
 use http::{Method, Response, StatusCode};

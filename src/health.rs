@@ -31,7 +31,7 @@ pub struct TcpProbe {
 #[async_trait::async_trait]
 impl Probe for TcpProbe {
     async fn probe(&self, addr: SocketAddr) -> bool {
-        crate::proxy::watch::probe(addr, self.timeout).await
+        crate::proxy::pipeline::watch::probe(addr, self.timeout).await
     }
 }
 

@@ -705,55 +705,6 @@ fn an_open_websocket_holds_the_cap_until_either_side_closes() {
     });
 }
 
-/// An iptables rule that silently drops a loopback port's traffic, removed
-/// on drop.
-struct Blackhole {
-    port: u16,
-}
-
-impl Blackhole {
-    fn rules(port: u16) -> [Vec<String>; 2] {
-        let p = port.to_string();
-        [
-            [
-                "INPUT", "-p", "tcp", "-i", "lo", "--dport", &p, "-j", "DROP",
-            ]
-            .map(String::from)
-            .to_vec(),
-            [
-                "OUTPUT", "-p", "tcp", "-o", "lo", "--sport", &p, "-j", "DROP",
-            ]
-            .map(String::from)
-            .to_vec(),
-        ]
-    }
-
-    fn start(port: u16) -> Option<Blackhole> {
-        for rule in Blackhole::rules(port) {
-            let ok = std::process::Command::new("iptables")
-                .arg("-I")
-                .args(&rule)
-                .status()
-                .is_ok_and(|s| s.success());
-            if !ok {
-                return None;
-            }
-        }
-        Some(Blackhole { port })
-    }
-}
-
-impl Drop for Blackhole {
-    fn drop(&mut self) {
-        for rule in Blackhole::rules(self.port) {
-            let _ = std::process::Command::new("iptables")
-                .arg("-D")
-                .args(&rule)
-                .status();
-        }
-    }
-}
-
 #[test]
 fn a_silently_dropped_upstream_is_detected_by_liveness() {
     let gone = Backend::with("gone", |_| {
@@ -808,4 +759,39 @@ fn https_shards_are_reached_over_tls() {
     assert_eq!(r.json()["tls"], true);
     assert_eq!(r.json()["tenant"], "acme");
     assert_eq!(tls.seen.lock().unwrap()[0].uri, "/over-tls");
+}
+
+#[test]
+fn every_answer_shardgate_writes_itself_carries_a_date() {
+    let a = Backend::start("a");
+    let gw = one(&a, "limits: { deny: [suspended] }\n");
+    for (raw, status) in [
+        (
+            "GET / HTTP/1.1\r\nHost: nobody.example\r\nConnection: close\r\n\r\n",
+            404,
+        ),
+        (
+            "GET / HTTP/1.1\r\nHost: suspended.localhost\r\nConnection: close\r\n\r\n",
+            403,
+        ),
+        // DESIGN §3: a `#` in the target is refused, with or without a body.
+        (
+            "GET /api/export#x HTTP/1.1\r\nHost: acme.localhost\r\nConnection: close\r\n\r\n",
+            400,
+        ),
+        (
+            "POST /api#x HTTP/1.1\r\nHost: acme.localhost\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi",
+            400,
+        ),
+        ("GET / HTTP/1.1\r\nConnection: close\r\n\r\n", 400),
+    ] {
+        let r = gw.send(raw);
+        assert_eq!(r.status, status, "{raw:?}: {}", r.text());
+        assert!(r.header("date").is_some(), "{raw:?} has a Date");
+    }
+    assert_eq!(a.count(), 0, "nothing reached the shard");
+    gw.admin("POST", "/v1/shards/a/drain", None, None);
+    let r = gw.get("acme.localhost", "/");
+    assert_eq!(r.status, 503);
+    assert!(r.header("date").is_some());
 }

@@ -11,7 +11,7 @@ use pingora::http::RequestHeader;
 use shardgate::config::Config;
 use shardgate::control::Control;
 use shardgate::proxy::ctx::RequestCtx;
-use shardgate::proxy::hooks::DefaultHooks;
+use shardgate::proxy::hooks::{DefaultHooks, RequestView};
 use shardgate::proxy::Gateway;
 use std::sync::{Arc, OnceLock};
 
@@ -66,7 +66,7 @@ fuzz_target!(|input: Input| {
     }
     let gw = gateway();
     let mut ctx = RequestCtx::default();
-    match gw.plan(&req, &mut ctx) {
+    match gw.plan(&RequestView::from_pingora(&req), &mut ctx) {
         Ok(()) => {
             let shard = ctx.shard.as_ref().expect("an admission names a shard");
             let tenant = ctx.tenant.as_deref().expect("and a tenant");

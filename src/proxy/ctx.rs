@@ -1,8 +1,8 @@
 //! Per-request state, carried through Pingora's phases.
 
 use super::hooks::UpstreamFailure;
-use super::respond::Refusal;
-use super::watch::{Verdict, Watch};
+use super::pipeline::answer::Refusal;
+use super::pipeline::watch::{Verdict, Watch};
 use crate::control::ShardPeer;
 use crate::limits::AdmissionGuard;
 use crate::routing::counters::GaugeTicket;
@@ -50,6 +50,8 @@ pub struct RequestCtx {
     /// Status of the answer shardgate wrote itself, if it did.
     pub answered: Option<u16>,
     pub(crate) retry_ticket: Option<GaugeTicket>,
+    /// Upstream fields the embedder's request check added.
+    pub(crate) extra_fields: Vec<(http::HeaderName, http::HeaderValue)>,
 }
 
 impl Default for RequestCtx {
@@ -75,6 +77,7 @@ impl Default for RequestCtx {
             refusal: None,
             answered: None,
             retry_ticket: None,
+            extra_fields: Vec::new(),
         }
     }
 }

@@ -9,6 +9,7 @@
 //! twice.
 
 use super::fast::{FastPath, Outcome};
+use super::pipeline::answer::Refusal;
 use super::with_planned;
 use bytes::BytesMut;
 use pingora::apps::{HttpServerApp, ServerApp};
@@ -36,6 +37,10 @@ pub enum HeadError {
     Timeout,
     /// Too many bytes or too many fields: 431.
     TooLarge,
+    /// A `#` in the request target: 400. A fragment is never sent (RFC
+    /// 9110 §7.1); a client that sends one is probing how path rules
+    /// match (DESIGN §3), and Pingora would quietly cut it off.
+    Fragment,
 }
 
 /// Reads one request head into `buf` (which may already hold bytes).
@@ -53,6 +58,9 @@ pub async fn read_head(
     loop {
         if !buf.is_empty() {
             match parse(buf, limits) {
+                Parsed::Complete | Parsed::Invalid if has_fragment(buf) => {
+                    return Err(HeadError::Fragment)
+                }
                 Parsed::Complete | Parsed::Invalid => return Ok(true),
                 Parsed::TooLarge => return Err(HeadError::TooLarge),
                 Parsed::Partial if buf.len() > limits.max_header_bytes => {
@@ -136,6 +144,13 @@ fn parse(buf: &[u8], limits: &HeadLimits) -> Parsed {
     }
 }
 
+/// Whether the request line (the first line of a whole head) has a `#`:
+/// only the target can.
+fn has_fragment(buf: &[u8]) -> bool {
+    let line = buf.split(|b| *b == b'\n').next().unwrap_or_default();
+    line.contains(&b'#')
+}
+
 /// Where a head ends: just past its blank line (CRLF CRLF, or bare LFs).
 fn head_end(buf: &[u8]) -> Option<usize> {
     let crlf = buf
@@ -151,17 +166,13 @@ fn head_end(buf: &[u8]) -> Option<usize> {
 
 /// Writes a final answer on a connection that is about to close.
 async fn refuse(stream: &mut Stream, error: HeadError) {
-    let (status, reason, code) = match error {
-        HeadError::Timeout => (408, "Request Timeout", "request-timeout"),
-        HeadError::TooLarge => (431, "Request Header Fields Too Large", "header-too-large"),
+    let refusal = match error {
+        HeadError::Timeout => Refusal::error(408, "request-timeout"),
+        HeadError::TooLarge => Refusal::error(431, "header-too-large"),
+        HeadError::Fragment => Refusal::error(400, "fragment-in-target"),
     };
-    let body = format!("{{\"error\":\"{code}\"}}");
-    let response = format!(
-        "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        let _ = stream.write_all(response.as_bytes()).await;
+        let _ = stream.write_all(&refusal.http1(false, true)).await;
         let _ = stream.flush().await;
         let _ = stream.shutdown().await;
     })

@@ -1,10 +1,166 @@
 //! What an embedding server may decide for shardgate: whether a tenant may
-//! be served, what happens when a shard fails, and the per-shard load fed to
-//! `rendezvous`/`hrw`. Every method has the standalone binary's behaviour
-//! as its default.
+//! be served, a check of each request (refuse it, or add upstream fields),
+//! an edit of each response head, what happens when a shard fails, and the
+//! per-shard load fed to `rendezvous`/`hrw`. Every method has the
+//! standalone binary's behaviour as its default, and every one runs on
+//! both transports (shardgate's own HTTP/1.1 forwarding and Pingora's
+//! proxy) for every request.
 
 use crate::routing::{Router, ShardId};
+use http::{HeaderName, HeaderValue};
 use std::fmt;
+
+/// A client request as the hooks see it, whichever transport carries it.
+pub struct RequestView<'a> {
+    /// The method as sent (`GET`, …).
+    pub method: &'a str,
+    /// The request target as sent: origin form (`/path?query`) or the
+    /// absolute form's text.
+    pub target: &'a str,
+    /// The path, without query.
+    pub path: &'a str,
+    /// An absolute-form target's authority, if the target had one.
+    pub authority: Option<&'a str>,
+    fields: Fields<'a>,
+}
+
+/// The request's fields, as each transport holds them.
+enum Fields<'a> {
+    Raw(&'a [(&'a str, &'a [u8])]),
+    Map(&'a http::HeaderMap),
+}
+
+impl<'a> RequestView<'a> {
+    /// A view of a head parsed into (name, value) pairs.
+    pub fn from_raw(
+        method: &'a str,
+        target: &'a str,
+        path: &'a str,
+        fields: &'a [(&'a str, &'a [u8])],
+    ) -> Self {
+        RequestView {
+            method,
+            target,
+            path,
+            authority: None,
+            fields: Fields::Raw(fields),
+        }
+    }
+
+    /// A view of a Pingora request head.
+    pub fn from_pingora(req: &'a pingora::http::RequestHeader) -> Self {
+        RequestView {
+            method: req.method.as_str(),
+            target: std::str::from_utf8(req.raw_path()).unwrap_or_else(|_| req.uri.path()),
+            path: req.uri.path(),
+            authority: req.uri.authority().map(|a| a.as_str()),
+            fields: Fields::Map(&req.headers),
+        }
+    }
+
+    /// Every value of the field `name` (case-insensitive), in order.
+    pub fn values<'s>(&'s self, name: &'s str) -> Box<dyn Iterator<Item = &'a [u8]> + 's> {
+        match self.fields {
+            Fields::Raw(fields) => Box::new(
+                fields
+                    .iter()
+                    .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+                    .map(|(_, v)| *v),
+            ),
+            Fields::Map(map) => Box::new(map.get_all(name).iter().map(|v| v.as_bytes())),
+        }
+    }
+
+    /// The first value of the field `name`.
+    pub fn header(&self, name: &str) -> Option<&'a [u8]> {
+        match self.fields {
+            Fields::Raw(fields) => fields
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| *v),
+            Fields::Map(map) => map.get(name).map(|v| v.as_bytes()),
+        }
+    }
+}
+
+/// Whether a response edit may touch the field `name`.
+fn editable(name: &HeaderName) -> bool {
+    let name = name.as_str();
+    !crate::proxy::pipeline::fields::is_hop_by_hop(name)
+        && name != "content-length"
+        && name != "date"
+}
+
+/// What [`GatewayHooks::check_request`] decided.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum RequestCheck {
+    /// Route and proxy the request as usual.
+    #[default]
+    Proceed,
+    /// Route and proxy it with these fields added to the upstream request
+    /// (after the client's; a field shardgate owns, such as the tenant
+    /// header or `X-Forwarded-For`, cannot be set this way and is ignored).
+    AddFields(Vec<(HeaderName, HeaderValue)>),
+    /// Answer `status` with `body` (sent as `application/json`); nothing
+    /// is routed, no token is spent.
+    Refuse { status: u16, body: String },
+}
+
+/// A response head on its way to the client, as a hook may edit it.
+#[derive(Debug, Default)]
+pub struct ResponseEdit {
+    status: u16,
+    pub(crate) add: Vec<(HeaderName, HeaderValue)>,
+    pub(crate) remove: Vec<HeaderName>,
+}
+
+impl ResponseEdit {
+    pub(crate) fn new(status: u16) -> Self {
+        ResponseEdit {
+            status,
+            add: Vec::new(),
+            remove: Vec::new(),
+        }
+    }
+
+    /// The shard's status code.
+    pub fn status(&self) -> u16 {
+        self.status
+    }
+
+    /// Sets `name` to `value` (replacing what the shard sent). Framing,
+    /// hop-by-hop fields and `Date` are the transports' to write: editing
+    /// them is refused (`false`).
+    pub fn insert(&mut self, name: HeaderName, value: HeaderValue) -> bool {
+        if !editable(&name) {
+            return false;
+        }
+        self.remove.push(name.clone());
+        self.add.push((name, value));
+        true
+    }
+
+    /// Removes every `name` field the shard sent (`false`, and nothing
+    /// removed, for framing, hop-by-hop fields and `Date`).
+    pub fn remove(&mut self, name: HeaderName) -> bool {
+        if !editable(&name) {
+            return false;
+        }
+        self.remove.push(name);
+        true
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.add.is_empty() && self.remove.is_empty()
+    }
+
+    /// Whether the shard's field `name` is to go.
+    pub(crate) fn removes(&self, name: &[u8]) -> bool {
+        self.remove
+            .iter()
+            .any(|r| r.as_str().as_bytes().eq_ignore_ascii_case(name))
+    }
+}
 
 /// How an upstream attempt failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -58,6 +214,16 @@ pub trait GatewayHooks: Send + Sync + 'static {
             router.mark_unhealthy(shard.as_str());
         }
     }
+
+    /// Checks a request once its tenant is known, before it is routed: let
+    /// it through (optionally with extra upstream fields) or refuse it.
+    fn check_request(&self, _tenant: &str, _request: &RequestView<'_>) -> RequestCheck {
+        RequestCheck::Proceed
+    }
+
+    /// Edits a shard's response head before it goes to the client (not
+    /// shardgate's own answers). `tenant` and `shard` say who served it.
+    fn edit_response(&self, _tenant: &str, _shard: &ShardId, _response: &mut ResponseEdit) {}
 
     /// Whether [`GatewayHooks::load`] supplies loads (otherwise
     /// `routing.load` from the configuration applies).

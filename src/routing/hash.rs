@@ -177,7 +177,7 @@ pub struct Contestant<'a> {
 
 /// `−ln(k / 4096)` for k in 0..=4096 (`+∞` at 0): brackets `−ln u` for any
 /// `u` in `[k/4096, (k+1)/4096]` between entries `k + 1` and `k`.
-static NEG_LN_SLICES: once_cell::sync::Lazy<Box<[f64]>> = once_cell::sync::Lazy::new(|| {
+static NEG_LN_SLICES: std::sync::LazyLock<Box<[f64]>> = std::sync::LazyLock::new(|| {
     (0..=4096)
         .map(|k| {
             if k == 0 {

@@ -501,6 +501,7 @@ pub struct Gateway {
     pub admin_port: u16,
     pub dir: tempfile::TempDir,
     pub config_path: std::path::PathBuf,
+    program: std::path::PathBuf,
 }
 
 /// Whether test gateways run with the fast path (see below).
@@ -528,6 +529,12 @@ impl Gateway {
     /// Starts the binary. In `yaml`, `{port}`, `{admin}` and `{dir}` are
     /// replaced by the listen port, the admin port and a scratch folder.
     pub fn start(yaml: &str) -> Gateway {
+        Gateway::start_program(std::path::Path::new(env!("CARGO_BIN_EXE_shardgate")), yaml)
+    }
+
+    /// Starts `program` (the binary, or an embedder's built on shardgate,
+    /// taking the same flags) as [`Gateway::start`] does.
+    pub fn start_program(program: &std::path::Path, yaml: &str) -> Gateway {
         let dir = tempfile::tempdir().expect("temp dir");
         let port = free_port();
         let admin_port = free_port();
@@ -539,7 +546,8 @@ impl Gateway {
         let config_path = dir.path().join("shardgate.yaml");
         std::fs::write(&config_path, text).expect("write config");
         let mut gw = Gateway {
-            child: spawn(&config_path, dir.path()),
+            child: spawn(program, &config_path, dir.path()),
+            program: program.to_path_buf(),
             port,
             admin_port,
             dir,
@@ -627,7 +635,7 @@ impl Gateway {
     pub fn restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        self.child = spawn(&self.config_path, self.dir.path());
+        self.child = spawn(&self.program, &self.config_path, self.dir.path());
         self.wait_ready();
     }
 
@@ -645,13 +653,13 @@ impl Drop for Gateway {
     }
 }
 
-fn spawn(config: &std::path::Path, dir: &std::path::Path) -> Child {
+fn spawn(program: &std::path::Path, config: &std::path::Path, dir: &std::path::Path) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join("gateway.log"))
         .expect("log file");
-    Command::new(env!("CARGO_BIN_EXE_shardgate"))
+    Command::new(program)
         .arg("-c")
         .arg(config)
         .env(
@@ -947,4 +955,54 @@ pub fn exchange(port: u16, raw: &[u8], wait: Duration) -> (Vec<u16>, String) {
         .filter_map(|(i, _)| text[i..].split_whitespace().nth(1)?.parse().ok())
         .collect();
     (statuses, text)
+}
+
+/// iptables rules that silently drop a loopback port's traffic both ways,
+/// removed on drop — so a test that panics (an assertion failed) removes
+/// them too, and no rule outlives the test.
+pub struct Blackhole {
+    port: u16,
+}
+
+impl Blackhole {
+    fn rules(port: u16) -> [Vec<String>; 2] {
+        let p = port.to_string();
+        [
+            [
+                "INPUT", "-p", "tcp", "-i", "lo", "--dport", &p, "-j", "DROP",
+            ]
+            .map(String::from)
+            .to_vec(),
+            [
+                "OUTPUT", "-p", "tcp", "-o", "lo", "--sport", &p, "-j", "DROP",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ]
+    }
+
+    pub fn start(port: u16) -> Option<Blackhole> {
+        for rule in Blackhole::rules(port) {
+            let ok = std::process::Command::new("iptables")
+                .arg("-I")
+                .args(&rule)
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                return None;
+            }
+        }
+        Some(Blackhole { port })
+    }
+}
+
+impl Drop for Blackhole {
+    fn drop(&mut self) {
+        for rule in Blackhole::rules(self.port) {
+            let _ = std::process::Command::new("iptables")
+                .arg("-D")
+                .args(&rule)
+                .status();
+        }
+    }
 }

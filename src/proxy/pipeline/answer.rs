@@ -1,10 +1,14 @@
-//! The answers shardgate writes itself: refusals with their status codes
-//! and small JSON bodies (DESIGN §2 "Per request").
+//! The answers shardgate writes itself — refusals, its own errors, the
+//! head limits' 408/431 — with their status codes and small JSON bodies
+//! (DESIGN §2 "Per request"). One encoder: [`Refusal::fields`] is the head
+//! both transports write (with `Date`), as raw HTTP/1 bytes or as a
+//! Pingora response head.
 
 use crate::routing::Decision;
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
+use pingora::protocols::http::date::get_cached_date;
 use pingora_proxy::Session;
 
 /// A refusal to proxy, with everything needed to answer it.
@@ -58,15 +62,68 @@ impl Refusal {
         }
     }
 
-    /// Writes the answer; the connection stays usable when the request was
-    /// read whole.
+    /// An embedder's refusal (see `GatewayHooks::check_request`): its status
+    /// (a status outside 200–599 is sent as 500) and body.
+    pub fn custom(status: u16, body: String) -> Self {
+        Refusal {
+            status: if (200..=599).contains(&status) {
+                status
+            } else {
+                500
+            },
+            body,
+            retry_after: None,
+            decision: None,
+        }
+    }
+
+    /// The answer's head fields, in order: what both transports write.
+    pub fn fields(&self) -> impl Iterator<Item = (&'static str, String)> + '_ {
+        [
+            Some(("content-type", "application/json".to_string())),
+            Some(("content-length", self.body.len().to_string())),
+            Some(("cache-control", "no-store".to_string())),
+            self.retry_after
+                .map(|secs| ("retry-after", secs.to_string())),
+            Some((
+                "date",
+                String::from_utf8_lossy(get_cached_date().as_bytes()).into_owned(),
+            )),
+        ]
+        .into_iter()
+        .flatten()
+    }
+
+    /// The answer as HTTP/1.1 bytes; `close`: the connection closes after
+    /// it (and says so).
+    pub fn http1(&self, head_only: bool, close: bool) -> Vec<u8> {
+        let reason = http::StatusCode::from_u16(self.status)
+            .ok()
+            .and_then(|s| s.canonical_reason())
+            .unwrap_or_default();
+        let mut out = Vec::with_capacity(192 + self.body.len());
+        out.extend_from_slice(format!("HTTP/1.1 {} {reason}\r\n", self.status).as_bytes());
+        for (name, value) in self.fields() {
+            for part in [name.as_bytes(), b": ", value.as_bytes(), b"\r\n"] {
+                out.extend_from_slice(part);
+            }
+        }
+        if close {
+            out.extend_from_slice(b"connection: close\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        if !head_only {
+            out.extend_from_slice(self.body.as_bytes());
+        }
+        out
+    }
+
+    /// Writes the answer through Pingora's session; the connection stays
+    /// usable when the request was read whole.
     pub async fn send(&self, session: &mut Session) -> Result<()> {
-        let mut resp = ResponseHeader::build(self.status, Some(4))?;
-        resp.insert_header("content-type", "application/json")?;
-        resp.insert_header("content-length", self.body.len().to_string())?;
-        resp.insert_header("cache-control", "no-store")?;
-        if let Some(secs) = self.retry_after {
-            resp.insert_header("retry-after", secs.to_string())?;
+        let mut resp = ResponseHeader::build(self.status, Some(5))?;
+        for (name, value) in self.fields() {
+            resp.insert_header(name, value)?;
         }
         let head_only = session.req_header().method == http::Method::HEAD;
         session
@@ -113,5 +170,25 @@ mod tests {
             Refusal::error(404, "unknown-domain").body,
             r#"{"error":"unknown-domain"}"#
         );
+    }
+
+    #[test]
+    fn every_answer_is_dated_and_framed() {
+        let r = Refusal::decision(Decision::RateLimited, Some("tenant"), Some(1.5));
+        let text = String::from_utf8(r.http1(false, true)).unwrap();
+        assert!(
+            text.starts_with("HTTP/1.1 429 Too Many Requests\r\n"),
+            "{text}"
+        );
+        for field in [
+            "\r\ndate: ",
+            "\r\nretry-after: 2\r\n",
+            "\r\nconnection: close\r\n",
+        ] {
+            assert!(text.contains(field), "{field:?} in {text}");
+        }
+        assert!(text.ends_with(&format!("\r\n\r\n{}", r.body)));
+        let head = String::from_utf8(r.http1(true, false)).unwrap();
+        assert!(head.ends_with("\r\n\r\n") && !head.contains("connection"));
     }
 }

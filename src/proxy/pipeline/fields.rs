@@ -1,41 +1,81 @@
-//! Header rewriting between client and shard. Pingora already strips the
-//! standard hop-by-hop request fields and the fields `Connection` names
-//! (keeping a WebSocket handshake's `Upgrade`); this adds the forwarding
-//! fields, which are never taken from the client, and strips hop-by-hop
-//! fields from responses.
+//! The fields a request and a response carry past shardgate, for both
+//! transports: the hop-by-hop table (both directions), the fields shardgate
+//! owns upstream and never takes from a client, WebSocket detection, and
+//! the check for a switch of protocols nobody asked for. Pingora's path
+//! applies them to header maps, the fast path to raw heads; the rules are
+//! these.
 
-use http::header::{HeaderName, CONNECTION, PROXY_AUTHENTICATE, TE, TRAILER, UPGRADE};
-use http::HeaderValue;
+use http::header::{HeaderName, CONNECTION, UPGRADE};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
+use std::borrow::Cow;
 use std::net::IpAddr;
 
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
-/// What the forwarding fields say about the client.
-pub struct Forwarding<'a> {
-    /// The client's `Host` (or absolute-form authority), verbatim.
-    pub host: &'a str,
-    /// `http` or `https`.
-    pub proto: &'static str,
-    /// The peer's IP, if the connection has one.
-    pub peer_ip: Option<IpAddr>,
-    /// Append to a client-sent `X-Forwarded-For` instead of replacing it.
-    pub trust_forwarded_for: bool,
-    pub tenant_header: &'a HeaderName,
-    pub tenant: &'a str,
+/// Hop-by-hop fields (RFC 9110 §7.6.1), removed in both directions;
+/// `Connection` and `Upgrade` survive only a WebSocket handshake, and
+/// `Transfer-Encoding` is re-framed by the transport that writes the body.
+pub const HOP_BY_HOP: [&str; 10] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "http2-settings",
+];
+
+/// Whether `name` is a hop-by-hop field of [`HOP_BY_HOP`].
+pub fn is_hop_by_hop(name: &str) -> bool {
+    HOP_BY_HOP.iter().any(|f| name.eq_ignore_ascii_case(f))
 }
 
-/// Whether a request field is one shardgate sets itself — the forwarding
-/// fields and the tenant header — under its own name or a look-alike with
-/// `_` for `-` (CGI-style backends read `X_Tenant_Id` as `X-Tenant-Id`;
-/// nginx drops such fields by default for this reason), or RFC 7239's
-/// `Forwarded`, which says the same things, unless `trust_forwarded_for`.
-/// Either way the client's value never reaches the shard.
+/// Comma-separated tokens of a field value, trimmed, empty ones skipped.
+pub fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|b| *b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty())
+}
+
+/// Whether an `Upgrade` value asks for the WebSocket protocol: the value
+/// is `websocket` (trimmed, any case) and nothing else — Pingora's own
+/// rule for which upgrades it forwards, so both transports agree.
+pub fn names_websocket(upgrade: &[u8]) -> bool {
+    upgrade.trim_ascii().eq_ignore_ascii_case(b"websocket")
+}
+
+/// A shard's `101 Switching Protocols` to a request that asked for no
+/// WebSocket: not an answer shardgate forwards (502, no failure hook, no
+/// retry — the shard is reachable and the request was delivered).
+pub fn unrequested_switch(status: u16, websocket_asked: bool) -> bool {
+    status == 101 && !websocket_asked
+}
+
+/// The client-address fields frameworks trust that shardgate neither sets
+/// nor forwards (DESIGN §3).
+const CLIENT_ADDRESS_FIELDS: [&str; 5] = [
+    "x-client-ip",
+    "true-client-ip",
+    "cf-connecting-ip",
+    "fastly-client-ip",
+    "x-cluster-client-ip",
+];
+
+/// Whether a request field is one shardgate owns upstream — the forwarding
+/// fields, `X-Real-IP`, the tenant header, the client-address fields
+/// frameworks trust, RFC 7239's `Forwarded` unless `trust_forwarded_for`,
+/// and the framing fields — under its own name or a look-alike with `_` for
+/// `-` (CGI-style backends read `X_Tenant_Id` as `X-Tenant-Id`; nginx drops
+/// such fields by default for this reason). The client's value never
+/// reaches the shard. (The real `Content-Length` and `Transfer-Encoding`
+/// are the transports' to frame; only their look-alikes are caught here.)
 pub fn is_ours(name: &str, tenant_header: &str, trust_forwarded_for: bool) -> bool {
     let same = |wanted: &str| {
         name.len() == wanted.len()
@@ -45,121 +85,151 @@ pub fn is_ours(name: &str, tenant_header: &str, trust_forwarded_for: bool) -> bo
                 a.eq_ignore_ascii_case(&b)
             })
     };
+    let look_alike = |wanted: &str| name.contains('_') && same(wanted);
     same("x-forwarded-for")
         || same("x-forwarded-host")
         || same("x-forwarded-proto")
+        || same("x-real-ip")
         || same(tenant_header)
         || (!trust_forwarded_for && same("forwarded"))
+        || CLIENT_ADDRESS_FIELDS.iter().any(|f| same(f))
+        || look_alike("content-length")
+        || look_alike("transfer-encoding")
+}
+
+/// What the forwarding fields say about the client (DESIGN §2 "Forward").
+pub struct Forwarding<'a> {
+    /// The client's `Host` (or absolute-form authority), verbatim.
+    pub host: &'a str,
+    /// `http` or `https`.
+    pub proto: &'static str,
+    /// The peer's IP, if the connection has one.
+    pub peer_ip: Option<IpAddr>,
+    /// Append to a client-sent `X-Forwarded-For` instead of replacing it.
+    pub trust_forwarded_for: bool,
+    pub tenant_header: &'a str,
+    pub tenant: &'a str,
 }
 
 impl Forwarding<'_> {
+    /// Whether `name` is a field shardgate owns upstream (see [`is_ours`]).
+    pub fn owns(&self, name: &str) -> bool {
+        is_ours(name, self.tenant_header, self.trust_forwarded_for)
+    }
+
+    /// The fields shardgate sets upstream, in the order they are written.
+    /// `prior_xff`: the client's `X-Forwarded-For` values (read only when
+    /// trusted, and kept only if all of them are text).
+    pub fn fields<'v>(
+        &'v self,
+        prior_xff: impl Iterator<Item = &'v [u8]>,
+    ) -> impl Iterator<Item = (&'v str, Cow<'v, str>)> {
+        let ip = self.peer_ip.map(canonical_ip);
+        let xff = ip.map(|ip| {
+            let mut chain = String::with_capacity(48);
+            if self.trust_forwarded_for {
+                let prior: Vec<&[u8]> = prior_xff.collect();
+                if prior.iter().all(|v| is_text(v)) {
+                    for value in prior {
+                        // Text, checked above.
+                        chain.push_str(std::str::from_utf8(value).unwrap_or_default());
+                        chain.push_str(", ");
+                    }
+                }
+            }
+            chain.push_str(&ip.to_string());
+            chain
+        });
+        [
+            Some(("X-Forwarded-Host", Cow::Borrowed(self.host))),
+            Some(("X-Forwarded-Proto", Cow::Borrowed(self.proto))),
+            xff.map(|chain| ("X-Forwarded-For", Cow::Owned(chain))),
+            ip.map(|ip| ("X-Real-IP", Cow::Owned(ip.to_string()))),
+            Some((self.tenant_header, Cow::Borrowed(self.tenant))),
+        ]
+        .into_iter()
+        .flatten()
+    }
+
+    /// Applies the fields to a Pingora request head: the client's own and
+    /// hop-by-hop fields go, ours are set. (`Connection` and `Upgrade` are
+    /// left to Pingora's WebSocket-only upgrade policy, which removes them
+    /// unless the request is a WebSocket handshake.)
     pub fn apply(&self, req: &mut RequestHeader) -> Result<()> {
-        // A trusted chain is read before the client's fields go.
-        let client_xff = self
-            .trust_forwarded_for
-            .then(|| joined(req, &X_FORWARDED_FOR))
-            .flatten();
+        let prior: Vec<Vec<u8>> = if self.trust_forwarded_for {
+            req.headers
+                .get_all(&X_FORWARDED_FOR)
+                .iter()
+                .map(|v| v.as_bytes().to_vec())
+                .collect()
+        } else {
+            Vec::new()
+        };
         let theirs: Vec<HeaderName> = req
             .headers
             .keys()
             .filter(|n| {
-                is_ours(
-                    n.as_str(),
-                    self.tenant_header.as_str(),
-                    self.trust_forwarded_for,
-                )
+                let n = n.as_str();
+                self.owns(n) || (is_hop_by_hop(n) && n != "connection" && n != "upgrade")
             })
             .cloned()
             .collect();
         for name in &theirs {
             req.remove_header(name);
         }
-        req.insert_header(X_FORWARDED_HOST, self.host)?;
-        req.insert_header(X_FORWARDED_PROTO, self.proto)?;
-        if let Some(ip) = self.peer_ip {
-            let ip = canonical(ip).to_string();
-            let value = match client_xff {
-                Some(prior) => format!("{prior}, {ip}"),
-                None => ip,
-            };
-            req.insert_header(X_FORWARDED_FOR, value)?;
+        for (name, value) in self.fields(prior.iter().map(Vec::as_slice)) {
+            let name = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|e| Error::because(ErrorType::InternalError, "header name", e))?;
+            req.insert_header(name, value.as_ref())?;
         }
-        req.insert_header(self.tenant_header.clone(), self.tenant)?;
         Ok(())
     }
 }
 
+/// Visible ASCII, spaces and tabs.
+fn is_text(value: &[u8]) -> bool {
+    value
+        .iter()
+        .all(|b| *b == b'\t' || (b' '..=b'~').contains(b))
+}
+
 /// An IPv4 client on a dual-stack listener, as IPv4.
-fn canonical(ip: IpAddr) -> IpAddr {
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,
     }
 }
 
-/// Every value of a (list) header joined with `, `; `None` if absent or not
-/// text.
-fn joined(req: &RequestHeader, name: &HeaderName) -> Option<String> {
-    let values: Vec<&str> = req
-        .headers
-        .get_all(name)
-        .iter()
-        .map(|v| v.to_str())
-        .collect::<Result<_, _>>()
-        .ok()?;
-    (!values.is_empty()).then(|| values.join(", "))
-}
-
-/// Removes hop-by-hop fields from a shard's response: `Connection` and the
-/// fields it names, `Keep-Alive`, `Proxy-Connection`, `Proxy-Authenticate`,
-/// `TE`, `Trailer`, and `Upgrade` unless the response switches protocols.
-/// `Transfer-Encoding` stays: it describes the framing Pingora writes.
+/// Removes hop-by-hop fields from a shard's response: those of
+/// [`HOP_BY_HOP`] and the fields `Connection` names, keeping a 101's
+/// `Connection` and `Upgrade`. `Transfer-Encoding` stays: it describes the
+/// framing Pingora writes.
 pub fn strip_response_hop_by_hop(resp: &mut ResponseHeader) {
+    let hop = |k: &HeaderName| k != http::header::TRANSFER_ENCODING && is_hop_by_hop(k.as_str());
     // Most responses carry none: one pass over the names decides.
-    let hop_by_hop = [
-        &CONNECTION,
-        &UPGRADE,
-        &KEEP_ALIVE,
-        &PROXY_CONNECTION,
-        &PROXY_AUTHENTICATE,
-        &TE,
-        &TRAILER,
-    ];
-    if !resp.headers.keys().any(|k| hop_by_hop.contains(&k)) {
+    if !resp.headers.keys().any(hop) {
         return;
     }
     let switching = resp.status == http::StatusCode::SWITCHING_PROTOCOLS;
-    if !switching {
-        let named: Vec<HeaderName> = resp
-            .headers
-            .get_all(CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
-            .filter(|name| {
-                name != http::header::TRANSFER_ENCODING && name != http::header::CONTENT_LENGTH
-            })
-            .collect();
-        for name in named {
-            resp.remove_header(&name);
-        }
-        resp.remove_header(&CONNECTION);
-        resp.remove_header(&UPGRADE);
+    let mut gone: Vec<HeaderName> = resp.headers.keys().filter(|k| hop(k)).cloned().collect();
+    if switching {
+        gone.retain(|k| k != CONNECTION && k != UPGRADE);
+    } else {
+        gone.extend(
+            resp.headers
+                .get_all(CONNECTION)
+                .iter()
+                .flat_map(|v| tokens(v.as_bytes()))
+                .filter_map(|token| HeaderName::from_bytes(token).ok())
+                .filter(|name| {
+                    name != http::header::TRANSFER_ENCODING && name != http::header::CONTENT_LENGTH
+                }),
+        );
     }
-    resp.remove_header(&KEEP_ALIVE);
-    resp.remove_header(&PROXY_CONNECTION);
-    resp.remove_header(&PROXY_AUTHENTICATE);
-    resp.remove_header(&TE);
-    resp.remove_header(&TRAILER);
-}
-
-/// Whether a header value names the WebSocket protocol.
-pub fn is_websocket(upgrade: Option<&HeaderValue>) -> bool {
-    upgrade.and_then(|v| v.to_str().ok()).is_some_and(|v| {
-        v.split(',')
-            .any(|p| p.trim().eq_ignore_ascii_case("websocket"))
-    })
+    for name in gone {
+        resp.remove_header(&name);
+    }
 }
 
 #[cfg(test)]
@@ -180,17 +250,27 @@ mod tests {
         req.insert_header("x-tenant_id-extra", "kept").unwrap();
         req.insert_header("forwarded", "for=6.6.6.6;proto=https")
             .unwrap();
+        for (name, value) in [
+            ("x-real-ip", "6.6.6.6"),
+            ("true-client-ip", "6.6.6.6"),
+            ("cf-connecting-ip", "6.6.6.6"),
+            ("transfer_encoding", "chunked"),
+            ("content_length", "5"),
+            ("proxy-authorization", "Basic eA=="),
+            ("te", "trailers"),
+        ] {
+            req.insert_header(name, value).unwrap();
+        }
         req
     }
 
     fn forward(req: &mut RequestHeader, trust: bool, ip: Option<IpAddr>) {
-        let tenant_header = HeaderName::from_static("x-tenant-id");
         Forwarding {
             host: "App.Acme.com:8080",
             proto: "https",
             peer_ip: ip,
             trust_forwarded_for: trust,
-            tenant_header: &tenant_header,
+            tenant_header: "x-tenant-id",
             tenant: "acme",
         }
         .apply(req)
@@ -213,6 +293,17 @@ mod tests {
         assert!(h.get("x_forwarded_for").is_none());
         assert_eq!(h["x-tenant_id-extra"], "kept");
         assert!(h.get("forwarded").is_none());
+        assert_eq!(h["x-real-ip"], "127.0.0.1");
+        for gone in [
+            "true-client-ip",
+            "cf-connecting-ip",
+            "transfer_encoding",
+            "content_length",
+            "proxy-authorization",
+            "te",
+        ] {
+            assert!(h.get(gone).is_none(), "{gone} dropped");
+        }
     }
 
     #[test]

@@ -169,33 +169,66 @@ fn conclude(shared: &Shared, socket: &Socket, verdict: u8) {
 }
 
 async fn watch(shared: Arc<Shared>, socket: Socket, settings: WatchSettings) {
-    let mut next_probe = settings.liveness.map(|l| shared.start + l.after);
+    let mut waiting = Waiting::new(settings, shared.start);
     loop {
         let activity = Duration::from_millis(shared.last_activity_ms.load(Ordering::Relaxed));
         let deadline = shared.start + activity + settings.headers_timeout;
-        let wake = match next_probe {
-            Some(p) if p < deadline => p,
-            _ => deadline,
-        };
-        tokio::time::sleep_until(wake).await;
+        tokio::time::sleep_until(waiting.wake(deadline)).await;
         if shared.state.load(Ordering::Acquire) != WAITING {
             return;
         }
-        let now = Instant::now();
         let activity = Duration::from_millis(shared.last_activity_ms.load(Ordering::Relaxed));
-        if now >= shared.start + activity + settings.headers_timeout {
-            conclude(&shared, &socket, TIMED_OUT);
-            return;
+        let deadline = shared.start + activity + settings.headers_timeout;
+        match waiting.look(deadline, socket.peer).await {
+            Verdict::None => {}
+            Verdict::TimedOut => return conclude(&shared, &socket, TIMED_OUT),
+            Verdict::Unreachable => return conclude(&shared, &socket, UNREACHABLE),
         }
-        if let (Some(probe_at), Some(liveness)) = (next_probe, settings.liveness) {
+    }
+}
+
+/// The rule both transports wait for response headers by: look at the
+/// headers deadline and at each liveness probe's time, whichever comes
+/// first; past the deadline the attempt timed out, a probe that cannot
+/// connect means the shard is gone, one that connects means a slow app.
+pub struct Waiting {
+    settings: WatchSettings,
+    next_probe: Option<Instant>,
+}
+
+impl Waiting {
+    /// Waiting since `start` (the request was sent).
+    pub fn new(settings: WatchSettings, start: Instant) -> Self {
+        Waiting {
+            next_probe: settings.liveness.map(|l| start + l.after),
+            settings,
+        }
+    }
+
+    /// When to look next, given the headers deadline.
+    pub fn wake(&self, deadline: Instant) -> Instant {
+        match self.next_probe {
+            Some(p) if p < deadline => p,
+            _ => deadline,
+        }
+    }
+
+    /// A look at the time [`Waiting::wake`] named: the verdict, or
+    /// `Verdict::None` to keep waiting.
+    pub async fn look(&mut self, deadline: Instant, shard: SocketAddr) -> Verdict {
+        let now = Instant::now();
+        if now >= deadline {
+            return Verdict::TimedOut;
+        }
+        if let (Some(probe_at), Some(liveness)) = (self.next_probe, self.settings.liveness) {
             if now >= probe_at {
-                if !probe(socket.peer, liveness.probe_timeout).await {
-                    conclude(&shared, &socket, UNREACHABLE);
-                    return;
+                if !probe(shard, liveness.probe_timeout).await {
+                    return Verdict::Unreachable;
                 }
-                next_probe = Some(Instant::now() + liveness.after);
+                self.next_probe = Some(Instant::now() + liveness.after);
             }
         }
+        Verdict::None
     }
 }
 

@@ -1,0 +1,358 @@
+//! The Pingora transport: [`Gateway`] as a [`ProxyHttp`]. Each phase moves
+//! one step of a request through Pingora and calls the pipeline for the
+//! decision:
+//!
+//! `request_filter` plans (resolve, check, route, admit) or answers the
+//! refusal; `upstream_peer` names the shard, routing again for a retry;
+//! `connected_to_upstream` starts the headers watch; the header filters
+//! apply the forwarding fields and the hop-by-hop table; `fail_to_connect`
+//! and `error_while_proxy` say how the attempt failed and let the pipeline
+//! decide what follows; `fail_to_proxy` writes shardgate's own answer;
+//! `logging` ends the request.
+
+use super::ctx::RequestCtx;
+use super::hooks::{RequestView, ResponseEdit, UpstreamFailure};
+use super::pipeline::answer::Refusal;
+use super::pipeline::failure::{AttemptFailure, Next};
+use super::pipeline::fields::{
+    names_websocket, strip_response_hop_by_hop, unrequested_switch, Forwarding,
+};
+use super::pipeline::plan::host_from;
+use super::pipeline::watch::{Verdict, Watch};
+use super::{take_planned, Gateway};
+use async_trait::async_trait;
+use http::header::{HOST, UPGRADE};
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::prelude::*;
+use pingora::protocols::Digest;
+use pingora::upstreams::peer::HttpPeer;
+use pingora::{ErrorSource, ErrorType};
+use pingora_proxy::{FailToProxy, ProxyHttp, Session};
+
+/// Whether the session is a WebSocket handshake.
+fn is_websocket(session: &Session) -> bool {
+    session.is_upgrade_req()
+        && session
+            .req_header()
+            .headers
+            .get(UPGRADE)
+            .is_some_and(|v| names_websocket(v.as_bytes()))
+}
+
+impl Gateway {
+    /// Applies the pipeline's verdict on a failed attempt to Pingora's
+    /// error: retry (or resend) it, or keep the answer for `fail_to_proxy`.
+    fn follow(&self, session: &Session, ctx: &mut RequestCtx, failure: AttemptFailure) -> bool {
+        let replayable = !session.as_ref().retry_buffer_truncated();
+        match self.after_failure(failure, &session.req_header().method, replayable, ctx) {
+            Next::Resend => {
+                // To the same shard, still admitted: not routed again.
+                ctx.rerouted = true;
+                true
+            }
+            Next::Retry => true,
+            Next::Answer(refusal) => {
+                ctx.refusal = Some(refusal);
+                false
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = RequestCtx;
+
+    /// A fresh context, or the one the fast path planned before handing
+    /// the request over (its shard speaks https).
+    fn new_ctx(&self) -> RequestCtx {
+        take_planned().unwrap_or_default()
+    }
+
+    /// Plans the request (resolve, check, route, admit); any refusal is
+    /// answered here (`Ok(true)`: nothing goes upstream).
+    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        // Planned already if the fast path handed it over.
+        let outcome = match ctx.peer {
+            Some(_) => Ok(()),
+            None => self.plan(&RequestView::from_pingora(session.req_header()), ctx),
+        };
+        let limits = &self.control.config.limits;
+        session.set_keepalive(Some(limits.keepalive_timeout.as_secs().max(1)));
+        session.set_write_timeout(Some(limits.send_timeout));
+        match outcome {
+            Ok(()) => {
+                if is_websocket(session) {
+                    // An idle WebSocket is not an idle request: no read
+                    // timeout on the client side of the tunnel.
+                    session.set_read_timeout(None);
+                } else {
+                    session.set_read_timeout(Some(limits.body_timeout));
+                }
+                Ok(false)
+            }
+            Err(refusal) => {
+                ctx.answered = Some(refusal.status);
+                refusal.send(session).await?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// The shard to send this attempt to. A retry first releases the failed
+    /// attempt's admission, then routes again with the failed shards
+    /// excluded: balanced, capped and rate limited like any route.
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Box<HttpPeer>> {
+        if ctx.attempts > 0 && !std::mem::take(&mut ctx.rerouted) {
+            if let Err(refusal) = self.readmit(ctx) {
+                let status = refusal.status;
+                ctx.refusal = Some(refusal);
+                return Err(Error::explain(
+                    ErrorType::HTTPStatus(status),
+                    "no shard left to retry on",
+                ));
+            }
+        }
+        ctx.attempts += 1;
+        ctx.headers_received = false;
+        ctx.verdict = Verdict::None;
+        match &ctx.peer {
+            Some(peer) => Ok(Box::new(peer.peer.clone())),
+            None => Err(Error::explain(ErrorType::InternalError, "no shard chosen")),
+        }
+    }
+
+    /// Starts watching for response headers (timeout and liveness).
+    async fn connected_to_upstream(
+        &self,
+        _session: &mut Session,
+        _reused: bool,
+        _peer: &HttpPeer,
+        fd: std::os::unix::io::RawFd,
+        digest: Option<&Digest>,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        // The connection's local address is cached per connection: pooled
+        // connections cost nothing here.
+        let local = digest
+            .and_then(|d| d.socket_digest.as_ref())
+            .and_then(|s| s.local_addr())
+            .and_then(|a| a.as_inet())
+            .copied();
+        if let (Some(peer), Some(local)) = (&ctx.peer, local) {
+            ctx.watch = Watch::start(fd, local, peer.addr, self.watch_settings());
+        }
+        Ok(())
+    }
+
+    /// Request body going out: the headers deadline counts from the last
+    /// progress, so a slow upload is not mistaken for a slow shard.
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<bytes::Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        if let Some(watch) = &ctx.watch {
+            watch.touch();
+        }
+        Ok(())
+    }
+
+    /// The upstream head: the embedder's extra fields, the forwarding
+    /// fields (never trusted from the client), the hop-by-hop table.
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream_request: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        let config = &self.control.config;
+        let req = session.req_header();
+        let hosts = req.headers.get_all(HOST).iter().map(|v| v.as_bytes());
+        let host = host_from(req.uri.authority().map(|a| a.as_str()), hosts)
+            .unwrap_or_default()
+            .to_string();
+        let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
+        let peer_ip = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip());
+        let forwarding = Forwarding {
+            host: &host,
+            proto: self.scheme_of(tls),
+            peer_ip,
+            trust_forwarded_for: config.trust_forwarded_for,
+            tenant_header: config.tenant_header.as_str(),
+            tenant: ctx.tenant.as_deref().unwrap_or_default(),
+        };
+        // The embedder's fields (checked by the plan) replace the client's.
+        for (name, _) in &ctx.extra_fields {
+            upstream_request.remove_header(name);
+        }
+        for (name, value) in &ctx.extra_fields {
+            upstream_request.append_header(name.clone(), value.clone())?;
+        }
+        forwarding.apply(upstream_request)
+    }
+
+    /// Response headers arrived: disarm the watch, refuse a 101 nobody
+    /// asked for, strip hop-by-hop fields, let the hooks edit the head.
+    async fn upstream_response_filter(
+        &self,
+        session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        let status = upstream_response.status.as_u16();
+        if unrequested_switch(status, is_websocket(session)) {
+            return Err(Error::create(
+                ErrorType::InvalidHTTPHeader,
+                ErrorSource::Upstream,
+                Some("101 to a request that asked for no upgrade".into()),
+                None,
+            ));
+        }
+        if (100..200).contains(&status) && status != 101 {
+            return Ok(());
+        }
+        if let Some(watch) = ctx.watch.take() {
+            ctx.verdict = watch.disarm();
+        }
+        ctx.headers_received = true;
+        strip_response_hop_by_hop(upstream_response);
+        if let Some(shard) = &ctx.shard {
+            let mut edit = ResponseEdit::new(status);
+            let tenant = ctx.tenant.as_deref().unwrap_or_default();
+            self.control
+                .hooks
+                .edit_response(tenant, shard.id(), &mut edit);
+            if !edit.is_empty() {
+                for name in &edit.remove {
+                    upstream_response.remove_header(name);
+                }
+                for (name, value) in edit.add {
+                    upstream_response.append_header(name, value)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The connection could not be made: the pipeline decides (nothing was
+    /// sent, so any listed method may retry).
+    fn fail_to_connect(
+        &self,
+        session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut RequestCtx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        ctx.watch = None;
+        let retry = self.follow(
+            session,
+            ctx,
+            AttemptFailure::Shard(UpstreamFailure::Connect),
+        );
+        e.set_retry(retry);
+        e
+    }
+
+    /// An attempt failed after connecting. The watch's verdict says why if
+    /// it concluded; otherwise a break before any response byte is a reset
+    /// — or, on a reused pooled connection, maybe only a stale one.
+    fn error_while_proxy(
+        &self,
+        _peer: &HttpPeer,
+        session: &mut Session,
+        mut e: Box<Error>,
+        ctx: &mut RequestCtx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        let verdict = match ctx.watch.take() {
+            Some(watch) => watch.verdict(),
+            None => ctx.verdict,
+        };
+        let failure = match verdict {
+            // Once the response head arrived (it may be on its way to the
+            // client already) nothing is retried: another shard's response
+            // would be spliced onto it.
+            _ if ctx.headers_received => None,
+            Verdict::TimedOut => Some(AttemptFailure::Shard(UpstreamFailure::Timeout)),
+            Verdict::Unreachable => Some(AttemptFailure::Shard(UpstreamFailure::Liveness)),
+            Verdict::None if *e.esource() != ErrorSource::Upstream => None,
+            Verdict::None if *e.etype() == ErrorType::InvalidHTTPHeader => {
+                Some(AttemptFailure::Invalid)
+            }
+            Verdict::None if client_reused => Some(AttemptFailure::Stale),
+            Verdict::None => Some(AttemptFailure::Shard(UpstreamFailure::Reset)),
+        };
+        let retry = failure.is_some_and(|failure| self.follow(session, ctx, failure));
+        e.set_retry(retry);
+        e
+    }
+
+    /// shardgate's own answer for a request that could not be proxied: the
+    /// pipeline's (retry refused, 502, 504), or one for Pingora's own
+    /// errors (a malformed request, a client timeout).
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        ctx: &mut RequestCtx,
+    ) -> FailToProxy {
+        let refusal = ctx.refusal.take().or_else(|| match e.etype() {
+            ErrorType::HTTPStatus(code) if *code >= 400 => Some(Refusal::error(
+                *code,
+                if *code < 500 {
+                    "bad-request"
+                } else {
+                    "upstream-error"
+                },
+            )),
+            ErrorType::InvalidHTTPHeader if *e.esource() == ErrorSource::Upstream => {
+                Some(Refusal::error(502, "upstream-invalid-response"))
+            }
+            _ => match e.esource() {
+                ErrorSource::Upstream => Some(Refusal::error(502, "upstream-unreachable")),
+                ErrorSource::Downstream => match e.etype() {
+                    ErrorType::ReadTimedout => Some(Refusal::error(408, "request-timeout")),
+                    ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => {
+                        None
+                    }
+                    _ => Some(Refusal::error(400, "bad-request")),
+                },
+                _ => Some(Refusal::error(500, "internal-error")),
+            },
+        });
+        let mut code = 0;
+        if let Some(refusal) = refusal {
+            if session.response_written().is_none() && refusal.send(session).await.is_ok() {
+                code = refusal.status;
+                ctx.answered = Some(code);
+            }
+        }
+        FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
+    }
+
+    /// The request is over (response sent, client gone, or socket closed):
+    /// its duration, the access log line, and — dropping the context right
+    /// after — the admission's release.
+    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+        let status = ctx
+            .answered
+            .or_else(|| session.response_written().map(|r| r.status.as_u16()))
+            .unwrap_or(0);
+        let req = session.req_header();
+        let client = super::fast::OrEmpty(session.client_addr());
+        self.finish(ctx, &client, req.method.as_str(), &req.uri, status);
+    }
+}

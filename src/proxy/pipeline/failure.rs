@@ -1,0 +1,128 @@
+//! What a failed upstream attempt means, for both transports (DESIGN §2
+//! "When an upstream fails"): send it again on a fresh connection (a stale
+//! pooled one), route it again elsewhere (within the retry rules and
+//! budget), or answer 502/504. The transports only say how the attempt
+//! failed; the failure hook, the metrics and the retry budget are called
+//! from here.
+
+use super::answer::Refusal;
+use super::retry::RetryVerdict;
+use crate::proxy::ctx::RequestCtx;
+use crate::proxy::hooks::UpstreamFailure;
+use crate::proxy::Gateway;
+use http::Method;
+
+/// How an upstream attempt failed, as a transport saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttemptFailure {
+    /// A reused pooled connection broke before any response byte: maybe
+    /// only closed by the shard while it idled.
+    Stale,
+    /// The shard failed (connect, reset, timeout, liveness).
+    Shard(UpstreamFailure),
+    /// The shard answered with something that is not an HTTP/1.x response
+    /// shardgate forwards (malformed, over the head limits, a 101 nobody
+    /// asked for): it is reachable (no hook: one tenant's broken app must
+    /// not take a shared shard out of rotation) and the request was
+    /// delivered (no retry).
+    Invalid,
+}
+
+/// What to do after a failed attempt.
+#[derive(Debug, PartialEq)]
+pub enum Next {
+    /// Send it again to the same shard, on a fresh connection, still
+    /// admitted (not routed again).
+    Resend,
+    /// Route it again with the failed shard excluded (the transport calls
+    /// [`Gateway::readmit`] when it starts the attempt).
+    Retry,
+    /// Stop, and answer this.
+    Answer(Refusal),
+}
+
+impl Gateway {
+    /// The rules after a failed attempt of a request with `method`;
+    /// `replayable`: its body (if any) can be sent again.
+    pub(crate) fn after_failure(
+        &self,
+        failure: AttemptFailure,
+        method: &Method,
+        replayable: bool,
+        ctx: &mut RequestCtx,
+    ) -> Next {
+        let kind = match failure {
+            AttemptFailure::Stale if ctx.stale_retries == 0 => {
+                return match self.may_resend_stale(method, replayable, ctx) {
+                    true => Next::Resend,
+                    false => Next::Answer(Refusal::error(502, "upstream-unreachable")),
+                };
+            }
+            AttemptFailure::Stale => UpstreamFailure::Reset,
+            AttemptFailure::Shard(kind) => kind,
+            AttemptFailure::Invalid => {
+                return Next::Answer(Refusal::error(502, "upstream-invalid-response"))
+            }
+        };
+        self.record_failure(ctx, kind);
+        if kind == UpstreamFailure::Timeout {
+            // Slow is not dead: never retried.
+            return Next::Answer(Refusal::error(504, "upstream-timeout"));
+        }
+        let sent = kind != UpstreamFailure::Connect;
+        match self.may_retry(method, replayable, ctx, sent) {
+            true => Next::Retry,
+            false => Next::Answer(Refusal::error(502, "upstream-unreachable")),
+        }
+    }
+
+    /// Whether to try again after a failed attempt (taking a place in the
+    /// retry budget if so).
+    fn may_retry(
+        &self,
+        method: &Method,
+        replayable: bool,
+        ctx: &mut RequestCtx,
+        sent: bool,
+    ) -> bool {
+        // A resend after a stale pooled connection does not count: it says
+        // nothing about the shard.
+        let attempts = ctx.attempts - ctx.stale_retries;
+        match self.retry.check(method, attempts, sent, replayable) {
+            RetryVerdict::Allowed => match self.retry.admit_retry(self.requests_in_flight()) {
+                Some(ticket) => {
+                    ctx.retry_ticket = Some(ticket);
+                    self.control.metrics.retry();
+                    true
+                }
+                None => false,
+            },
+            _ => false,
+        }
+    }
+
+    /// Whether to send the request again after a reused pooled connection
+    /// broke before any response byte: once per request, for idempotent
+    /// methods, outside the retry rules and budget. It may say nothing
+    /// about the shard (it closed an idle connection just as we reused it);
+    /// a shard that is really gone fails the fresh connection the resend
+    /// opens, and that failure is judged by the rules. (Counted against
+    /// the budget, a dying shard's in-flight requests spent it twice and
+    /// some were answered 502.)
+    fn may_resend_stale(&self, method: &Method, replayable: bool, ctx: &mut RequestCtx) -> bool {
+        if ctx.stale_retries > 0 || !method.is_idempotent() || !replayable {
+            return false;
+        }
+        ctx.stale_retries += 1;
+        self.control.metrics.retry();
+        true
+    }
+
+    /// Requests (and sockets) in flight: the admissions counted on shards.
+    /// Read only when deciding a retry, so the request path counts nothing
+    /// extra.
+    fn requests_in_flight(&self) -> u64 {
+        let set = self.control.router.shard_set();
+        set.all.iter().map(|e| e.active().max(0) as u64).sum()
+    }
+}

@@ -1,0 +1,22 @@
+//! The request pipeline: every rule of DESIGN §3, written once and called
+//! by both transports (shardgate's own HTTP/1.1 forwarding in
+//! [`super::fast`] and Pingora's proxy in `super::pingora`). A transport
+//! only moves bytes; each decision is made here:
+//!
+//! - [`plan`]: resolve the host, the embedder's request check, the route
+//!   prefix, channel and region, route and admit; route again for a retry;
+//!   the request's end;
+//! - [`fields`]: the hop-by-hop table (both directions), the forwarding
+//!   fields shardgate owns, WebSocket detection, the unrequested-101 check;
+//! - [`answer`]: shardgate's own answers, one encoder (with `Date`);
+//! - [`watch`]: the headers deadline and liveness probes;
+//! - [`failure`]: what a failed attempt means (resend, retry, 502/504);
+//! - [`retry`], [`routes`]: the retry budget and the route prefixes.
+
+pub mod answer;
+pub mod failure;
+pub mod fields;
+pub mod plan;
+pub mod retry;
+pub mod routes;
+pub mod watch;

@@ -1,0 +1,214 @@
+//! Planning a request, for both transports: the host through the domain
+//! map, the embedder's request check, the route prefix, the channel, the
+//! region, then routing and admission (DESIGN §2 "Per request", steps 1–3);
+//! routing again for a retry; and the request's end (duration, release,
+//! access log).
+
+use super::answer::Refusal;
+use super::fields::{is_hop_by_hop, is_ours};
+use crate::proxy::ctx::RequestCtx;
+use crate::proxy::hooks::{RequestCheck, RequestView, UpstreamFailure};
+use crate::proxy::Gateway;
+use crate::routing::{Decision, RouteRequest};
+use http::header::HOST;
+
+impl Gateway {
+    /// Resolves, checks, routes and admits the request `req`. On `Ok` the
+    /// context holds the tenant, the shard, its peer and the admission; on
+    /// `Err` the answer to give (nothing was admitted).
+    pub fn plan(&self, req: &RequestView<'_>, ctx: &mut RequestCtx) -> Result<(), Refusal> {
+        let host = host_from(req.authority, req.values(HOST.as_str()))
+            .map_err(|what| Refusal::error(400, what))?;
+        let resolved = self
+            .control
+            .domains
+            .resolve(host)
+            .ok_or_else(|| Refusal::error(404, "unknown-domain"))?;
+        match self.control.hooks.check_request(&resolved.tenant, req) {
+            RequestCheck::Proceed => {}
+            RequestCheck::AddFields(mut fields) => {
+                let config = &self.control.config;
+                fields.retain(|(name, _)| {
+                    may_add(
+                        name,
+                        config.tenant_header.as_str(),
+                        config.trust_forwarded_for,
+                    )
+                });
+                ctx.extra_fields = fields;
+            }
+            RequestCheck::Refuse { status, body } => {
+                ctx.tenant = Some(resolved.tenant);
+                return Err(Refusal::custom(status, body));
+            }
+        }
+        ctx.tenant = Some(resolved.tenant);
+        ctx.route = self.routes.route_for(req.path);
+        let channel = self
+            .control
+            .config
+            .routing
+            .channel_header
+            .as_ref()
+            .and_then(|name| req.header(name.as_str()));
+        ctx.channel = match channel.map(std::str::from_utf8) {
+            None | Some(Ok("")) => None,
+            Some(Ok(channel))
+                if channel
+                    .bytes()
+                    .all(|b| b == b'\t' || (b' '..=b'~').contains(&b)) =>
+            {
+                Some(channel.to_string())
+            }
+            Some(_) => return Err(Refusal::error(400, "invalid-channel")),
+        };
+        if let (Some(directory), Some(tenant)) = (&self.control.regions, &ctx.tenant) {
+            ctx.region = Some(directory.region_for(tenant));
+        }
+        self.admit(ctx)
+    }
+
+    /// Routes and admits the request in `ctx`; on success the context
+    /// holds the shard, its peer and the admission.
+    pub(crate) fn admit(&self, ctx: &mut RequestCtx) -> Result<(), Refusal> {
+        let tenant = ctx.tenant.as_deref().unwrap_or_default();
+        let request = RouteRequest {
+            tenant,
+            channel: ctx.channel.as_deref(),
+            route: ctx.route.map(|i| self.routes.name(i)),
+            region: ctx.region.as_deref(),
+            balance: None,
+            exclude: &ctx.failed,
+        };
+        let mut routed = self.control.router.admit(&request);
+        ctx.decision = Some(routed.decision);
+        if routed.decision != Decision::Allow {
+            return Err(Refusal::decision(
+                routed.decision,
+                routed.bucket.as_ref().map(|b| b.name()),
+                routed.retry_after_secs,
+            ));
+        }
+        let shard = routed.shard_entry().cloned();
+        let peer = shard.as_ref().and_then(|s| self.control.peer(s.id()));
+        let Some(peer) = peer else {
+            // Removed between the decision and now.
+            return Err(Refusal::decision(Decision::NoShards, None, None));
+        };
+        ctx.admission = routed.admission.take();
+        ctx.shard = shard;
+        ctx.peer = Some(peer);
+        Ok(())
+    }
+
+    /// Routes a retry: the failed attempt's admission goes first, then the
+    /// request is routed again with the failed shards excluded — balanced,
+    /// capped and rate limited like any route. No shard left is a 502.
+    pub(crate) fn readmit(&self, ctx: &mut RequestCtx) -> Result<(), Refusal> {
+        ctx.admission = None;
+        ctx.shard = None;
+        ctx.peer = None;
+        self.admit(ctx).map_err(|refusal| match refusal.decision {
+            Some(Decision::NoShards | Decision::NoTenantShards | Decision::NoRegionShards) => {
+                Refusal::error(502, "upstream-unreachable")
+            }
+            _ => refusal,
+        })
+    }
+
+    /// Notes a failed attempt: the failure hook, and the shard excluded
+    /// from the rest of this request if it is unreachable.
+    pub(crate) fn record_failure(&self, ctx: &mut RequestCtx, failure: UpstreamFailure) {
+        ctx.failure = Some(failure);
+        if let Some(shard) = ctx.shard.as_ref().map(|s| s.id().clone()) {
+            self.control
+                .metrics
+                .upstream_failure(shard.as_str(), failure);
+            self.control
+                .hooks
+                .on_upstream_failure(&self.control.router, &shard, failure);
+            if failure.is_unreachable() && !ctx.failed.contains(&shard) {
+                ctx.failed.push(shard);
+            }
+        }
+    }
+
+    /// The request is over: its duration, the admission's release, the
+    /// access log line.
+    pub(crate) fn finish(
+        &self,
+        ctx: &mut RequestCtx,
+        client: &dyn std::fmt::Display,
+        method: &str,
+        target: &dyn std::fmt::Display,
+        status: u16,
+    ) {
+        let elapsed = ctx.started.elapsed();
+        self.control.metrics.request_finished(elapsed.as_secs_f64());
+        ctx.admission = None;
+        if let Some(level) = self.control.config.log.access {
+            if log::log_enabled!(target: "shardgate::access", level) {
+                log::log!(
+                    target: "shardgate::access",
+                    level,
+                    "{client} {method} {target} tenant={} shard={} decision={} status={status} duration_ms={:.3} attempts={}",
+                    ctx.tenant.as_deref().unwrap_or("-"),
+                    ctx.shard_id().map_or("-", |s| s.as_str()),
+                    ctx.decision.map_or("-", |d| d.as_str()),
+                    elapsed.as_secs_f64() * 1000.0,
+                    ctx.attempts,
+                );
+            }
+        }
+    }
+
+    /// The `X-Forwarded-Proto` to advertise: `public_protocol`, else the
+    /// listener's scheme.
+    pub(crate) fn scheme_of(&self, tls: bool) -> &'static str {
+        match self.control.config.public_protocol {
+            Some(s) => s.as_str(),
+            None if tls => "https",
+            None => "http",
+        }
+    }
+}
+
+/// Whether an embedder's request check may add the upstream field `name`:
+/// not a hop-by-hop or framing field (the transports frame the request),
+/// not `Host`, not a field shardgate owns. Others are dropped (and logged
+/// once at debug level per request).
+fn may_add(name: &http::HeaderName, tenant_header: &str, trust_forwarded_for: bool) -> bool {
+    let name = name.as_str();
+    let allowed = !is_hop_by_hop(name)
+        && name != "content-length"
+        && name != "host"
+        && !is_ours(name, tenant_header, trust_forwarded_for);
+    if !allowed {
+        log::debug!("a request check's field {name} is not added: shardgate owns it");
+    }
+    allowed
+}
+
+/// The client's host from an absolute-form target's authority, else from
+/// the `Host` values: exactly one, a valid authority without user info.
+pub(crate) fn host_from<'a>(
+    authority: Option<&'a str>,
+    mut hosts: impl Iterator<Item = &'a [u8]>,
+) -> Result<&'a str, &'static str> {
+    if let Some(authority) = authority {
+        return Ok(authority);
+    }
+    let host = match (hosts.next(), hosts.next()) {
+        (None, _) => return Err("missing-host"),
+        (Some(_), Some(_)) => return Err("duplicate-host"),
+        (Some(h), None) => std::str::from_utf8(h).map_err(|_| "invalid-host")?,
+    };
+    if host.is_empty() {
+        return Err("missing-host");
+    }
+    // Host must be a valid authority (no spaces, no user info, no path).
+    match http::uri::Authority::try_from(host) {
+        Ok(a) if !a.as_str().contains('@') => Ok(host),
+        _ => Err("invalid-host"),
+    }
+}
