@@ -234,30 +234,10 @@ fn a_blackholed_shard_under_load_fails_over_within_liveness_time() {
     ));
     let load = wrk(gw.port, 6, 16, "hosts.lua", &[("HOSTS", "1000")]);
     std::thread::sleep(Duration::from_millis(2000));
-    let rules = [
-        ["INPUT", "-p", "tcp", "-i", "lo", "--dport"],
-        ["OUTPUT", "-p", "tcp", "-o", "lo", "--sport"],
-    ];
-    let port = s1.port().to_string();
-    for r in &rules {
-        let ok = Command::new("iptables")
-            .arg("-I")
-            .args(r)
-            .args([port.as_str(), "-j", "DROP"])
-            .status();
-        assert!(
-            ok.is_ok_and(|s| s.success()),
-            "iptables is needed (apt-get install iptables; run as root)"
-        );
-    }
+    let hole = Blackhole::start(s1.port())
+        .expect("iptables is needed (apt-get install iptables; run as root)");
     let result = load.join().unwrap();
-    for r in &rules {
-        let _ = Command::new("iptables")
-            .arg("-D")
-            .args(r)
-            .args([port.as_str(), "-j", "DROP"])
-            .status();
-    }
+    drop(hole);
     assert_eq!(result.non_2xx, 0, "{result:?}");
     assert_eq!(result.socket_errors, 0, "{result:?}");
     // after_ms + probe_timeout_ms = 600 ms (connect_timeout 500 ms for new
