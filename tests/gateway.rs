@@ -795,3 +795,33 @@ fn every_answer_shardgate_writes_itself_carries_a_date() {
     assert_eq!(r.status, 503);
     assert!(r.header("date").is_some());
 }
+
+#[test]
+fn a_route_bucket_holds_however_the_path_is_spelled_and_the_shard_gets_it_verbatim() {
+    let a = Backend::start("a");
+    let gw = one(
+        &a,
+        "limits:\n  routes:\n    /api/export: { tokens: 2, refill_per_second: 0.001 }\n",
+    );
+    for (path, status) in [
+        ("/api/export", 200),
+        ("/api/%65xport", 200),
+        ("/api//export", 429),
+        ("/api/./export", 429),
+        ("/api/export;x", 429),
+        ("//api/export/more", 429),
+        ("/api/exporter", 200),
+    ] {
+        let r = gw.get("acme.localhost", path);
+        assert_eq!(r.status, status, "{path}: {}", r.text());
+        if status == 429 {
+            assert_eq!(r.json()["bucket"], "/api/export", "{path}");
+        }
+    }
+    let uris: Vec<String> = a.requests().into_iter().map(|s| s.uri).collect();
+    assert_eq!(
+        uris,
+        ["/api/export", "/api/%65xport", "/api/exporter"],
+        "the shard gets the path byte for byte"
+    );
+}

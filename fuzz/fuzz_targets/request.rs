@@ -67,7 +67,7 @@ fuzz_target!(|input: Input| {
     let gw = gateway();
     let mut ctx = RequestCtx::default();
     match gw.plan(&RequestView::from_pingora(&req), &mut ctx) {
-        Ok(()) => {
+        Ok(_) => {
             let shard = ctx.shard.as_ref().expect("an admission names a shard");
             let tenant = ctx.tenant.as_deref().expect("and a tenant");
             assert!(shard.admits_tenant(tenant));

@@ -59,15 +59,10 @@ impl<'a> RequestView<'a> {
     }
 
     /// Every value of the field `name` (case-insensitive), in order.
-    pub fn values<'s>(&'s self, name: &'s str) -> Box<dyn Iterator<Item = &'a [u8]> + 's> {
+    pub fn values<'s>(&'s self, name: &'s str) -> Values<'a, 's> {
         match self.fields {
-            Fields::Raw(fields) => Box::new(
-                fields
-                    .iter()
-                    .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
-                    .map(|(_, v)| *v),
-            ),
-            Fields::Map(map) => Box::new(map.get_all(name).iter().map(|v| v.as_bytes())),
+            Fields::Raw(fields) => Values::Raw(fields.iter(), name),
+            Fields::Map(map) => Values::Map(map.get_all(name).into_iter()),
         }
     }
 
@@ -89,6 +84,25 @@ fn editable(name: &HeaderName) -> bool {
     !crate::proxy::pipeline::fields::is_hop_by_hop(name)
         && name != "content-length"
         && name != "date"
+}
+
+/// The values of one field of a [`RequestView`] (no allocation).
+pub enum Values<'a, 's> {
+    Raw(std::slice::Iter<'a, (&'a str, &'a [u8])>, &'s str),
+    Map(http::header::ValueIter<'a, HeaderValue>),
+}
+
+impl<'a> Iterator for Values<'a, '_> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        match self {
+            Values::Raw(fields, name) => fields
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| *v),
+            Values::Map(values) => values.next().map(|v| v.as_bytes()),
+        }
+    }
 }
 
 /// What [`GatewayHooks::check_request`] decided.

@@ -75,7 +75,9 @@ impl ProxyHttp for Gateway {
         // Planned already if the fast path handed it over.
         let outcome = match ctx.peer {
             Some(_) => Ok(()),
-            None => self.plan(&RequestView::from_pingora(session.req_header()), ctx),
+            None => self
+                .plan(&RequestView::from_pingora(session.req_header()), ctx)
+                .map(|_| ()),
         };
         let limits = &self.control.config.limits;
         session.set_keepalive(Some(limits.keepalive_timeout.as_secs().max(1)));

@@ -134,13 +134,13 @@ impl FastPath {
                     .await;
                 (refusal.status, written && !close)
             }
-            Ok(()) if ctx.peer.as_ref().is_some_and(|p| p.peer.is_tls()) => {
+            Ok(_) if ctx.peer.as_ref().is_some_and(|p| p.peer.is_tls()) => {
                 drop(head);
                 return Outcome::NotMine(client, buf, Some(Box::new(ctx)));
             }
-            Ok(()) => {
+            Ok(host) => {
                 let forwarding = Forwarding {
-                    host: head.host(),
+                    host,
                     proto: gw.scheme_of(client.get_ssl_digest().is_some()),
                     peer_ip: client_addr
                         .as_ref()

@@ -6,7 +6,6 @@
 /// Request heads with more fields go to Pingora's path.
 const MAX_REQUEST_HEADERS: usize = 128;
 use crate::proxy::pipeline::fields::{is_hop_by_hop, names_websocket, tokens, Forwarding};
-use crate::proxy::pipeline::plan::host_from;
 use http::{HeaderName, HeaderValue};
 
 /// Which shape a request head has.
@@ -38,12 +37,6 @@ impl<'b> RequestHead<'b> {
         self.method == "HEAD"
     }
 
-    /// The client's `Host`, verbatim (planning refused the request unless
-    /// there is exactly one valid one).
-    pub fn host(&self) -> &'b str {
-        host_from(None, self.values("host")).unwrap_or_default()
-    }
-
     /// The request head as the shard receives it: the client's fields byte
     /// for byte, minus hop-by-hop and owned fields and those `extra`
     /// replaces, then the embedder's `extra` fields (checked by the
@@ -66,9 +59,9 @@ impl<'b> RequestHead<'b> {
         for (name, value) in extra {
             push_field(&mut out, name.as_str().as_bytes(), value.as_bytes());
         }
-        for (name, value) in fwd.fields(self.values("x-forwarded-for")) {
+        fwd.each_field(self.values("x-forwarded-for"), |name, value| {
             push_field(&mut out, name.as_bytes(), value.as_bytes());
-        }
+        });
         out.extend_from_slice(b"\r\n");
         out
     }

@@ -8,7 +8,7 @@
 use http::header::{HeaderName, CONNECTION, UPGRADE};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
-use std::borrow::Cow;
+use std::fmt::Write;
 use std::net::IpAddr;
 
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -117,15 +117,18 @@ impl Forwarding<'_> {
         is_ours(name, self.tenant_header, self.trust_forwarded_for)
     }
 
-    /// The fields shardgate sets upstream, in the order they are written.
-    /// `prior_xff`: the client's `X-Forwarded-For` values (read only when
-    /// trusted, and kept only if all of them are text).
-    pub fn fields<'v>(
-        &'v self,
+    /// The fields shardgate sets upstream, in the order they are written,
+    /// each handed to `emit`. `prior_xff`: the client's `X-Forwarded-For`
+    /// values (read only when trusted, and kept only if all of them are
+    /// text).
+    pub fn each_field<'v>(
+        &self,
         prior_xff: impl Iterator<Item = &'v [u8]>,
-    ) -> impl Iterator<Item = (&'v str, Cow<'v, str>)> {
-        let ip = self.peer_ip.map(canonical_ip);
-        let xff = ip.map(|ip| {
+        mut emit: impl FnMut(&str, &str),
+    ) {
+        emit("X-Forwarded-Host", self.host);
+        emit("X-Forwarded-Proto", self.proto);
+        if let Some(ip) = self.peer_ip.map(canonical_ip) {
             let mut chain = String::with_capacity(48);
             if self.trust_forwarded_for {
                 let prior: Vec<&[u8]> = prior_xff.collect();
@@ -137,18 +140,12 @@ impl Forwarding<'_> {
                     }
                 }
             }
-            chain.push_str(&ip.to_string());
-            chain
-        });
-        [
-            Some(("X-Forwarded-Host", Cow::Borrowed(self.host))),
-            Some(("X-Forwarded-Proto", Cow::Borrowed(self.proto))),
-            xff.map(|chain| ("X-Forwarded-For", Cow::Owned(chain))),
-            ip.map(|ip| ("X-Real-IP", Cow::Owned(ip.to_string()))),
-            Some((self.tenant_header, Cow::Borrowed(self.tenant))),
-        ]
-        .into_iter()
-        .flatten()
+            let start = chain.len();
+            let _ = write!(chain, "{ip}");
+            emit("X-Forwarded-For", &chain);
+            emit("X-Real-IP", &chain[start..]);
+        }
+        emit(self.tenant_header, self.tenant);
     }
 
     /// Applies the fields to a Pingora request head: the client's own and
@@ -177,12 +174,15 @@ impl Forwarding<'_> {
         for name in &theirs {
             req.remove_header(name);
         }
-        for (name, value) in self.fields(prior.iter().map(Vec::as_slice)) {
-            let name = HeaderName::from_bytes(name.as_bytes())
-                .map_err(|e| Error::because(ErrorType::InternalError, "header name", e))?;
-            req.insert_header(name, value.as_ref())?;
-        }
-        Ok(())
+        let mut applied = Ok(());
+        self.each_field(prior.iter().map(Vec::as_slice), |name, value| {
+            if applied.is_ok() {
+                applied = HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|e| Error::because(ErrorType::InternalError, "header name", e))
+                    .and_then(|name| req.insert_header(name, value).map(|_| ()));
+            }
+        });
+        applied
     }
 }
 

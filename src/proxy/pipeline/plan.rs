@@ -14,9 +14,14 @@ use http::header::HOST;
 
 impl Gateway {
     /// Resolves, checks, routes and admits the request `req`. On `Ok` the
-    /// context holds the tenant, the shard, its peer and the admission; on
-    /// `Err` the answer to give (nothing was admitted).
-    pub fn plan(&self, req: &RequestView<'_>, ctx: &mut RequestCtx) -> Result<(), Refusal> {
+    /// context holds the tenant, the shard, its peer and the admission, and
+    /// the client's host (verbatim, validated) is returned; on `Err` the
+    /// answer to give (nothing was admitted).
+    pub fn plan<'r>(
+        &self,
+        req: &RequestView<'r>,
+        ctx: &mut RequestCtx,
+    ) -> Result<&'r str, Refusal> {
         let host = host_from(req.authority, req.values(HOST.as_str()))
             .map_err(|what| Refusal::error(400, what))?;
         let resolved = self
@@ -65,7 +70,7 @@ impl Gateway {
         if let (Some(directory), Some(tenant)) = (&self.control.regions, &ctx.tenant) {
             ctx.region = Some(directory.region_for(tenant));
         }
-        self.admit(ctx)
+        self.admit(ctx).map(|()| host)
     }
 
     /// Routes and admits the request in `ctx`; on success the context
