@@ -97,12 +97,14 @@ fn a_request_check_adds_upstream_fields_but_not_owned_ones() {
     let port = start(&a);
     let r = send_raw(
         port,
-        b"GET /plan HTTP/1.1\r\nHost: acme.localhost\r\nConnection: close\r\n\r\n",
+        b"GET /plan HTTP/1.1\r\nHost: acme.localhost\r\nX-Plan: client\r\nX_Plan: look-alike\r\nConnection: close\r\n\r\n",
     );
     assert_eq!(r.status, 200);
     let seen = a.requests();
     let req = seen.last().expect("reached the shard");
-    assert_eq!(req.header("x-plan"), Some("gold"));
+    assert_eq!(req.header("x-plan"), Some("gold"), "{:?}", req.headers);
+    assert_eq!(req.header_count("x-plan"), 1, "the client's is replaced");
+    assert_eq!(req.header("x_plan"), None, "and so is its look-alike");
     assert_eq!(req.header_count("x-tenant-id"), 1);
     assert_eq!(req.header("x-tenant-id"), Some("acme"));
 }

@@ -149,6 +149,7 @@ impl ResponseEdit {
         if !editable(&name) {
             return false;
         }
+        self.add.retain(|(n, _)| *n != name);
         self.remove.push(name.clone());
         self.add.push((name, value));
         true
@@ -160,6 +161,7 @@ impl ResponseEdit {
         if !editable(&name) {
             return false;
         }
+        self.add.retain(|(n, _)| *n != name);
         self.remove.push(name);
         true
     }

@@ -15,7 +15,7 @@ use super::hooks::{RequestView, ResponseEdit, UpstreamFailure};
 use super::pipeline::answer::Refusal;
 use super::pipeline::failure::{AttemptFailure, Next};
 use super::pipeline::fields::{
-    names_websocket, strip_response_hop_by_hop, unrequested_switch, Forwarding,
+    names_websocket, same_field, strip_response_hop_by_hop, unrequested_switch, Forwarding,
 };
 use super::pipeline::plan::host_from;
 use super::pipeline::watch::{Verdict, Watch};
@@ -193,9 +193,23 @@ impl ProxyHttp for Gateway {
             tenant_header: config.tenant_header.as_str(),
             tenant: ctx.tenant.as_deref().unwrap_or_default(),
         };
-        // The embedder's fields (checked by the plan) replace the client's.
-        for (name, _) in &ctx.extra_fields {
-            upstream_request.remove_header(name);
+        // The embedder's fields (checked by the plan) replace the client's,
+        // look-alikes with `_` for `-` included.
+        if !ctx.extra_fields.is_empty() {
+            let replaced: Vec<http::HeaderName> = upstream_request
+                .headers
+                .keys()
+                .filter(|k| {
+                    let k = k.as_str();
+                    ctx.extra_fields
+                        .iter()
+                        .any(|(n, _)| same_field(k, n.as_str()))
+                })
+                .cloned()
+                .collect();
+            for name in &replaced {
+                upstream_request.remove_header(name);
+            }
         }
         for (name, value) in &ctx.extra_fields {
             upstream_request.append_header(name.clone(), value.clone())?;

@@ -5,7 +5,9 @@
 
 /// Request heads with more fields go to Pingora's path.
 const MAX_REQUEST_HEADERS: usize = 128;
-use crate::proxy::pipeline::fields::{is_hop_by_hop, names_websocket, tokens, Forwarding};
+use crate::proxy::pipeline::fields::{
+    is_hop_by_hop, names_websocket, same_field, tokens, Forwarding,
+};
 use http::{HeaderName, HeaderValue};
 
 /// Which shape a request head has.
@@ -48,7 +50,7 @@ impl<'b> RequestHead<'b> {
         out.extend_from_slice(self.target.as_bytes());
         out.extend_from_slice(b" HTTP/1.1\r\n");
         for (name, value) in &self.headers {
-            let replaced = extra.iter().any(|(n, _)| header_is(name, n.as_str()));
+            let replaced = extra.iter().any(|(n, _)| same_field(name, n.as_str()));
             if !is_hop_by_hop(name) && !fwd.owns(name) && !replaced {
                 push_field(&mut out, name.as_bytes(), value);
             }

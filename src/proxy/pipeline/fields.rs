@@ -77,14 +77,7 @@ const CLIENT_ADDRESS_FIELDS: [&str; 5] = [
 /// reaches the shard. (The real `Content-Length` and `Transfer-Encoding`
 /// are the transports' to frame; only their look-alikes are caught here.)
 pub fn is_ours(name: &str, tenant_header: &str, trust_forwarded_for: bool) -> bool {
-    let same = |wanted: &str| {
-        name.len() == wanted.len()
-            && name.bytes().zip(wanted.bytes()).all(|(a, b)| {
-                let a = if a == b'_' { b'-' } else { a };
-                let b = if b == b'_' { b'-' } else { b };
-                a.eq_ignore_ascii_case(&b)
-            })
-    };
+    let same = |wanted: &str| same_field(name, wanted);
     let look_alike = |wanted: &str| name.contains('_') && same(wanted);
     same("x-forwarded-for")
         || same("x-forwarded-host")
@@ -95,6 +88,17 @@ pub fn is_ours(name: &str, tenant_header: &str, trust_forwarded_for: bool) -> bo
         || CLIENT_ADDRESS_FIELDS.iter().any(|f| same(f))
         || look_alike("content-length")
         || look_alike("transfer-encoding")
+}
+
+/// Whether two field names are the same field to a backend: equal but for
+/// case and `_` for `-` (CGI-style backends read `X_User` as `X-User`).
+pub fn same_field(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes().zip(b.bytes()).all(|(a, b)| {
+            let a = if a == b'_' { b'-' } else { a };
+            let b = if b == b'_' { b'-' } else { b };
+            a.eq_ignore_ascii_case(&b)
+        })
 }
 
 /// What the forwarding fields say about the client (DESIGN §2 "Forward").

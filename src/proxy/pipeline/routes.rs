@@ -35,8 +35,14 @@ impl RoutePrefixes {
         if self.prefixes.is_empty() {
             return None;
         }
-        let path = normalise(path);
-        self.prefixes.iter().position(|p| covers(p, &path))
+        // Two readings of the path: dot segments resolved (as a server
+        // that normalises reads it) and `..` kept as a name (as Express,
+        // Django or Rails route it); the longer prefix of either wins, so
+        // neither reading leaves a bucket.
+        let resolved = normalise(path, true);
+        let literal = normalise(path, false);
+        let matching = |p: &str| covers(p, &resolved) || covers(p, &literal);
+        self.prefixes.iter().position(|p| matching(p))
     }
 
     pub fn name(&self, index: usize) -> &str {
@@ -56,9 +62,13 @@ fn covers(prefix: &str, path: &str) -> bool {
 }
 
 /// `path` as a framework reads it, for matching (see the module
-/// documentation). Borrowed when there is nothing to normalise.
-pub fn normalise(path: &str) -> Cow<'_, str> {
-    let plain = !path.contains(['%', ';']) && !path.contains("//") && !path.contains("/.");
+/// documentation); `dots`: resolve `..` segments (else a `..` is kept as a
+/// name). Borrowed when there is nothing to normalise.
+pub fn normalise(path: &str, dots: bool) -> Cow<'_, str> {
+    let plain = path.starts_with('/')
+        && !path.contains(['%', ';'])
+        && !path.contains("//")
+        && !path.contains("/.");
     if plain {
         return Cow::Borrowed(path);
     }
@@ -66,11 +76,12 @@ pub fn normalise(path: &str) -> Cow<'_, str> {
     let mut segments: Vec<&str> = Vec::new();
     // Whether the path ends in a `/` (after the last kept segment).
     let mut trailing = false;
-    for segment in decoded.split('/').skip(1) {
+    let relative = decoded.strip_prefix('/').unwrap_or(&decoded);
+    for segment in relative.split('/') {
         let segment = segment.split(';').next().unwrap_or_default();
         match segment {
             "" | "." => trailing = true,
-            ".." => {
+            ".." if dots => {
                 segments.pop();
                 trailing = true;
             }
@@ -92,7 +103,8 @@ pub fn normalise(path: &str) -> Cow<'_, str> {
 }
 
 /// Decodes `%XX` escapes of unreserved characters (RFC 3986 §2.3: letters,
-/// digits, `-`, `.`, `_`, `~`); other escapes stay as they are.
+/// digits, `-`, `.`, `_`, `~`) and of `/` (servers for Django or Flask
+/// decode `%2F` before routing); other escapes stay as they are.
 fn decode_unreserved(path: &str) -> Cow<'_, str> {
     if !path.contains('%') {
         return Cow::Borrowed(path);
@@ -106,7 +118,7 @@ fn decode_unreserved(path: &str) -> Cow<'_, str> {
             .flatten()
             .and_then(|hex| std::str::from_utf8(hex).ok())
             .and_then(|hex| u8::from_str_radix(hex, 16).ok())
-            .filter(|b| b.is_ascii_alphanumeric() || b"-._~".contains(b));
+            .filter(|b| b.is_ascii_alphanumeric() || b"-._~/".contains(b));
         match decoded {
             Some(b) => {
                 out.push(b as char);
@@ -165,15 +177,21 @@ mod tests {
         ] {
             assert_eq!(r.route_for(path), Some("/api/export"), "{path}");
         }
-        // Reserved characters stay encoded: `%2F` is not a `/`.
-        assert_eq!(r.route_for("/api%2Fexport"), None);
-        assert_eq!(r.route_for("/api/export/../other"), Some("/api/"));
+        // `%2F` reads as `/` (Django, Flask); other reserved escapes stay.
+        assert_eq!(r.route_for("/api%2Fexport"), Some("/api/export"));
+        assert_eq!(r.route_for("/api%3Fexport"), None);
+        // `..` read either way: resolved, or kept as a name by frameworks
+        // that route on the raw segments — the longer prefix wins.
+        assert_eq!(r.route_for("/api/export/../other"), Some("/api/export"));
+        assert_eq!(r.route_for("/api/export/%2e%2e/x"), Some("/api/export"));
+        assert_eq!(r.route_for("/x/../api/export"), Some("/api/export"));
         assert_eq!(r.route_for("/../../api/"), Some("/api/"));
+        assert_eq!(r.route_for("api/export"), Some("/api/export"));
     }
 
     #[test]
     fn normalising_keeps_plain_paths_borrowed_and_is_idempotent() {
-        assert!(matches!(normalise("/api/export/x"), Cow::Borrowed(_)));
+        assert!(matches!(normalise("/api/export/x", true), Cow::Borrowed(_)));
         for path in [
             "/a/./b/../c//d;e",
             "/%7Euser/%41",
@@ -181,10 +199,13 @@ mod tests {
             "/..",
             "/a/%zz/%c3%a9",
             "/é/.",
+            "x/y",
         ] {
-            let once = normalise(path).into_owned();
-            assert_eq!(normalise(&once), once, "{path}");
-            assert!(once.starts_with('/'));
+            for dots in [true, false] {
+                let once = normalise(path, dots).into_owned();
+                assert_eq!(normalise(&once, dots), once, "{path}");
+                assert!(once.starts_with('/'));
+            }
         }
     }
 }
