@@ -176,8 +176,12 @@ fn smuggling_shapes_are_refused_or_normalised() {
                         r.head
                     );
                 }
+                // 501: a transfer coding other than chunked (RFC 9112
+                // §6.1); 505: a version other than 1.0 and 1.1.
                 assert!(
-                    statuses.iter().all(|s| *s == 200 || (400..500).contains(s)),
+                    statuses
+                        .iter()
+                        .all(|s| *s == 200 || (400..500).contains(s) || [501, 505].contains(s)),
                     "{what}: {text:?}"
                 );
             }
@@ -545,4 +549,38 @@ fn a_client_that_stops_reading_is_closed_after_the_send_timeout() {
         started.elapsed()
     );
     drop(stalled);
+}
+
+#[test]
+fn request_heads_rfc_9112_refuses_are_refused_and_the_connection_closed() {
+    let backend = RawBackend::start();
+    let gw = gateway(&backend, "");
+    for (raw, status) in [
+        (&b"GET /a\x00b HTTP/1.1\r\nHost: t.localhost\r\n\r\n"[..], 400),
+        (b"GET /a\tb HTTP/1.1\r\nHost: t.localhost\r\n\r\n", 400),
+        (b"GET /a\x0bb HTTP/1.1\r\nHost: t.localhost\r\n\r\n", 400),
+        (b"GET /a\x07b HTTP/1.1\r\nHost: t.localhost\r\n\r\n", 400),
+        (b"GET /a b HTTP/1.1\r\nHost: t.localhost\r\n\r\n", 400),
+        (b"GET /a#b HTTP/1.1\r\nHost: t.localhost\r\n\r\n", 400),
+        (
+            b"POST / HTTP/1.1\r\nHost: t.localhost\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            400,
+        ),
+        (
+            b"POST / HTTP/1.1\r\nHost: t.localhost\r\nTransfer-Encoding: cow, chunked\r\n\r\n0\r\n\r\n",
+            501,
+        ),
+        (b"GET / HTTP/2.0\r\nHost: t.localhost\r\n\r\n", 505),
+        (b"GET / HTTP/1.2\r\nHost: t.localhost\r\n\r\n", 505),
+    ] {
+        // A second request behind it is never answered: the connection closes.
+        let mut bytes = raw.to_vec();
+        bytes.extend_from_slice(b"GET /after HTTP/1.1\r\nHost: t.localhost\r\n\r\n");
+        let (statuses, text) = exchange(gw.port, &bytes, Duration::from_secs(3));
+        let shown = String::from_utf8_lossy(raw);
+        assert_eq!(statuses, [status], "{shown:?}: {text:?}");
+        assert!(text.contains("\r\nconnection: close\r\n"), "{shown:?}: {text:?}");
+        assert!(text.contains("\r\ndate: "), "{shown:?}: {text:?}");
+    }
+    assert!(backend.seen().is_empty(), "{:?}", backend.seen());
 }

@@ -10,6 +10,7 @@
 
 use super::fast::{FastPath, Outcome};
 use super::pipeline::answer::Refusal;
+use super::pipeline::message::{check_framing, check_request_line, Refused};
 use super::with_planned;
 use bytes::BytesMut;
 use pingora::apps::{HttpServerApp, ServerApp};
@@ -37,10 +38,9 @@ pub enum HeadError {
     Timeout,
     /// Too many bytes or too many fields: 431.
     TooLarge,
-    /// A `#` in the request target: 400. A fragment is never sent (RFC
-    /// 9110 §7.1); a client that sends one is probing how path rules
-    /// match (DESIGN §3), and Pingora would quietly cut it off.
-    Fragment,
+    /// Not a request line or framing RFC 9112 lets through (see
+    /// `pipeline::message`): 400, 501 or 505, and the connection closes.
+    Refused(Refused),
 }
 
 /// Reads one request head into `buf` (which may already hold bytes).
@@ -58,10 +58,8 @@ pub async fn read_head(
     loop {
         if !buf.is_empty() {
             match parse(buf, limits) {
-                Parsed::Complete | Parsed::Invalid if has_fragment(buf) => {
-                    return Err(HeadError::Fragment)
-                }
                 Parsed::Complete | Parsed::Invalid => return Ok(true),
+                Parsed::Refused(refused) => return Err(HeadError::Refused(refused)),
                 Parsed::TooLarge => return Err(HeadError::TooLarge),
                 Parsed::Partial if buf.len() > limits.max_header_bytes => {
                     return Err(HeadError::TooLarge)
@@ -102,9 +100,11 @@ enum Parsed {
     Complete,
     Partial,
     TooLarge,
-    /// Not HTTP as httparse reads it, and whole: Pingora answers it (400)
-    /// or repairs it.
+    /// Not HTTP as httparse reads it, and whole, but with a valid request
+    /// line: Pingora answers it (400).
     Invalid,
+    /// Whole, and refused by the message rules.
+    Refused(Refused),
 }
 
 /// Heads with up to this many fields are parsed with no allocation.
@@ -122,7 +122,15 @@ fn parse(buf: &[u8], limits: &HeadLimits) -> Parsed {
     let mut req = httparse::Request::new(headers);
     match req.parse(buf) {
         Ok(httparse::Status::Complete(len)) if len > limits.max_header_bytes => Parsed::TooLarge,
-        Ok(httparse::Status::Complete(_)) => Parsed::Complete,
+        Ok(httparse::Status::Complete(_)) => {
+            let fields = req.headers.iter().map(|h| (h.name, h.value));
+            match check_request_line(buf)
+                .and_then(|()| check_framing(fields, req.version == Some(0)))
+            {
+                Ok(()) => Parsed::Complete,
+                Err(refused) => Parsed::Refused(refused),
+            }
+        }
         Ok(httparse::Status::Partial) => Parsed::Partial,
         Err(httparse::Error::TooManyHeaders) => Parsed::TooLarge,
         // Pingora repairs these (it escapes the target) and then reads on
@@ -135,6 +143,10 @@ fn parse(buf: &[u8], limits: &HeadLimits) -> Parsed {
                 let fields = buf[..end].iter().filter(|b| **b == b'\n').count() - 2;
                 if end > limits.max_header_bytes || fields > limits.max_headers {
                     Parsed::TooLarge
+                } else if let Err(refused) = check_request_line(buf) {
+                    // A space or control byte in the target: Pingora would
+                    // escape it and forward another request than it read.
+                    Parsed::Refused(refused)
                 } else {
                     Parsed::Invalid
                 }
@@ -142,13 +154,6 @@ fn parse(buf: &[u8], limits: &HeadLimits) -> Parsed {
         },
         Err(_) => Parsed::Invalid,
     }
-}
-
-/// Whether the request line (the first line of a whole head) has a `#`:
-/// only the target can.
-fn has_fragment(buf: &[u8]) -> bool {
-    let line = buf.split(|b| *b == b'\n').next().unwrap_or_default();
-    line.contains(&b'#')
 }
 
 /// Where a head ends: just past its blank line (CRLF CRLF, or bare LFs).
@@ -169,7 +174,7 @@ async fn refuse(stream: &mut Stream, error: HeadError) {
     let refusal = match error {
         HeadError::Timeout => Refusal::error(408, "request-timeout"),
         HeadError::TooLarge => Refusal::error(431, "header-too-large"),
-        HeadError::Fragment => Refusal::error(400, "fragment-in-target"),
+        HeadError::Refused(refused) => Refusal::error(refused.status, refused.code),
     };
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
         let _ = stream.write_all(&refusal.http1(false, true)).await;

@@ -8,6 +8,8 @@
 //!   the request's end;
 //! - [`fields`]: the hop-by-hop table (both directions), the forwarding
 //!   fields shardgate owns, WebSocket detection, the unrequested-101 check;
+//! - [`message`]: what RFC 9112 lets through in a request head (checked
+//!   by `HeadGuard` for every HTTP/1 head, before either transport);
 //! - [`answer`]: shardgate's own answers, one encoder (with `Date`);
 //! - [`watch`]: the headers deadline and liveness probes;
 //! - [`failure`]: what a failed attempt means (resend, retry, 502/504);
@@ -16,6 +18,7 @@
 pub mod answer;
 pub mod failure;
 pub mod fields;
+pub mod message;
 pub mod plan;
 pub mod retry;
 pub mod routes;

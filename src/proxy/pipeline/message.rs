@@ -1,0 +1,191 @@
+//! What RFC 9112 lets an intermediary accept in a request head, checked
+//! once for every HTTP/1 head before either transport sees it (by
+//! `HeadGuard`), no looser than nginx (DESIGN §2 "Per request", step 6):
+//!
+//! - the request line is `method SP target SP version`, nothing else: a
+//!   space or a control character in the target is 400 (RFC 9112 §3.2; a
+//!   proxy that "repairs" it forwards a different request than it read);
+//! - a `#` in the target is 400 (a fragment is never sent; DESIGN §3);
+//! - a version other than HTTP/1.0 and HTTP/1.1 is 505 (RFC 9110 §15.6.6);
+//! - `Content-Length` together with `Transfer-Encoding` is 400 and the
+//!   connection closes (RFC 9112 §6.3: the framing cannot be trusted);
+//! - a transfer coding other than `chunked` alone is 501 (RFC 9112 §6.1:
+//!   a server that does not understand a coding responds 501), and any
+//!   `Transfer-Encoding` on HTTP/1.0 is 400 (§6.1: faulty framing).
+//!
+//! Every refusal here closes the connection: what follows the head cannot
+//! be framed.
+
+use super::fields::tokens;
+
+/// A head refused before any transport saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refused {
+    pub status: u16,
+    /// The `error` of the JSON answer.
+    pub code: &'static str,
+}
+
+const fn refused(status: u16, code: &'static str) -> Refused {
+    Refused { status, code }
+}
+
+/// Checks the request line of the head in `buf` (which holds at least the
+/// whole line). Empty lines before it are skipped (RFC 9112 §2.2).
+pub fn check_request_line(buf: &[u8]) -> Result<(), Refused> {
+    let start = buf
+        .iter()
+        .position(|b| *b != b'\r' && *b != b'\n')
+        .unwrap_or(buf.len());
+    let line = buf[start..]
+        .split(|b| *b == b'\n')
+        .next()
+        .unwrap_or_default();
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let mut parts = line.split(|b| *b == b' ');
+    let (Some(_method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        // Too few words, or a space inside the target.
+        return Err(refused(400, "invalid-request-line"));
+    };
+    if target.is_empty() || target.iter().any(|b| *b < 0x21 || *b == 0x7f) {
+        return Err(refused(400, "invalid-target"));
+    }
+    if target.contains(&b'#') {
+        return Err(refused(400, "fragment-in-target"));
+    }
+    match version {
+        b"HTTP/1.1" | b"HTTP/1.0" => Ok(()),
+        [b'H', b'T', b'T', b'P', b'/', major, rest @ ..]
+            if major.is_ascii_digit()
+                && (rest.is_empty()
+                    || (rest.len() == 2 && rest[0] == b'.' && rest[1].is_ascii_digit())) =>
+        {
+            Err(refused(505, "http-version-not-supported"))
+        }
+        _ => Err(refused(400, "invalid-request-line")),
+    }
+}
+
+/// Checks the framing fields of a parsed head: `fields` as (name, value),
+/// `http10`: the request is HTTP/1.0.
+pub fn check_framing<'a>(
+    fields: impl Iterator<Item = (&'a str, &'a [u8])>,
+    http10: bool,
+) -> Result<(), Refused> {
+    let (mut length, mut codings, mut chunked_only) = (false, 0usize, true);
+    for (name, value) in fields {
+        if name.eq_ignore_ascii_case("content-length") {
+            length = true;
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            for coding in tokens(value) {
+                codings += 1;
+                chunked_only &= coding.eq_ignore_ascii_case(b"chunked");
+            }
+            if value.trim_ascii().is_empty() {
+                // An empty coding list is no framing at all.
+                codings += 1;
+                chunked_only = false;
+            }
+        }
+    }
+    if codings == 0 {
+        return Ok(());
+    }
+    if length {
+        return Err(refused(400, "content-length-with-transfer-encoding"));
+    }
+    if http10 {
+        return Err(refused(400, "transfer-encoding-in-http-1.0"));
+    }
+    if codings > 1 || !chunked_only {
+        return Err(refused(501, "unsupported-transfer-coding"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(text: &str) -> Result<(), u16> {
+        check_request_line(text.as_bytes()).map_err(|r| r.status)
+    }
+
+    #[test]
+    fn request_lines_are_method_target_version_and_nothing_else() {
+        assert_eq!(line("GET /a?b=c HTTP/1.1\r\nHost: a\r\n\r\n"), Ok(()));
+        assert_eq!(line("\r\nGET / HTTP/1.0\r\n\r\n"), Ok(()));
+        assert_eq!(
+            line("GET /caf\u{e9} HTTP/1.1\r\n\r\n"),
+            Ok(()),
+            "obs-text, as nginx"
+        );
+        for bad in [
+            "GET /a b HTTP/1.1\r\n\r\n",
+            "GET  /a HTTP/1.1\r\n\r\n",
+            "GET /a\tb HTTP/1.1\r\n\r\n",
+            "GET /a\0b HTTP/1.1\r\n\r\n",
+            "GET /a\x0bb HTTP/1.1\r\n\r\n",
+            "GET /a\x0cb HTTP/1.1\r\n\r\n",
+            "GET /a\x07b HTTP/1.1\r\n\r\n",
+            "GET /a\x08b HTTP/1.1\r\n\r\n",
+            "GET /a\x7fb HTTP/1.1\r\n\r\n",
+            "GET /a\rb HTTP/1.1\r\n\r\n",
+            "GET /a#b HTTP/1.1\r\n\r\n",
+            "\r\n\r\nGET /a#b HTTP/1.1\r\n\r\n",
+            "GET /a HTTP/1.1 x\r\n\r\n",
+            "GET /a\r\n\r\n",
+            "GET /a HTTX/1.1\r\n\r\n",
+        ] {
+            assert_eq!(line(bad), Err(400), "{bad:?}");
+        }
+        for unsupported in [
+            "GET / HTTP/2.0\r\n\r\n",
+            "GET / HTTP/1.2\r\n\r\n",
+            "GET / HTTP/3\r\n\r\n",
+        ] {
+            assert_eq!(line(unsupported), Err(505), "{unsupported:?}");
+        }
+    }
+
+    fn framing(fields: &[(&str, &str)], http10: bool) -> Result<(), u16> {
+        check_framing(fields.iter().map(|(n, v)| (*n, v.as_bytes())), http10).map_err(|r| r.status)
+    }
+
+    #[test]
+    fn framing_is_chunked_alone_or_a_length() {
+        assert_eq!(framing(&[("Content-Length", "5")], false), Ok(()));
+        assert_eq!(framing(&[("Transfer-Encoding", "chunked")], false), Ok(()));
+        assert_eq!(
+            framing(&[("transfer-encoding", " Chunked ")], false),
+            Ok(())
+        );
+        assert_eq!(
+            framing(
+                &[("Transfer-Encoding", "chunked"), ("Content-Length", "5")],
+                false
+            ),
+            Err(400)
+        );
+        assert_eq!(framing(&[("Transfer-Encoding", "chunked")], true), Err(400));
+        for coding in ["cow, chunked", "gzip", "chunked, chunked", "identity", ""] {
+            assert_eq!(
+                framing(&[("Transfer-Encoding", coding)], false),
+                Err(501),
+                "{coding:?}"
+            );
+        }
+        assert_eq!(
+            framing(
+                &[
+                    ("Transfer-Encoding", "gzip"),
+                    ("Transfer-Encoding", "chunked")
+                ],
+                false
+            ),
+            Err(501)
+        );
+    }
+}
