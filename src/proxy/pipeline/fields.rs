@@ -191,7 +191,7 @@ impl Forwarding<'_> {
 }
 
 /// Visible ASCII, spaces and tabs.
-fn is_text(value: &[u8]) -> bool {
+pub fn is_text(value: &[u8]) -> bool {
     value
         .iter()
         .all(|b| *b == b'\t' || (b' '..=b'~').contains(b))

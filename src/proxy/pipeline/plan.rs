@@ -5,7 +5,7 @@
 //! access log).
 
 use super::answer::Refusal;
-use super::fields::{is_hop_by_hop, is_ours};
+use super::fields::{is_hop_by_hop, is_ours, is_text};
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::hooks::{RequestCheck, RequestView, UpstreamFailure};
 use crate::proxy::Gateway;
@@ -58,13 +58,7 @@ impl Gateway {
             .and_then(|name| req.header(name.as_str()));
         ctx.channel = match channel.map(std::str::from_utf8) {
             None | Some(Ok("")) => None,
-            Some(Ok(channel))
-                if channel
-                    .bytes()
-                    .all(|b| b == b'\t' || (b' '..=b'~').contains(&b)) =>
-            {
-                Some(channel.to_string())
-            }
+            Some(Ok(channel)) if is_text(channel.as_bytes()) => Some(channel.to_string()),
             Some(_) => return Err(Refusal::error(400, "invalid-channel")),
         };
         if let (Some(directory), Some(tenant)) = (&self.control.regions, &ctx.tenant) {
