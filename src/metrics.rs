@@ -49,11 +49,12 @@ impl GatewayMetrics {
         self.retries.get()
     }
 
-    pub fn upstream_failure(&self, shard: &str, failure: UpstreamFailure) {
+    /// One failed attempt on `shard`, of `kind` ([`UpstreamFailure::KINDS`]).
+    pub fn upstream_failure(&self, shard: &str, kind: &'static str) {
         *self
             .failures
             .lock()
-            .entry((shard.to_string(), failure.as_str()))
+            .entry((shard.to_string(), kind))
             .or_default() += 1;
     }
 
@@ -186,20 +187,15 @@ fn families(control: &Control) -> Vec<MetricFamily> {
     let failures = control.metrics.failures.lock().clone();
     let mut failure_metrics = Vec::new();
     for e in &set.all {
-        for kind in [
-            UpstreamFailure::Connect,
-            UpstreamFailure::Reset,
-            UpstreamFailure::Timeout,
-            UpstreamFailure::Liveness,
-        ] {
+        for kind in UpstreamFailure::KINDS {
             let n = failures
-                .get(&(e.id().to_string(), kind.as_str()))
+                .get(&(e.id().to_string(), kind))
                 .copied()
                 .unwrap_or(0);
             failure_metrics.push(counter(
                 vec![
                     label("shard", e.id().as_str()),
-                    label("kind", kind.as_str()),
+                    label("kind", kind),
                 ],
                 n as f64,
             ));

@@ -500,6 +500,74 @@ fn a_get_on_a_reset_connection_is_retried_on_another_shard() {
     assert_eq!(resetter.received.load(Ordering::SeqCst), 1);
 }
 
+fn healthy(gw: &Gateway, id: &str) -> bool {
+    let shards = gw.admin("GET", "/v1/shards", None, None).json();
+    shards
+        .as_array()
+        .expect("shards")
+        .iter()
+        .any(|s| s["id"] == id && s["healthy"] == true)
+}
+
+#[test]
+fn one_tenants_broken_app_does_not_take_a_shared_shard_away() {
+    // The shard's app resets every request of tenant `broken`; the shard
+    // itself accepts connections, so it stays in rotation for the others.
+    let shard = Resetter::when(|head| head.contains("x-tenant-id: broken"));
+    let gw = Gateway::start(&config(
+        &[("shared", shard.url())],
+        "health: { interval_ms: 60000 }\n",
+    ));
+    for i in 0..20 {
+        let r = gw.get("broken.localhost", &format!("/{i}"));
+        assert_eq!(r.status, 502, "{}", r.text());
+        let r = gw.get(&format!("fine{i}.localhost"), "/");
+        assert_eq!(r.status, 200, "tenant fine{i}: {}", r.text());
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(healthy(&gw, "shared"), "the shard stays healthy");
+    let r = gw.get("another.localhost", "/");
+    assert_eq!(r.status, 200, "{}", r.text());
+    // A request that broke on a reused pooled connection is resent once on
+    // a fresh one (it may only have been stale); nothing more.
+    let received = shard.received.load(Ordering::SeqCst);
+    assert!((20..=40).contains(&received), "received {received}");
+    let metrics = gw.admin("GET", "/metrics", None, None).text();
+    assert!(
+        metrics.contains("shardgate_upstream_failures_total{shard=\"shared\",kind=\"reset\"} 20"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn a_reset_from_a_shard_that_is_gone_marks_it_unhealthy() {
+    // The shard takes one request, then closes its listener and resets the
+    // connection: the probe after the reset is refused.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let dying = std::thread::spawn(move || {
+        use std::io::Read;
+        let (mut conn, _) = listener.accept().expect("accept");
+        let mut buf = [0u8; 4096];
+        let _ = conn.read(&mut buf);
+        drop(listener);
+        let _ = socket2::SockRef::from(&conn).set_linger(Some(Duration::ZERO));
+    });
+    let gw = Gateway::start(&config(
+        &[("dying", format!("http://{addr}"))],
+        "health: { interval_ms: 60000 }\n",
+    ));
+    assert_eq!(gw.get("t.localhost", "/").status, 502);
+    dying.join().expect("dying shard");
+    assert!(
+        eventually(Duration::from_secs(3), || !healthy(&gw, "dying")),
+        "{}",
+        gw.admin("GET", "/v1/shards", None, None).text()
+    );
+    let r = gw.get("t.localhost", "/");
+    assert_eq!(r.status, 503, "{}", r.text());
+}
+
 #[test]
 fn headers_timeout_is_504_and_never_retried() {
     let slow = Backend::with("slow", |_| {

@@ -183,8 +183,13 @@ impl ResponseEdit {
 pub enum UpstreamFailure {
     /// The TCP (or TLS) connection could not be made.
     Connect,
-    /// The connection broke before any response byte.
-    Reset,
+    /// The connection broke (reset or closed) after the request was sent,
+    /// before any response byte. The gateway then probes the shard at once
+    /// (a TCP connect): `shard_answered` says whether it accepted. A shard
+    /// that accepted is alive — one tenant's app may be broken — and the
+    /// default hook leaves it in rotation (DESIGN §2 "When an upstream
+    /// fails").
+    Reset { shard_answered: bool },
     /// No response headers within `upstream.headers_timeout_ms` (slow, not
     /// dead: the default hook leaves the shard alone).
     Timeout,
@@ -196,17 +201,27 @@ impl UpstreamFailure {
     pub fn as_str(&self) -> &'static str {
         match self {
             UpstreamFailure::Connect => "connect",
-            UpstreamFailure::Reset => "reset",
+            UpstreamFailure::Reset { .. } => "reset",
             UpstreamFailure::Timeout => "timeout",
             UpstreamFailure::Liveness => "liveness",
         }
     }
 
     /// Whether the failure means the shard cannot be reached (as opposed to
-    /// being slow).
+    /// being slow, or to one app dropping a request on a shard that still
+    /// accepts connections).
     pub fn is_unreachable(&self) -> bool {
-        !matches!(self, UpstreamFailure::Timeout)
+        !matches!(
+            self,
+            UpstreamFailure::Timeout
+                | UpstreamFailure::Reset {
+                    shard_answered: true
+                }
+        )
     }
+
+    /// Every kind, as the metrics label them.
+    pub const KINDS: [&'static str; 4] = ["connect", "reset", "timeout", "liveness"];
 }
 
 impl fmt::Display for UpstreamFailure {
@@ -224,7 +239,10 @@ pub trait GatewayHooks: Send + Sync + 'static {
 
     /// Called for every failed upstream attempt. The default marks an
     /// unreachable shard unhealthy at once (active health checks bring it
-    /// back after `health.rise` good probes) and leaves a slow one alone.
+    /// back after `health.rise` good probes) and leaves alone a slow one
+    /// and one that dropped a request but still accepts connections. For a
+    /// reset it is called once the probe it triggers has concluded, from a
+    /// task of its own.
     fn on_upstream_failure(&self, router: &Router, shard: &ShardId, failure: UpstreamFailure) {
         if failure.is_unreachable() {
             router.mark_unhealthy(shard.as_str());

@@ -306,7 +306,7 @@ impl ProxyHttp for Gateway {
                 Some(AttemptFailure::Invalid)
             }
             Verdict::None if client_reused => Some(AttemptFailure::Stale),
-            Verdict::None => Some(AttemptFailure::Shard(UpstreamFailure::Reset)),
+            Verdict::None => Some(AttemptFailure::Reset),
         };
         let retry = failure.is_some_and(|failure| self.follow(session, ctx, failure));
         e.set_retry(retry);

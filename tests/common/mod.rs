@@ -368,6 +368,13 @@ pub struct Resetter {
 
 impl Resetter {
     pub fn start() -> Resetter {
+        Resetter::when(|_| true)
+    }
+
+    /// Resets the connection of each request whose head `drops` (one
+    /// tenant's broken app); answers the others `200 ok`, keeping the
+    /// connection open.
+    pub fn when(drops: fn(&str) -> bool) -> Resetter {
         let listener = runtime()
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .expect("bind");
@@ -375,7 +382,7 @@ impl Resetter {
         let received = Arc::new(AtomicUsize::new(0));
         let count = Arc::clone(&received);
         let task = runtime().spawn(async move {
-            use tokio::io::AsyncReadExt;
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
             loop {
                 let Ok((mut stream, _)) = listener.accept().await else {
                     return;
@@ -384,16 +391,29 @@ impl Resetter {
                 tokio::spawn(async move {
                     let mut buf = Vec::new();
                     let mut chunk = [0u8; 4096];
-                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match stream.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    loop {
+                        let end = loop {
+                            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                                break i + 4;
+                            }
+                            match stream.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        };
+                        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                        buf.drain(..end);
+                        if drops(&head) {
+                            count.fetch_add(1, Ordering::SeqCst);
+                            // SO_LINGER 0: close with a reset.
+                            let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+                            return;
+                        }
+                        let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if stream.write_all(reply).await.is_err() {
+                            return;
                         }
                     }
-                    count.fetch_add(1, Ordering::SeqCst);
-                    // SO_LINGER 0: close with a reset.
-                    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
-                    drop(stream);
                 });
             }
         });

@@ -103,7 +103,7 @@ impl FastPath {
                     return Err(AttemptFailure::Shard(UpstreamFailure::Connect));
                 };
                 let _ = conn.set_nodelay(true);
-                (conn, AttemptFailure::Shard(UpstreamFailure::Reset))
+                (conn, AttemptFailure::Reset)
             }
         };
         let settings = self.gateway.watch_settings();
@@ -123,7 +123,7 @@ impl FastPath {
                     match read {
                         // Nothing came back on a pooled connection: stale.
                         Ok(0) | Err(_) if !received => return Err(broken),
-                        Ok(0) | Err(_) => return Err(AttemptFailure::Shard(UpstreamFailure::Reset)),
+                        Ok(0) | Err(_) => return Err(AttemptFailure::Reset),
                         Ok(_) => received = true,
                     }
                     match parse_response(&buf, head_only, websocket) {

@@ -18,7 +18,10 @@ pub enum AttemptFailure {
     /// A reused pooled connection broke before any response byte: maybe
     /// only closed by the shard while it idled.
     Stale,
-    /// The shard failed (connect, reset, timeout, liveness).
+    /// The connection broke after the request was sent, before any
+    /// response byte: the shard is probed before it is judged.
+    Reset,
+    /// The shard failed (connect, timeout, liveness).
     Shard(UpstreamFailure),
     /// The shard answered with something that is not an HTTP/1.x response
     /// shardgate forwards (malformed, over the head limits, a 101 nobody
@@ -58,18 +61,23 @@ impl Gateway {
                     false => Next::Answer(Refusal::error(502, "upstream-unreachable")),
                 };
             }
-            AttemptFailure::Stale => UpstreamFailure::Reset,
-            AttemptFailure::Shard(kind) => kind,
+            AttemptFailure::Stale | AttemptFailure::Reset => {
+                self.record_reset(ctx);
+                None
+            }
+            AttemptFailure::Shard(kind) => Some(kind),
             AttemptFailure::Invalid => {
                 return Next::Answer(Refusal::error(502, "upstream-invalid-response"))
             }
         };
-        self.record_failure(ctx, kind);
-        if kind == UpstreamFailure::Timeout {
+        if let Some(kind) = kind {
+            self.record_failure(ctx, kind);
+        }
+        if kind == Some(UpstreamFailure::Timeout) {
             // Slow is not dead: never retried.
             return Next::Answer(Refusal::error(504, "upstream-timeout"));
         }
-        let sent = kind != UpstreamFailure::Connect;
+        let sent = kind != Some(UpstreamFailure::Connect);
         match self.may_retry(method, replayable, ctx, sent) {
             true => Next::Retry,
             false => Next::Answer(Refusal::error(502, "upstream-unreachable")),

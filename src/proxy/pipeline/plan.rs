@@ -9,7 +9,9 @@ use super::fields::{is_hop_by_hop, is_ours, is_text};
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::hooks::{RequestCheck, RequestView, UpstreamFailure};
 use crate::proxy::Gateway;
+use super::watch::probe;
 use crate::routing::{Decision, RouteRequest};
+use std::sync::Arc;
 use http::header::HOST;
 
 impl Gateway {
@@ -122,13 +124,54 @@ impl Gateway {
         if let Some(shard) = ctx.shard.as_ref().map(|s| s.id().clone()) {
             self.control
                 .metrics
-                .upstream_failure(shard.as_str(), failure);
+                .upstream_failure(shard.as_str(), failure.as_str());
             self.control
                 .hooks
                 .on_upstream_failure(&self.control.router, &shard, failure);
             if failure.is_unreachable() && !ctx.failed.contains(&shard) {
                 ctx.failed.push(shard);
             }
+        }
+    }
+
+    /// Notes a connection that broke after the request was sent, before
+    /// any response byte. One tenant's app may have dropped it on a shard
+    /// many tenants share, so the shard is not judged by it: a TCP connect
+    /// probes it at once, in a task of its own, and the failure hook hears
+    /// the outcome (refused or timed out → unreachable, marked down by the
+    /// default hook; accepted → it stays in rotation). This request does
+    /// not go back to it either way.
+    pub(crate) fn record_reset(&self, ctx: &mut RequestCtx) {
+        let (Some(shard), Some(peer)) = (ctx.shard.as_ref(), ctx.peer.as_ref()) else {
+            return;
+        };
+        let shard = shard.id().clone();
+        self.control.metrics.upstream_failure(shard.as_str(), "reset");
+        ctx.failure = Some(UpstreamFailure::Reset {
+            shard_answered: true,
+        });
+        if !ctx.failed.contains(&shard) {
+            ctx.failed.push(shard.clone());
+        }
+        let (control, addr) = (Arc::clone(&self.control), peer.addr);
+        let timeout = self.probe_timeout();
+        let judge = async move {
+            let shard_answered = probe(addr, timeout).await;
+            let failure = UpstreamFailure::Reset { shard_answered };
+            control.hooks.on_upstream_failure(&control.router, &shard, failure);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(judge)),
+            Err(_) => log::warn!("a reset outside a runtime: shard {} not probed", peer.addr),
+        }
+    }
+
+    /// How long a failure probe waits for the shard to accept: the
+    /// liveness probe's timeout, or the health checks' when liveness is off.
+    fn probe_timeout(&self) -> std::time::Duration {
+        match self.watch.liveness {
+            Some(liveness) => liveness.probe_timeout,
+            None => self.control.config.health.timeout,
         }
     }
 
