@@ -193,10 +193,7 @@ fn families(control: &Control) -> Vec<MetricFamily> {
                 .copied()
                 .unwrap_or(0);
             failure_metrics.push(counter(
-                vec![
-                    label("shard", e.id().as_str()),
-                    label("kind", kind),
-                ],
+                vec![label("shard", e.id().as_str()), label("kind", kind)],
                 n as f64,
             ));
         }

@@ -124,6 +124,8 @@ pub struct LimitsConfig {
     pub header_timeout: Duration,
     pub max_header_bytes: usize,
     pub max_headers: usize,
+    /// Largest request body forwarded (→ 413); `None` = unlimited.
+    pub max_body_bytes: Option<u64>,
     /// Longest pause between two reads of a request body.
     pub body_timeout: Duration,
     /// Longest a write to a client may stall (it stopped reading).
@@ -173,6 +175,9 @@ pub struct UpstreamConfig {
     pub liveness: Option<LivenessConfig>,
     /// How long an idle pooled upstream connection is kept.
     pub keepalive_timeout: Duration,
+    /// Idle connections the fast transport keeps per shard and worker
+    /// thread.
+    pub pool_per_shard: usize,
 }
 
 #[derive(Clone, Debug)]

@@ -120,6 +120,9 @@ pub struct RawLimits {
     pub header_timeout_ms: Option<u64>,
     pub max_header_bytes: Option<usize>,
     pub max_headers: Option<usize>,
+    /// Absent: the default; `null`: unlimited.
+    #[serde(default, deserialize_with = "nullable")]
+    pub max_body_bytes: Option<Option<u64>>,
     pub body_timeout_ms: Option<u64>,
     pub send_timeout_ms: Option<u64>,
     pub keepalive_timeout_ms: Option<u64>,
@@ -157,6 +160,7 @@ pub struct RawUpstream {
     #[serde(default)]
     pub liveness: Switch<RawLiveness>,
     pub keepalive_timeout_ms: Option<u64>,
+    pub pool_per_shard: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -187,6 +191,13 @@ pub struct RawState {
 pub struct RawLog {
     /// Access log: `off` or a `log` level (`error` … `trace`).
     pub access: Option<String>,
+}
+
+/// A value that may be spelt `null` (as opposed to left out).
+fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
 }
 
 /// A section that can be turned off with `false` (or spelt out, or left at

@@ -492,6 +492,9 @@ fn check_routing(c: &mut Checker<'_>, r: RawRouting) -> RoutingConfig {
     }
 }
 
+/// 100 MiB, Cloudflare's free-plan limit.
+const DEFAULT_MAX_BODY_BYTES: u64 = 100 * 1024 * 1024;
+
 fn check_limits(c: &mut Checker<'_>, l: RawLimits) -> LimitsConfig {
     let connection_cap = l.connection_cap.and_then(|cap| match u64::try_from(cap) {
         Ok(cap) => Some(cap),
@@ -537,6 +540,7 @@ fn check_limits(c: &mut Checker<'_>, l: RawLimits) -> LimitsConfig {
         header_timeout: c.positive_ms("limits.header_timeout_ms", l.header_timeout_ms, 10_000),
         max_header_bytes,
         max_headers,
+        max_body_bytes: l.max_body_bytes.unwrap_or(Some(DEFAULT_MAX_BODY_BYTES)),
         body_timeout: c.positive_ms("limits.body_timeout_ms", l.body_timeout_ms, 60_000),
         send_timeout: c.positive_ms("limits.send_timeout_ms", l.send_timeout_ms, 60_000),
         keepalive_timeout: c.positive_ms(
@@ -635,6 +639,7 @@ fn check_upstream(c: &mut Checker<'_>, u: RawUpstream) -> UpstreamConfig {
             u.keepalive_timeout_ms,
             60_000,
         ),
+        pool_per_shard: u.pool_per_shard.unwrap_or(256),
     }
 }
 

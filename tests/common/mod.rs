@@ -406,7 +406,8 @@ impl Resetter {
                         if drops(&head) {
                             count.fetch_add(1, Ordering::SeqCst);
                             // SO_LINGER 0: close with a reset.
-                            let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+                            let _ =
+                                socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
                             return;
                         }
                         let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";

@@ -10,6 +10,8 @@
 //!   fields shardgate owns, WebSocket detection, the unrequested-101 check;
 //! - [`message`]: what RFC 9112 lets through in a request head (checked
 //!   by `HeadGuard` for every HTTP/1 head, before either transport);
+//! - [`framing`]: where an HTTP/1 body ends (length, chunks, close), for
+//!   responses and request bodies alike;
 //! - [`answer`]: shardgate's own answers, one encoder (with `Date`);
 //! - [`watch`]: the headers deadline and liveness probes;
 //! - [`failure`]: what a failed attempt means (resend, retry, 502/504);
@@ -18,6 +20,7 @@
 pub mod answer;
 pub mod failure;
 pub mod fields;
+pub mod framing;
 pub mod message;
 pub mod plan;
 pub mod retry;

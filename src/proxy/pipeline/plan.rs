@@ -6,13 +6,13 @@
 
 use super::answer::Refusal;
 use super::fields::{is_hop_by_hop, is_ours, is_text};
+use super::watch::probe;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::hooks::{RequestCheck, RequestView, UpstreamFailure};
 use crate::proxy::Gateway;
-use super::watch::probe;
 use crate::routing::{Decision, RouteRequest};
-use std::sync::Arc;
 use http::header::HOST;
+use std::sync::Arc;
 
 impl Gateway {
     /// Resolves, checks, routes and admits the request `req`. On `Ok` the
@@ -146,7 +146,9 @@ impl Gateway {
             return;
         };
         let shard = shard.id().clone();
-        self.control.metrics.upstream_failure(shard.as_str(), "reset");
+        self.control
+            .metrics
+            .upstream_failure(shard.as_str(), "reset");
         ctx.failure = Some(UpstreamFailure::Reset {
             shard_answered: true,
         });
@@ -158,7 +160,9 @@ impl Gateway {
         let judge = async move {
             let shard_answered = probe(addr, timeout).await;
             let failure = UpstreamFailure::Reset { shard_answered };
-            control.hooks.on_upstream_failure(&control.router, &shard, failure);
+            control
+                .hooks
+                .on_upstream_failure(&control.router, &shard, failure);
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn(judge)),
