@@ -146,6 +146,7 @@ impl Builder {
                 max_header_bytes: limits.max_header_bytes,
                 max_headers: limits.max_headers,
                 keepalive_timeout: limits.keepalive_timeout,
+                max_body_bytes: limits.max_body_bytes,
             },
         )
         .with_fast_path(fast);

@@ -52,6 +52,8 @@ pub struct RequestCtx {
     pub(crate) retry_ticket: Option<GaugeTicket>,
     /// Upstream fields the embedder's request check added.
     pub(crate) extra_fields: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// Request-body bytes read so far (against `limits.max_body_bytes`).
+    pub(crate) body_bytes: u64,
 }
 
 impl Default for RequestCtx {
@@ -78,6 +80,7 @@ impl Default for RequestCtx {
             answered: None,
             retry_ticket: None,
             extra_fields: Vec::new(),
+            body_bytes: 0,
         }
     }
 }

@@ -8,8 +8,10 @@
 //! the bytes to Pingora's session as already read, so nothing is read
 //! twice.
 
+use super::client::OneRequest;
 use super::fast::{FastPath, Outcome};
 use super::pipeline::answer::Refusal;
+use super::pipeline::framing::Framing;
 use super::pipeline::message::{check_framing, check_request_line, Refused};
 use super::with_planned;
 use bytes::BytesMut;
@@ -29,6 +31,18 @@ pub struct HeadLimits {
     pub max_headers: usize,
     /// How long a kept-alive connection may wait for its next request.
     pub keepalive_timeout: Duration,
+    /// Largest request body (`None`: unlimited); a larger `Content-Length`
+    /// is 413 at once.
+    pub max_body_bytes: Option<u64>,
+}
+
+/// A whole request head at the start of a buffer.
+#[derive(Clone, Debug)]
+pub struct Head {
+    /// Its length in bytes.
+    pub len: usize,
+    /// The framing of its body.
+    pub body: Framing,
 }
 
 /// Why a head was refused.
@@ -44,7 +58,7 @@ pub enum HeadError {
 }
 
 /// Reads one request head into `buf` (which may already hold bytes).
-/// `Ok(false)`: the connection closed or idled out before a request began,
+/// `Ok(None)`: the connection closed or idled out before a request began,
 /// or the server is shutting down (`shutdown`, if given, turned true)
 /// while it waited for one.
 pub async fn read_head(
@@ -52,13 +66,21 @@ pub async fn read_head(
     buf: &mut BytesMut,
     limits: &HeadLimits,
     mut shutdown: Option<&mut ShutdownWatch>,
-) -> Result<bool, HeadError> {
+) -> Result<Option<Head>, HeadError> {
     let mut deadline =
         (!buf.is_empty()).then(|| tokio::time::Instant::now() + limits.header_timeout);
     loop {
         if !buf.is_empty() {
             match parse(buf, limits) {
-                Parsed::Complete | Parsed::Invalid => return Ok(true),
+                Parsed::Complete(head) => return Ok(Some(head)),
+                // Pingora answers it (400) and closes: everything read is
+                // its to see.
+                Parsed::Invalid => {
+                    return Ok(Some(Head {
+                        len: buf.len(),
+                        body: Framing::UntilClose,
+                    }))
+                }
                 Parsed::Refused(refused) => return Err(HeadError::Refused(refused)),
                 Parsed::TooLarge => return Err(HeadError::TooLarge),
                 Parsed::Partial if buf.len() > limits.max_header_bytes => {
@@ -76,19 +98,19 @@ pub async fn read_head(
             // as Pingora closes its idle keep-alive connections.
             (None, Some(watch)) => {
                 if *watch.borrow() {
-                    return Ok(false);
+                    return Ok(None);
                 }
                 let read = tokio::time::timeout(limits.keepalive_timeout, stream.read_buf(buf));
                 tokio::select! {
                     wait = read => wait,
-                    _ = watch.changed() => return Ok(false),
+                    _ = watch.changed() => return Ok(None),
                 }
             }
         };
         match wait {
             Err(_) if deadline.is_some() => return Err(HeadError::Timeout),
-            Err(_) => return Ok(false), // idle keep-alive: close quietly
-            Ok(Err(_)) | Ok(Ok(0)) => return Ok(false),
+            Err(_) => return Ok(None), // idle keep-alive: close quietly
+            Ok(Err(_)) | Ok(Ok(0)) => return Ok(None),
             Ok(Ok(_)) => {
                 deadline.get_or_insert_with(|| tokio::time::Instant::now() + limits.header_timeout);
             }
@@ -97,7 +119,7 @@ pub async fn read_head(
 }
 
 enum Parsed {
-    Complete,
+    Complete(Head),
     Partial,
     TooLarge,
     /// Not HTTP as httparse reads it, and whole, but with a valid request
@@ -122,12 +144,26 @@ fn parse(buf: &[u8], limits: &HeadLimits) -> Parsed {
     let mut req = httparse::Request::new(headers);
     match req.parse(buf) {
         Ok(httparse::Status::Complete(len)) if len > limits.max_header_bytes => Parsed::TooLarge,
-        Ok(httparse::Status::Complete(_)) => {
+        Ok(httparse::Status::Complete(len)) => {
             let fields = req.headers.iter().map(|h| (h.name, h.value));
+            let http10 = req.version == Some(0);
             match check_request_line(buf)
-                .and_then(|()| check_framing(fields, req.version == Some(0)))
+                .and_then(|()| check_framing(fields, http10, limits.max_body_bytes))
             {
-                Ok(()) => Parsed::Complete,
+                // After a switch of protocols (a WebSocket), everything the
+                // client sends is the tunnel's.
+                Ok(_)
+                    if req
+                        .headers
+                        .iter()
+                        .any(|h| h.name.eq_ignore_ascii_case("upgrade")) =>
+                {
+                    Parsed::Complete(Head {
+                        len,
+                        body: Framing::UntilClose,
+                    })
+                }
+                Ok(body) => Parsed::Complete(Head { len, body }),
                 Err(refused) => Parsed::Refused(refused),
             }
         }
@@ -235,25 +271,38 @@ where
         let mut settings = None;
         let mut watch = shutdown.clone();
         let mut first = true;
+        // What the client sent past the last request: the next one's start.
+        let mut ahead = BytesMut::new();
         loop {
-            let mut buf = BytesMut::with_capacity(4096);
+            let mut buf = std::mem::take(&mut ahead);
+            buf.reserve(4096);
             // A new connection's first request is read even while shutting
             // down (one accepted during a graceful upgrade is served); only
             // connections idle between requests close when shutdown starts.
             let idle_watch = (!first).then_some(&mut watch);
             first = false;
-            match read_head(&mut stream, &mut buf, &self.limits, idle_watch).await {
-                Ok(true) => {}
-                Ok(false) => return None,
+            let head = match read_head(&mut stream, &mut buf, &self.limits, idle_watch).await {
+                Ok(Some(head)) => head,
+                Ok(None) => return None,
                 Err(e) => {
                     refuse(&mut stream, e).await;
                     return None;
                 }
-            }
+            };
+            // The head and the body bytes read with it are this request's;
+            // anything after them is the next one's.
+            let mut body = head.body;
+            let mut rest = buf.split_off(head.len);
+            let used = body.consume(&rest).unwrap_or_else(|_| {
+                body = Framing::UntilClose;
+                rest.len()
+            });
+            ahead = rest.split_off(used);
+            buf.unsplit(rest);
             let mut planned = None;
             if let Some(fast) = &self.fast {
                 let closing = *shutdown.borrow();
-                match fast.serve(stream, buf, closing).await {
+                match fast.serve(stream, buf, &mut ahead, closing).await {
                     Outcome::Served(Some(next)) => {
                         stream = next;
                         continue;
@@ -264,7 +313,14 @@ where
                     }
                 }
             }
-            let mut session = ServerSession::new_http1(stream);
+            let limit = self.limits.max_header_bytes;
+            let client: Stream = Box::new(OneRequest::new(
+                stream,
+                body,
+                std::mem::take(&mut ahead),
+                limit,
+            ));
+            let mut session = ServerSession::new_http1(client);
             match settings.take() {
                 Some(s) => pingora::apps::HttpPersistentSettings::apply_to_session(s, &mut session),
                 None => session.set_keepalive(Some(self.limits.keepalive_timeout.as_secs().max(1))),
@@ -279,7 +335,7 @@ where
                 None => serve.await?,
             };
             let (next, persistent) = reused.consume();
-            stream = next;
+            (stream, ahead) = OneRequest::unwrap(next)?;
             settings = persistent;
         }
     }

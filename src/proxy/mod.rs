@@ -15,6 +15,7 @@
 //! builder to keep the head limits, health checks, admin API and the rest
 //! (see `examples/embed.rs`).
 
+pub mod client;
 pub mod ctx;
 pub mod fast;
 pub mod head;

@@ -17,6 +17,7 @@ use super::pipeline::failure::{AttemptFailure, Next};
 use super::pipeline::fields::{
     names_websocket, same_field, strip_response_hop_by_hop, unrequested_switch, Forwarding,
 };
+use super::pipeline::framing::ends_with_close;
 use super::pipeline::plan::host_from;
 use super::pipeline::watch::{Verdict, Watch};
 use super::{take_planned, Gateway};
@@ -152,16 +153,28 @@ impl ProxyHttp for Gateway {
     }
 
     /// Request body going out: the headers deadline counts from the last
-    /// progress, so a slow upload is not mistaken for a slow shard.
+    /// progress, so a slow upload is not mistaken for a slow shard. A body
+    /// that crosses `limits.max_body_bytes` is 413 (a length over it was
+    /// refused with the head): the upstream request is aborted.
     async fn request_body_filter(
         &self,
         _session: &mut Session,
-        _body: &mut Option<bytes::Bytes>,
+        body: &mut Option<bytes::Bytes>,
         _end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         if let Some(watch) = &ctx.watch {
             watch.touch();
+        }
+        ctx.body_bytes += body.as_ref().map_or(0, |b| b.len() as u64);
+        if let Some(max) = self.control.config.limits.max_body_bytes {
+            if ctx.body_bytes > max {
+                ctx.refusal = Some(Refusal::error(413, "body-too-large"));
+                return Err(Error::explain(
+                    ErrorType::HTTPStatus(413),
+                    "request body over limits.max_body_bytes",
+                ));
+            }
         }
         Ok(())
     }
@@ -242,6 +255,18 @@ impl ProxyHttp for Gateway {
         }
         ctx.headers_received = true;
         strip_response_hop_by_hop(upstream_response);
+        let headers = &upstream_response.headers;
+        let req = session.req_header();
+        if req.version == http::Version::HTTP_11
+            && ends_with_close(
+                status,
+                req.method == http::Method::HEAD,
+                headers.contains_key(http::header::CONTENT_LENGTH),
+                headers.contains_key(http::header::TRANSFER_ENCODING),
+            )
+        {
+            upstream_response.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
+        }
         if let Some(shard) = &ctx.shard {
             let mut edit = ResponseEdit::new(status);
             let tenant = ctx.tenant.as_deref().unwrap_or_default();
@@ -348,6 +373,8 @@ impl ProxyHttp for Gateway {
         });
         let mut code = 0;
         if let Some(refusal) = refusal {
+            // The connection closes after it, and the answer says so.
+            session.set_keepalive(None);
             if session.response_written().is_none() && refusal.send(session).await.is_ok() {
                 code = refusal.status;
                 ctx.answered = Some(code);

@@ -31,6 +31,7 @@ mod upstream;
 #[doc(hidden)]
 pub mod fuzzing;
 
+use super::client::poll_watch;
 use super::ctx::RequestCtx;
 use super::hooks::RequestView;
 use super::pipeline::answer::Refusal;
@@ -43,6 +44,7 @@ use pingora::protocols::Stream;
 use request::{classify, Shape};
 use std::cell::RefCell;
 use std::fmt;
+use std::pin::Pin;
 use std::time::Duration;
 use thread_local::ThreadLocal;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -65,6 +67,8 @@ pub struct FastPath {
     idle_timeout: Duration,
     connect_timeout: Duration,
     send_timeout: Duration,
+    /// The most bytes of a next request kept while one is served.
+    head_limit: usize,
 }
 
 /// Displays an optional value, or nothing.
@@ -105,6 +109,7 @@ impl FastPath {
             idle_timeout: upstream.keepalive_timeout,
             connect_timeout: upstream.connect_timeout,
             send_timeout: gateway.control().config.limits.send_timeout,
+            head_limit: gateway.control().config.limits.max_header_bytes,
             gateway,
             pools: ThreadLocal::new(),
         }
@@ -113,7 +118,15 @@ impl FastPath {
     /// Serves the request whose whole head is in `buf`, if it is a shape
     /// the fast path takes. `closing`: the server is shutting down, so the
     /// connection closes after this request.
-    pub async fn serve(&self, mut client: Stream, buf: BytesMut, closing: bool) -> Outcome {
+    /// What the client sends meanwhile is appended to `ahead` (the next
+    /// request's start).
+    pub async fn serve(
+        &self,
+        mut client: Stream,
+        buf: BytesMut,
+        ahead: &mut BytesMut,
+        closing: bool,
+    ) -> Outcome {
         let Some(head) = classify(&buf) else {
             return Outcome::NotMine(client, buf, None);
         };
@@ -166,7 +179,7 @@ impl FastPath {
                     drop(head);
                     let mut held = Some(buf);
                     let status = match self
-                        .exchange(&mut client, request, &how, &mut ctx, &mut held)
+                        .exchange(&mut client, ahead, request, &how, &mut ctx, &mut held)
                         .await
                     {
                         Exchanged::Done(status, _) | Exchanged::Closed(status) => status,
@@ -185,7 +198,7 @@ impl FastPath {
                     return Outcome::Served(None);
                 }
                 match self
-                    .exchange(&mut client, request, &how, &mut ctx, &mut None)
+                    .exchange(&mut client, ahead, request, &how, &mut ctx, &mut None)
                     .await
                 {
                     Exchanged::Done(status, keep) => (status, keep),
@@ -215,6 +228,7 @@ impl FastPath {
     async fn exchange(
         &self,
         client: &mut Stream,
+        ahead: &mut BytesMut,
         request: Vec<u8>,
         how: &How,
         ctx: &mut RequestCtx,
@@ -235,7 +249,7 @@ impl FastPath {
             // request (and frees its admission), as on Pingora's path.
             let result = tokio::select! {
                 result = attempt => result,
-                () = client_gone(client) => return Exchanged::Closed(0),
+                () = self.client_gone(client, ahead) => return Exchanged::Closed(0),
             };
             let failure = match result {
                 Ok(upstream) if how.websocket && upstream.parsed.status == 101 => {
@@ -246,7 +260,9 @@ impl FastPath {
                 // A handshake refused: an ordinary response, then close.
                 Ok(upstream) => {
                     let close = how.close || how.websocket;
-                    return self.respond(client, close, upstream, peer.addr, ctx).await;
+                    return self
+                        .respond(client, ahead, close, upstream, peer.addr, ctx)
+                        .await;
                 }
                 Err(failure) => failure,
             };
@@ -297,12 +313,12 @@ impl FastPath {
     }
 }
 
-/// Completes when the client closes its connection (or it fails) while a
-/// response is awaited; never if it sends bytes instead (a pipelined
-/// request, kept for later: the peek puts them back) or cannot be peeked.
-async fn client_gone(client: &mut Stream) {
-    let mut byte = [0u8; 1];
-    if client.try_peek(&mut byte).await.is_ok() {
-        std::future::pending::<()>().await;
+impl FastPath {
+    /// Completes when the client closes its connection (or it fails) while
+    /// its request is served; what it sends instead is kept in `ahead` (a
+    /// pipelined request), up to the head size limit.
+    async fn client_gone(&self, client: &mut Stream, ahead: &mut BytesMut) {
+        let limit = self.head_limit;
+        let _ = std::future::poll_fn(|cx| poll_watch(Pin::new(client), ahead, limit, cx)).await;
     }
 }

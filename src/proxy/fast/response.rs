@@ -5,12 +5,13 @@
 
 use super::request::{header_is, push_field};
 use super::upstream::Upstream;
-use super::{client_gone, Exchanged, FastPath};
+use super::{Exchanged, FastPath};
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::hooks::ResponseEdit;
 use crate::proxy::pipeline::answer::Refusal;
 use crate::proxy::pipeline::fields::{is_hop_by_hop, tokens, unrequested_switch};
 use crate::proxy::pipeline::framing::Framing;
+use bytes::BytesMut;
 use pingora::protocols::http::date::get_cached_date;
 use pingora::protocols::Stream;
 use std::net::SocketAddr;
@@ -42,6 +43,7 @@ impl FastPath {
     pub(super) async fn respond(
         &self,
         client: &mut Stream,
+        ahead: &mut BytesMut,
         close: bool,
         upstream: Upstream,
         addr: SocketAddr,
@@ -53,9 +55,11 @@ impl FastPath {
             parsed,
         } = upstream;
         let status = parsed.status;
-        // A body that ends when the shard closes ends the client's
-        // connection too.
-        let close = close || matches!(parsed.framing, Framing::UntilClose);
+        // A body that ends when the shard closes goes to the client in
+        // chunks (as nginx does): its end is then an end, and a shard that
+        // fails mid-body leaves the client a body visibly cut short, not
+        // one that looks complete.
+        let rechunk = matches!(parsed.framing, Framing::UntilClose);
         let edit = self.response_edit(status, ctx);
         let mut out = response_head(&buf, &parsed, close, edit.as_ref());
         let mut framing = parsed.framing;
@@ -69,7 +73,7 @@ impl FastPath {
         };
         // Bytes beyond the response: the shard misbehaved; do not reuse it.
         let mut reusable = used == body.len() && !parsed.upstream_close;
-        out.extend_from_slice(&body[..used]);
+        push_body(&mut out, &body[..used], rechunk);
         if !self.send(client, &out).await {
             return Exchanged::Closed(status);
         }
@@ -80,15 +84,19 @@ impl FastPath {
             buf.reserve(BODY_READ);
             let read = tokio::select! {
                 read = conn.read_buf(&mut buf) => read,
-                () = client_gone(client) => return Exchanged::Closed(status),
+                () = self.client_gone(client, ahead) => return Exchanged::Closed(status),
             };
             match read {
-                Ok(0) | Err(_) if matches!(framing, Framing::UntilClose) => {
+                Ok(0) if rechunk => {
+                    if !self.send(client, b"0\r\n\r\n").await {
+                        return Exchanged::Closed(status);
+                    }
                     reusable = false;
                     break;
                 }
                 // Cut short: the client's connection cannot frame anything
-                // after this.
+                // after this (and closing it before the body's end tells
+                // the client so).
                 Ok(0) | Err(_) => return Exchanged::Closed(status),
                 Ok(_) => {}
             }
@@ -96,7 +104,15 @@ impl FastPath {
                 return Exchanged::Closed(status);
             };
             reusable &= used == buf.len();
-            if !self.send(client, &buf[..used]).await {
+            let sent = match rechunk {
+                true => {
+                    let mut chunk = Vec::with_capacity(used + 12);
+                    push_body(&mut chunk, &buf[..used], true);
+                    self.send(client, &chunk).await
+                }
+                false => self.send(client, &buf[..used]).await,
+            };
+            if !sent {
                 return Exchanged::Closed(status);
             }
         }
@@ -104,6 +120,18 @@ impl FastPath {
             self.release(addr, conn);
         }
         Exchanged::Done(status, !close)
+    }
+}
+
+/// Appends body bytes to `out`, as one chunk if `chunked` (none if empty:
+/// an empty chunk is the last one).
+fn push_body(out: &mut Vec<u8>, bytes: &[u8], chunked: bool) {
+    if !chunked {
+        out.extend_from_slice(bytes);
+    } else if !bytes.is_empty() {
+        out.extend_from_slice(format!("{:x}\r\n", bytes.len()).as_bytes());
+        out.extend_from_slice(bytes);
+        out.extend_from_slice(b"\r\n");
     }
 }
 
@@ -156,6 +184,10 @@ pub(super) fn response_head(
     if !dated {
         // RFC 9110 §6.6.1: a forwarded response gets a Date if it has none.
         push_field(&mut out, b"Date", get_cached_date().as_bytes());
+    }
+    if matches!(parsed.framing, Framing::UntilClose) {
+        // Re-framed: see `respond`.
+        out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
     }
     if close {
         out.extend_from_slice(b"Connection: close\r\n");

@@ -5,7 +5,7 @@
 
 /// How far into a body we are.
 #[derive(Clone, Debug)]
-pub(crate) enum Framing {
+pub enum Framing {
     Length(u64),
     Chunked(ChunkState),
     UntilClose,
@@ -13,7 +13,7 @@ pub(crate) enum Framing {
 
 /// A chunked body's parser state, fed the bytes as they are forwarded.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum ChunkState {
+pub enum ChunkState {
     /// Reading the size's hex digits.
     Size {
         value: u64,
@@ -46,13 +46,13 @@ pub(crate) enum ChunkState {
 
 impl ChunkState {
     /// The state after one more byte (never called in `Data` or `Done`).
-    fn step(self, b: u8) -> Result<ChunkState, ()> {
+    fn step(self, b: u8) -> Result<ChunkState, BadFraming> {
         Ok(match self {
             // Leading zeros are digits like any other (RFC 9112 §7.1: a
             // chunk size is 1*HEXDIG); only the value is bounded, at 2^60.
             ChunkState::Size { value, digits } => match b {
                 b'0'..=b'9' | b'a'..=b'f' | b'A'..=b'F' if value >> 56 == 0 => {
-                    let digit = u64::from((b as char).to_digit(16).ok_or(())?);
+                    let digit = u64::from((b as char).to_digit(16).ok_or(BadFraming)?);
                     ChunkState::Size {
                         value: value * 16 + digit,
                         digits: digits.saturating_add(1),
@@ -61,7 +61,7 @@ impl ChunkState {
                 b';' if digits > 0 => ChunkState::Extension { value },
                 b' ' | b'\t' if digits > 0 => ChunkState::SizeSpace { value },
                 b'\r' if digits > 0 => ChunkState::SizeLf { value },
-                _ => return Err(()),
+                _ => return Err(BadFraming),
             },
             // RFC 9112 §7.1.1: only whitespace before `;` or the CRLF, so
             // "5 6" is not a size 5 with an extension.
@@ -69,11 +69,11 @@ impl ChunkState {
                 b' ' | b'\t' => ChunkState::SizeSpace { value },
                 b';' => ChunkState::Extension { value },
                 b'\r' => ChunkState::SizeLf { value },
-                _ => return Err(()),
+                _ => return Err(BadFraming),
             },
             ChunkState::Extension { value } => match b {
                 b'\r' => ChunkState::SizeLf { value },
-                b'\n' => return Err(()),
+                b'\n' => return Err(BadFraming),
                 _ => ChunkState::Extension { value },
             },
             ChunkState::SizeLf { value: 0 } if b == b'\n' => ChunkState::TrailerStart,
@@ -90,21 +90,35 @@ impl ChunkState {
             ChunkState::TrailerLine if b == b'\r' => ChunkState::TrailerLf,
             ChunkState::TrailerLf if b == b'\n' => ChunkState::TrailerStart,
             ChunkState::EndLf if b == b'\n' => ChunkState::Done,
-            _ => return Err(()),
+            _ => return Err(BadFraming),
         })
     }
 }
 
+/// A chunked body that breaks its framing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BadFraming;
+
+/// Whether a response is framed by the shard closing its connection: it may
+/// have a body (not a HEAD answer, not 1xx, 204 or 304) and says neither
+/// `Content-Length` nor `Transfer-Encoding`. Such a body goes to an
+/// HTTP/1.1 client in chunks (as nginx does): its end is then an end, and a
+/// shard that fails mid-body leaves the client a body visibly cut short —
+/// no last chunk — rather than one that looks whole.
+pub fn ends_with_close(status: u16, head_only: bool, length: bool, coded: bool) -> bool {
+    !head_only && status >= 200 && !matches!(status, 204 | 304) && !length && !coded
+}
+
 impl Framing {
     /// A chunked body, before its first byte.
-    pub(crate) fn chunked() -> Framing {
+    pub fn chunked() -> Framing {
         Framing::Chunked(ChunkState::Size {
             value: 0,
             digits: 0,
         })
     }
 
-    pub(crate) fn is_done(&self) -> bool {
+    pub fn is_done(&self) -> bool {
         match self {
             Framing::Length(n) => *n == 0,
             Framing::Chunked(ChunkState::Done) => true,
@@ -115,7 +129,7 @@ impl Framing {
     /// Advances over `bytes`; returns how many belong to the body (the
     /// rest, if any, is beyond its end). A malformed chunk stream is an
     /// error.
-    pub(crate) fn consume(&mut self, bytes: &[u8]) -> Result<usize, ()> {
+    pub fn consume(&mut self, bytes: &[u8]) -> Result<usize, BadFraming> {
         match self {
             Framing::Length(left) => {
                 let take = (*left).min(bytes.len() as u64);

@@ -11,12 +11,15 @@
 //!   connection closes (RFC 9112 §6.3: the framing cannot be trusted);
 //! - a transfer coding other than `chunked` alone is 501 (RFC 9112 §6.1:
 //!   a server that does not understand a coding responds 501), and any
-//!   `Transfer-Encoding` on HTTP/1.0 is 400 (§6.1: faulty framing).
+//!   `Transfer-Encoding` on HTTP/1.0 is 400 (§6.1: faulty framing);
+//! - a `Content-Length` that is not a number, or several that differ, is
+//!   400 (§6.3); one larger than `limits.max_body_bytes` is 413 at once.
 //!
 //! Every refusal here closes the connection: what follows the head cannot
-//! be framed.
+//! be framed (or is not wanted).
 
 use super::fields::tokens;
+use super::framing::Framing;
 
 /// A head refused before any transport saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,16 +71,30 @@ pub fn check_request_line(buf: &[u8]) -> Result<(), Refused> {
     }
 }
 
-/// Checks the framing fields of a parsed head: `fields` as (name, value),
-/// `http10`: the request is HTTP/1.0.
+/// Checks the framing fields of a parsed head (`fields` as (name, value),
+/// `http10`: the request is HTTP/1.0) and the body size they announce
+/// against `max_body` (`None`: unlimited); returns the body's framing.
 pub fn check_framing<'a>(
     fields: impl Iterator<Item = (&'a str, &'a [u8])>,
     http10: bool,
-) -> Result<(), Refused> {
-    let (mut length, mut codings, mut chunked_only) = (false, 0usize, true);
+    max_body: Option<u64>,
+) -> Result<Framing, Refused> {
+    let (mut length, mut codings, mut chunked_only) = (None, 0usize, true);
     for (name, value) in fields {
         if name.eq_ignore_ascii_case("content-length") {
-            length = true;
+            // `5, 5` is one length said twice (§6.3); anything else that is
+            // not digits is no length at all.
+            for text in value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
+                let n = std::str::from_utf8(text)
+                    .ok()
+                    .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|t| t.parse::<u64>().ok())
+                    .ok_or(refused(400, "invalid-content-length"))?;
+                if length.is_some_and(|l| l != n) {
+                    return Err(refused(400, "invalid-content-length"));
+                }
+                length = Some(n);
+            }
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
             for coding in tokens(value) {
                 codings += 1;
@@ -91,9 +108,13 @@ pub fn check_framing<'a>(
         }
     }
     if codings == 0 {
-        return Ok(());
+        let length = length.unwrap_or(0);
+        if max_body.is_some_and(|max| length > max) {
+            return Err(refused(413, "body-too-large"));
+        }
+        return Ok(Framing::Length(length));
     }
-    if length {
+    if length.is_some() {
         return Err(refused(400, "content-length-with-transfer-encoding"));
     }
     if http10 {
@@ -102,7 +123,7 @@ pub fn check_framing<'a>(
     if codings > 1 || !chunked_only {
         return Err(refused(501, "unsupported-transfer-coding"));
     }
-    Ok(())
+    Ok(Framing::chunked())
 }
 
 #[cfg(test)]
@@ -151,7 +172,48 @@ mod tests {
     }
 
     fn framing(fields: &[(&str, &str)], http10: bool) -> Result<(), u16> {
-        check_framing(fields.iter().map(|(n, v)| (*n, v.as_bytes())), http10).map_err(|r| r.status)
+        check_framing(fields.iter().map(|(n, v)| (*n, v.as_bytes())), http10, None)
+            .map(|_| ())
+            .map_err(|r| r.status)
+    }
+
+    #[test]
+    fn lengths_are_numbers_said_once_and_within_the_limit() {
+        let check = |fields: &[(&str, &str)], max| {
+            check_framing(fields.iter().map(|(n, v)| (*n, v.as_bytes())), false, max)
+                .map_err(|r| r.status)
+        };
+        assert!(matches!(check(&[], None), Ok(Framing::Length(0))));
+        assert!(matches!(
+            check(&[("Content-Length", "5, 5")], None),
+            Ok(Framing::Length(5))
+        ));
+        for bad in [
+            "5, 6",
+            "-1",
+            "+5",
+            "0x10",
+            "",
+            "5 5",
+            "99999999999999999999",
+        ] {
+            assert_eq!(
+                check(&[("Content-Length", bad)], None).err(),
+                Some(400),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            check(&[("Content-Length", "5"), ("Content-Length", "6")], None).err(),
+            Some(400)
+        );
+        assert_eq!(
+            check(&[("Content-Length", "11")], Some(10)).err(),
+            Some(413)
+        );
+        assert!(check(&[("Content-Length", "10")], Some(10)).is_ok());
+        // A chunked body's size is only known as it arrives.
+        assert!(check(&[("Transfer-Encoding", "chunked")], Some(10)).is_ok());
     }
 
     #[test]

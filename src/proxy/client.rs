@@ -1,0 +1,213 @@
+//! The client connection between two request heads: the bytes a client
+//! sent past the end of the request being served (a pipelined request, or
+//! the first bytes of the next one) are kept for `HeadGuard`'s next head,
+//! in order, on both transports (RFC 9112 §9.3.2; DESIGN §2 step 6).
+//!
+//! Pingora reads a client in large buffers. Without its pipelining opt-in
+//! it refuses to reuse a connection it read past a request on (the
+//! pipelined request is lost, the client gets a reset); with it, it keeps
+//! those bytes where only its own parser sees them, past `HeadGuard`'s
+//! limits, its message rules and the fast transport. So on Pingora's path
+//! the client is read through [`OneRequest`], a stream that ends where the
+//! request's body ends (its framing tracked as a response's is): what
+//! comes after is kept, and a read past the end only watches for the
+//! client closing. The fast transport watches the same way ([`poll_watch`])
+//! while it waits for a shard.
+
+use super::pipeline::framing::Framing;
+use bytes::BytesMut;
+use pingora::protocols::tls::TlsRef;
+use pingora::protocols::{
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream,
+    TimingDigest, UniqueID, UniqueIDType, ALPN,
+};
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Reads `client` while a request is served, keeping what it sends in
+/// `ahead` (at most `limit` bytes, then it stops looking). Ready when the
+/// client closed (or failed): it is gone, even if it sent more first (as
+/// nginx, which ends a request whose client closed whatever it pipelined).
+/// A real read, not a peek: it works on TLS, and a byte sent before the
+/// close does not hide the close.
+pub fn poll_watch(
+    client: Pin<&mut Stream>,
+    ahead: &mut BytesMut,
+    limit: usize,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<()>> {
+    let client = client.get_mut();
+    let mut chunk = [0u8; 2048];
+    loop {
+        if ahead.len() >= limit {
+            // The next head is as large as a head may be: `HeadGuard`
+            // refuses it (431) once this request is done.
+            return Poll::Pending;
+        }
+        let mut read = ReadBuf::new(&mut chunk);
+        ready!(Pin::new(&mut *client).poll_read(cx, &mut read))?;
+        match read.filled() {
+            [] => return Poll::Ready(Ok(())),
+            bytes => ahead.extend_from_slice(bytes),
+        }
+    }
+}
+
+/// The client stream for one request on Pingora's path: reads end where
+/// the request's body does.
+#[derive(Debug)]
+pub struct OneRequest {
+    inner: Stream,
+    /// How much of the body is still to come; done: reads only watch.
+    body: Framing,
+    /// Read past the request: the start of the next one.
+    ahead: BytesMut,
+    limit: usize,
+}
+
+impl OneRequest {
+    /// `body`: the framing of what the client still has to send of this
+    /// request (its head and any body bytes already read are not read
+    /// through here); `ahead`: bytes already read past it; `limit`: the
+    /// most to keep (the head size limit).
+    pub fn new(inner: Stream, body: Framing, ahead: BytesMut, limit: usize) -> Self {
+        OneRequest {
+            inner,
+            body,
+            ahead,
+            limit,
+        }
+    }
+
+    /// The client stream, and what it sent past the request.
+    pub fn into_parts(self) -> (Stream, BytesMut) {
+        (self.inner, self.ahead)
+    }
+
+    /// Takes back a stream Pingora's path was given: the client and the
+    /// bytes read past its request. `None` if it is not a [`OneRequest`]
+    /// (never, as `HeadGuard` hands out only those).
+    pub fn unwrap(stream: Stream) -> Option<(Stream, BytesMut)> {
+        let any: Box<dyn std::any::Any> = stream.into_any();
+        any.downcast::<OneRequest>()
+            .ok()
+            .map(|one| one.into_parts())
+    }
+}
+
+impl AsyncRead for OneRequest {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.body.is_done() {
+            return poll_watch(Pin::new(&mut this.inner), &mut this.ahead, this.limit, cx);
+        }
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+        let new = &buf.filled()[before..];
+        match this.body.consume(new) {
+            Ok(used) if used < new.len() => {
+                this.ahead.extend_from_slice(&new[used..]);
+                buf.set_filled(before + used);
+            }
+            Ok(_) => {}
+            // Broken chunks: Pingora's own parser refuses them and the
+            // connection closes; pass the bytes on.
+            Err(_) => this.body = Framing::UntilClose,
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for OneRequest {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[async_trait::async_trait]
+impl Shutdown for OneRequest {
+    async fn shutdown(&mut self) {
+        Shutdown::shutdown(&mut *self.inner).await
+    }
+}
+
+impl UniqueID for OneRequest {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+impl Ssl for OneRequest {
+    fn get_ssl(&self) -> Option<&TlsRef> {
+        self.inner.get_ssl()
+    }
+
+    fn get_ssl_digest(&self) -> Option<Arc<pingora::protocols::tls::SslDigest>> {
+        self.inner.get_ssl_digest()
+    }
+
+    fn selected_alpn_proto(&self) -> Option<ALPN> {
+        self.inner.selected_alpn_proto()
+    }
+}
+
+impl GetTimingDigest for OneRequest {
+    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+
+    fn get_read_pending_time(&self) -> std::time::Duration {
+        self.inner.get_read_pending_time()
+    }
+
+    fn get_write_pending_time(&self) -> std::time::Duration {
+        self.inner.get_write_pending_time()
+    }
+}
+
+impl GetProxyDigest for OneRequest {
+    fn get_proxy_digest(&self) -> Option<Arc<pingora::protocols::raw_connect::ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+}
+
+impl GetSocketDigest for OneRequest {
+    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+}
+
+/// No peeking: a peek would see the next request's bytes as this one's.
+#[async_trait::async_trait]
+impl Peek for OneRequest {}
