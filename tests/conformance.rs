@@ -339,3 +339,225 @@ fn a_client_that_leaves_a_tls_listener_frees_its_admission() {
         "still admitted after the client left"
     );
 }
+
+// RFC 9112 §9.3 (persistence) and §9.6 (tear-down), upstream side: a
+// pooled connection is reused only when nothing from before a request can
+// answer it, and idle ones do not outlive the shard's close or
+// `upstream.keepalive_timeout_ms`.
+
+/// A raw shard: `HEAD` gets a framed bodiless answer followed at once, in
+/// a write of its own, by an unsolicited response; anything else gets
+/// `real`. It closes a connection after `close_idle_after` of idleness (if
+/// given), and counts the connections that ended after serving a request
+/// (health probes connect too).
+fn forging_shard(
+    close_idle_after: Option<Duration>,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let listener = runtime()
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let ended = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&ended);
+    runtime().spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            let count = Arc::clone(&count);
+            tokio::spawn(async move {
+                let _ = conn.set_nodelay(true);
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                let mut served = false;
+                loop {
+                    let end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break Some(i + 4);
+                        }
+                        let read = match close_idle_after {
+                            Some(after) if buf.is_empty() => {
+                                match tokio::time::timeout(after, conn.read(&mut chunk)).await {
+                                    Ok(read) => read,
+                                    Err(_) => break None,
+                                }
+                            }
+                            _ => conn.read(&mut chunk).await,
+                        };
+                        match read {
+                            Ok(0) | Err(_) => break None,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let Some(end) = end else { break };
+                    let head: Vec<u8> = buf.drain(..end).collect();
+                    let ok = if head.starts_with(b"HEAD ") {
+                        conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\n")
+                            .await
+                            .is_ok()
+                            && conn
+                                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nforged")
+                                .await
+                                .is_ok()
+                    } else {
+                        conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nreal")
+                            .await
+                            .is_ok()
+                    };
+                    if !ok {
+                        break;
+                    }
+                    served = true;
+                }
+                if served {
+                    count.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    (addr, ended)
+}
+
+#[test]
+fn bytes_a_shard_sent_before_a_request_never_answer_it_under_load() {
+    let (addr, _) = forging_shard(None);
+    let gw = Gateway::start(&config(&[("a", format!("http://{addr}"))], ""));
+    let port = gw.port;
+    let clients: Vec<_> = (0..8)
+        .map(|c| {
+            std::thread::spawn(move || {
+                let conn = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+                let mut reader = std::io::BufReader::new(conn.try_clone().expect("clone"));
+                let mut conn = conn;
+                let mut wrong = Vec::new();
+                for i in 0..150 {
+                    let method = if i % 2 == 0 { "HEAD" } else { "GET" };
+                    let raw = format!("{method} /{c}/{i} HTTP/1.1\r\nHost: t{c}.localhost\r\n\r\n");
+                    if conn.write_all(raw.as_bytes()).is_err() {
+                        break;
+                    }
+                    let Ok(mut r) = read_response_head_only(&mut reader, method == "HEAD") else {
+                        break;
+                    };
+                    if method == "GET" && r.body != b"real" {
+                        wrong.push(
+                            String::from_utf8_lossy(&std::mem::take(&mut r.body)).to_string(),
+                        );
+                    }
+                }
+                wrong
+            })
+        })
+        .collect();
+    let wrong: Vec<String> = clients
+        .into_iter()
+        .flat_map(|c| c.join().expect("client"))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "answered with another response's bytes: {wrong:?}"
+    );
+}
+
+/// Reads one response; a HEAD answer has no body whatever it says.
+fn read_response_head_only(
+    reader: &mut impl std::io::BufRead,
+    head: bool,
+) -> std::io::Result<Response> {
+    use std::io::BufRead;
+    let mut status_line = String::new();
+    reader.read_line(&mut status_line)?;
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or(std::io::ErrorKind::InvalidData)?;
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+        }
+    }
+    let length: usize = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; if head { 0 } else { length }];
+    reader.read_exact(&mut body)?;
+    Ok(Response {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// Connections in CLOSE_WAIT whose peer is `port` (the gateway's side of
+/// connections a shard on `port` closed).
+fn close_wait_to(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            cols.len() > 3
+                && cols[3] == "08"
+                && cols[2].rsplit(':').next() == Some(&format!("{port:04X}"))
+        })
+        .count()
+}
+
+#[test]
+fn idle_upstream_connections_the_shard_closed_do_not_linger() {
+    let (addr, ended) = forging_shard(Some(Duration::from_millis(200)));
+    let gw = Gateway::start(&config(
+        &[("a", format!("http://{addr}"))],
+        "upstream: { keepalive_timeout_ms: 60000 }\n",
+    ));
+    for i in 0..20 {
+        assert_eq!(gw.get(&format!("t{i}.localhost"), "/").status, 200);
+    }
+    assert!(eventually(Duration::from_secs(2), || ended
+        .load(std::sync::atomic::Ordering::SeqCst)
+        > 0));
+    assert!(
+        eventually(Duration::from_secs(8), || close_wait_to(addr.port()) == 0),
+        "{} connections left in CLOSE_WAIT",
+        close_wait_to(addr.port())
+    );
+}
+
+#[test]
+fn idle_upstream_connections_close_at_the_keepalive_timeout() {
+    let (addr, ended) = forging_shard(None);
+    let gw = Gateway::start(&config(
+        &[("a", format!("http://{addr}"))],
+        "upstream: { keepalive_timeout_ms: 500 }\n",
+    ));
+    assert_eq!(gw.get("t.localhost", "/").status, 200);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        ended.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "kept while young"
+    );
+    assert!(
+        eventually(Duration::from_secs(3), || ended
+            .load(std::sync::atomic::Ordering::SeqCst)
+            >= 1),
+        "the idle connection outlived upstream.keepalive_timeout_ms"
+    );
+}

@@ -129,16 +129,28 @@ impl ProxyHttp for Gateway {
         }
     }
 
-    /// Starts watching for response headers (timeout and liveness).
+    /// Starts watching for response headers (timeout and liveness). A
+    /// reused plain connection with anything to read (closed by the shard,
+    /// or bytes no request asked for) is refused before the request goes
+    /// out: bytes from before a request must never answer it. It counts as
+    /// a stale pooled connection (sent again on a fresh one).
     async fn connected_to_upstream(
         &self,
         _session: &mut Session,
-        _reused: bool,
-        _peer: &HttpPeer,
+        reused: bool,
+        peer: &HttpPeer,
         fd: std::os::unix::io::RawFd,
         digest: Option<&Digest>,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        if reused && !peer.is_tls() && !nothing_to_read(fd) {
+            return Err(Error::create(
+                ErrorType::ConnectionClosed,
+                ErrorSource::Upstream,
+                Some("a pooled connection had bytes to read or was closed".into()),
+                None,
+            ));
+        }
         // The connection's local address is cached per connection: pooled
         // connections cost nothing here.
         let local = digest
@@ -227,7 +239,16 @@ impl ProxyHttp for Gateway {
         for (name, value) in &ctx.extra_fields {
             upstream_request.append_header(name.clone(), value.clone())?;
         }
-        forwarding.apply(upstream_request)
+        forwarding.apply(upstream_request)?;
+        if upstream_request.method == http::Method::HEAD {
+            // A HEAD answer that announces a body cannot be told from one a
+            // shard then sends anyway, which would answer the connection's
+            // next request: its connection is not reused (the fast
+            // transport drops it after such an answer; here Pingora decides
+            // before the answer is seen, so every HEAD asks for a close).
+            upstream_request.insert_header(http::header::CONNECTION, "close")?;
+        }
+        Ok(())
     }
 
     /// Response headers arrived: disarm the watch, refuse a 101 nobody
@@ -398,4 +419,21 @@ impl ProxyHttp for Gateway {
         let client = super::fast::OrEmpty(session.client_addr());
         self.finish(ctx, &client, req.method.as_str(), &req.uri, status);
     }
+}
+
+/// Whether the socket `fd` has neither been closed nor sent anything: a
+/// non-blocking peek must find nothing.
+fn nothing_to_read(fd: std::os::unix::io::RawFd) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: a one-byte peek into a local; on a closed descriptor recv
+    // fails (EBADF), which reads as "not quiet".
+    let n = unsafe {
+        libc::recv(
+            fd,
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
 }

@@ -42,13 +42,12 @@ use bytes::BytesMut;
 use http::Method;
 use pingora::protocols::Stream;
 use request::{classify, Shape};
-use std::cell::RefCell;
 use std::fmt;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
-use thread_local::ThreadLocal;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use upstream::Pool;
+use upstream::Pools;
 
 /// What the fast path did with a request.
 pub enum Outcome {
@@ -63,7 +62,10 @@ pub enum Outcome {
 /// handshakes (see the module documentation).
 pub struct FastPath {
     gateway: Gateway,
-    pools: ThreadLocal<RefCell<Pool>>,
+    pools: Pools,
+    /// The pools' sweep, started by the first release.
+    sweeping: std::sync::Once,
+    pool_per_shard: usize,
     idle_timeout: Duration,
     connect_timeout: Duration,
     send_timeout: Duration,
@@ -104,14 +106,17 @@ struct How {
 
 impl FastPath {
     pub fn new(gateway: Gateway) -> Self {
-        let upstream = &gateway.control().config.upstream;
+        let control = Arc::clone(gateway.control());
+        let upstream = &control.config.upstream;
         FastPath {
             idle_timeout: upstream.keepalive_timeout,
             connect_timeout: upstream.connect_timeout,
             send_timeout: gateway.control().config.limits.send_timeout,
             head_limit: gateway.control().config.limits.max_header_bytes,
             gateway,
-            pools: ThreadLocal::new(),
+            pools: Pools::default(),
+            sweeping: std::sync::Once::new(),
+            pool_per_shard: upstream.pool_per_shard,
         }
     }
 

@@ -72,7 +72,7 @@ impl FastPath {
             return Exchanged::Closed(502);
         };
         // Bytes beyond the response: the shard misbehaved; do not reuse it.
-        let mut reusable = used == body.len() && !parsed.upstream_close;
+        let mut reusable = used == body.len() && !parsed.upstream_close && !parsed.announced_body;
         push_body(&mut out, &body[..used], rechunk);
         if !self.send(client, &out).await {
             return Exchanged::Closed(status);
@@ -206,6 +206,11 @@ pub(super) struct ParsedResponse {
     pub(super) named: Vec<Vec<u8>>,
     /// The shard will close the connection after this response.
     pub(super) upstream_close: bool,
+    /// A response without a body by rule (to HEAD; 204, 304) that announces
+    /// one: a shard that sends it anyway would have it answer the next
+    /// request on the connection, and no check can tell in time (it may
+    /// arrive just after any check), so the connection is not reused.
+    pub(super) announced_body: bool,
     pub(super) transfer_encoding: bool,
     /// `Transfer-Encoding` ends in `chunked`.
     pub(super) chunked: bool,
@@ -259,6 +264,7 @@ pub(super) fn parse_response(
             headers: Vec::with_capacity(resp.headers.len()),
             named: Vec::new(),
             upstream_close: http10,
+            announced_body: false,
             transfer_encoding: false,
             chunked: false,
             head_len: offset + len,
@@ -300,6 +306,8 @@ pub(super) fn parse_response(
                 length = Some(n);
             }
         }
+        parsed.announced_body = (head_only || matches!(status, 204 | 304))
+            && (parsed.transfer_encoding || length.is_some_and(|n| n > 0));
         parsed.framing = if head_only || matches!(status, 101 | 204 | 304) {
             Framing::Length(0)
         } else if parsed.chunked {

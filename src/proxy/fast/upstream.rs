@@ -9,55 +9,51 @@ use crate::proxy::hooks::UpstreamFailure;
 use crate::proxy::pipeline::failure::AttemptFailure;
 use crate::proxy::pipeline::watch::{Verdict, Waiting};
 use bytes::BytesMut;
-use std::cell::RefCell;
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::task::Context;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use thread_local::ThreadLocal;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// Idle upstream connections kept per shard and worker thread.
-const POOL_PER_SHARD: usize = 256;
-/// Every this many releases, a thread's pool drops expired connections to
-/// every shard (removed shards included).
-const POOL_SWEEP_EVERY: u32 = 1024;
-/// Pooled connections idle for longer are checked before reuse.
-const CHECK_IDLE_AFTER: Duration = Duration::from_secs(1);
+/// How often idle connections are swept at most (and at least): a closed
+/// one is dropped within this much of its shard closing it, an expired one
+/// within this much of `upstream.keepalive_timeout_ms`.
+const SWEEP_MIN: Duration = Duration::from_millis(250);
+const SWEEP_MAX: Duration = Duration::from_secs(5);
 
 /// Idle upstream connections of one worker thread, per shard address.
 #[derive(Default)]
 pub(super) struct Pool {
     idle: HashMap<SocketAddr, Vec<(TcpStream, Instant)>>,
-    releases: u32,
 }
 
+/// Every worker thread's pool. A thread's own requests take and return
+/// connections under its lock (never contended but by the sweep).
+pub(super) type Pools = Arc<ThreadLocal<Mutex<Pool>>>;
+
 impl FastPath {
-    fn pool(&self) -> std::cell::RefMut<'_, Pool> {
-        self.pools.get_or(RefCell::default).borrow_mut()
+    fn pool(&self) -> parking_lot::MutexGuard<'_, Pool> {
+        self.pools.get_or(Mutex::default).lock()
     }
 
-    /// A pooled connection to `addr`, if any: the most recently used one.
-    /// A connection the reactor has seen become readable while idle (the
-    /// shard closed it, or sent bytes no request asked for — reused, they
-    /// would answer the next request) is checked with a read and dropped
-    /// unless that finds nothing; so is one idle for longer than
-    /// [`CHECK_IDLE_AFTER`]. A quiet young one costs no syscall (a peek
-    /// on every reuse was one syscall in five under load); one closed too
-    /// recently for the reactor to know is retried once on a fresh
-    /// connection (see `after_failure`).
+    /// A pooled connection to `addr`, if any: the most recently used one
+    /// that is neither expired nor has anything to read. Every reuse costs
+    /// one non-blocking read: a connection with bytes on it (the shard
+    /// closed it, or sent bytes no request asked for) is dropped, so bytes
+    /// from before a request never answer it. Trusting the reactor's
+    /// readiness instead was cheaper but not exact: bytes that arrived
+    /// since its last turn went unseen. One closed too recently for even
+    /// the read to see is resent once on a fresh connection (see
+    /// `after_failure`).
     fn pooled(&self, addr: SocketAddr) -> Option<TcpStream> {
         let mut pool = self.pool();
         let idle = pool.idle.get_mut(&addr)?;
         while let Some((conn, since)) = idle.pop() {
-            let idle_for = since.elapsed();
-            if idle_for >= self.idle_timeout {
-                continue;
-            }
-            let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
-            let quiet = conn.poll_read_ready(&mut cx).is_pending();
-            if (quiet && idle_for < CHECK_IDLE_AFTER) || nothing_to_read(&conn) {
+            if since.elapsed() < self.idle_timeout && nothing_to_read(&conn) {
                 return Some(conn);
             }
         }
@@ -70,18 +66,17 @@ impl FastPath {
         self.pool().idle.remove(&addr);
     }
 
+    /// Keeps `conn` for the next request to `addr` (up to
+    /// `upstream.pool_per_shard` per shard and thread). The first release
+    /// starts the sweep.
     pub(super) fn release(&self, addr: SocketAddr, conn: TcpStream) {
-        let timeout = self.idle_timeout;
+        self.sweeping.call_once(|| {
+            let every = (self.idle_timeout / 4).clamp(SWEEP_MIN, SWEEP_MAX);
+            tokio::spawn(sweep(Arc::clone(&self.pools), self.idle_timeout, every));
+        });
         let mut pool = self.pool();
-        pool.releases = pool.releases.wrapping_add(1);
-        if pool.releases % POOL_SWEEP_EVERY == 0 {
-            pool.idle.retain(|_, idle| {
-                idle.retain(|(_, since)| since.elapsed() < timeout);
-                !idle.is_empty()
-            });
-        }
         let idle = pool.idle.entry(addr).or_default();
-        if idle.len() < POOL_PER_SHARD {
+        if idle.len() < self.pool_per_shard {
             idle.push((conn, Instant::now()));
         }
     }
@@ -140,6 +135,24 @@ impl FastPath {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Drops idle connections that expired or that their shard closed (or
+/// sent to), on every thread — a quiet thread's too, which no request
+/// would visit — so none lingers in CLOSE_WAIT. Costs one non-blocking
+/// read per idle connection per round, nothing when there are none.
+async fn sweep(pools: Pools, timeout: Duration, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        for pool in pools.iter() {
+            pool.lock().idle.retain(|_, idle| {
+                idle.retain(|(conn, since)| since.elapsed() < timeout && nothing_to_read(conn));
+                !idle.is_empty()
+            });
         }
     }
 }
