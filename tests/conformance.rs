@@ -470,7 +470,6 @@ fn read_response_head_only(
     reader: &mut impl std::io::BufRead,
     head: bool,
 ) -> std::io::Result<Response> {
-    use std::io::BufRead;
     let mut status_line = String::new();
     reader.read_line(&mut status_line)?;
     let status = status_line
