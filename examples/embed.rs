@@ -155,10 +155,13 @@ impl ProxyHttp for EmbeddingProxy {
     /// Ours: every proxied response says it went through us.
     async fn response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream_response: &mut ResponseHeader,
-        _ctx: &mut EmbedCtx,
+        ctx: &mut EmbedCtx,
     ) -> Result<()> {
+        self.inner
+            .response_filter(session, upstream_response, &mut ctx.inner)
+            .await?;
         upstream_response.insert_header("x-embedded", "1")?;
         Ok(())
     }

@@ -560,3 +560,79 @@ fn idle_upstream_connections_close_at_the_keepalive_timeout() {
         "the idle connection outlived upstream.keepalive_timeout_ms"
     );
 }
+
+// RFC 9112 §9.6: a server that closes after a response sends
+// `Connection: close` in it. DESIGN §2 step 6 holds every answer shardgate
+// writes itself to that, on both transports.
+
+#[test]
+fn answers_after_which_the_connection_closes_say_so() {
+    let slow = Backend::with("slow", |_| {
+        Reply::After(Duration::from_secs(3), Box::new(Reply::ok("late")))
+    });
+    let gone = free_port();
+    let gw = Gateway::start(&config(
+        &[
+            ("slow", slow.url()),
+            ("gone", format!("http://127.0.0.1:{gone}")),
+        ],
+        "upstream: { headers_timeout_ms: 400, liveness: false }\nretry: false\n",
+    ));
+    // Tenants spread over both shards: a 504 from the slow one, a 502 from
+    // the one nobody listens on (then marked down: later ones time out).
+    let mut seen = Vec::new();
+    for i in 0..40 {
+        let raw = format!("GET /{i} HTTP/1.1\r\nHost: t{i}.localhost\r\n\r\nGET /next HTTP/1.1\r\nHost: t{i}.localhost\r\n\r\n");
+        let (statuses, text) = exchange(gw.port, raw.as_bytes(), Duration::from_millis(900));
+        if let Some(&status) = statuses.first() {
+            if status == 502 || status == 504 {
+                assert_eq!(
+                    statuses.len(),
+                    1,
+                    "answered after a closing {status}: {text}"
+                );
+                assert!(
+                    text.to_ascii_lowercase()
+                        .contains("\r\nconnection: close\r\n"),
+                    "{status} without Connection: close: {text}"
+                );
+                seen.push(status);
+            }
+        }
+        if seen.contains(&502) && seen.contains(&504) {
+            break;
+        }
+    }
+    assert!(seen.contains(&502) && seen.contains(&504), "{seen:?}");
+}
+
+// RFC 9112 §7: chunked is never sent to an HTTP/1.0 recipient; a body
+// framed by the close stays so for it.
+
+#[test]
+fn an_http_10_client_never_gets_chunks() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut buf = [0u8; 4096];
+            if conn.read(&mut buf).unwrap_or(0) == 0 {
+                continue;
+            }
+            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\n\r\nuntil the close");
+        }
+    });
+    let gw = Gateway::start(&config(&[("a", format!("http://{addr}"))], ""));
+    let (statuses, text) = exchange(
+        gw.port,
+        b"GET / HTTP/1.0\r\nHost: t.localhost\r\n\r\n",
+        Duration::from_millis(800),
+    );
+    assert_eq!(statuses, [200], "{text}");
+    assert!(
+        !text.to_ascii_lowercase().contains("transfer-encoding"),
+        "{text}"
+    );
+    assert!(text.ends_with("\r\n\r\nuntil the close"), "{text:?}");
+}

@@ -17,7 +17,6 @@ use super::pipeline::failure::{AttemptFailure, Next};
 use super::pipeline::fields::{
     names_websocket, same_field, strip_response_hop_by_hop, unrequested_switch, Forwarding,
 };
-use super::pipeline::framing::ends_with_close;
 use super::pipeline::plan::host_from;
 use super::pipeline::watch::{Verdict, Watch};
 use super::{take_planned, Gateway};
@@ -276,18 +275,7 @@ impl ProxyHttp for Gateway {
         }
         ctx.headers_received = true;
         strip_response_hop_by_hop(upstream_response);
-        let headers = &upstream_response.headers;
-        let req = session.req_header();
-        if req.version == http::Version::HTTP_11
-            && ends_with_close(
-                status,
-                req.method == http::Method::HEAD,
-                headers.contains_key(http::header::CONTENT_LENGTH),
-                headers.contains_key(http::header::TRANSFER_ENCODING),
-            )
-        {
-            upstream_response.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
-        }
+
         if let Some(shard) = &ctx.shard {
             let mut edit = ResponseEdit::new(status);
             let tenant = ctx.tenant.as_deref().unwrap_or_default();
@@ -302,6 +290,22 @@ impl ProxyHttp for Gateway {
                     upstream_response.append_header(name, value)?;
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// The head the client gets. Pingora sends a body framed by the
+    /// shard's close in chunks (a cut body then shows), to HTTP/1.0 clients
+    /// too, which RFC 9112 §7 forbids: theirs stays framed by the close.
+    async fn response_filter(
+        &self,
+        session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        _ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        if session.req_header().version == http::Version::HTTP_10 {
+            upstream_response.remove_header(&http::header::TRANSFER_ENCODING);
+            session.set_keepalive(None);
         }
         Ok(())
     }

@@ -99,16 +99,6 @@ impl ChunkState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BadFraming;
 
-/// Whether a response is framed by the shard closing its connection: it may
-/// have a body (not a HEAD answer, not 1xx, 204 or 304) and says neither
-/// `Content-Length` nor `Transfer-Encoding`. Such a body goes to an
-/// HTTP/1.1 client in chunks (as nginx does): its end is then an end, and a
-/// shard that fails mid-body leaves the client a body visibly cut short —
-/// no last chunk — rather than one that looks whole.
-pub fn ends_with_close(status: u16, head_only: bool, length: bool, coded: bool) -> bool {
-    !head_only && status >= 200 && !matches!(status, 204 | 304) && !length && !coded
-}
-
 impl Framing {
     /// A chunked body, before its first byte.
     pub fn chunked() -> Framing {
