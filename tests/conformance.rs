@@ -636,3 +636,33 @@ fn an_http_10_client_never_gets_chunks() {
     );
     assert!(text.ends_with("\r\n\r\nuntil the close"), "{text:?}");
 }
+
+#[test]
+fn a_413_reaches_a_client_still_uploading() {
+    let shard = echo();
+    let gw = Gateway::start(&config(
+        &[("a", shard.url())],
+        "limits: { max_body_bytes: 1000 }\n",
+    ));
+    let mut conn = TcpStream::connect(("127.0.0.1", gw.port)).expect("connect");
+    conn.write_all(b"POST / HTTP/1.1\r\nHost: t.localhost\r\nContent-Length: 300000\r\n\r\n")
+        .expect("write");
+    // Keep uploading while the answer comes: closing on unread bytes would
+    // reset the connection and could destroy the 413.
+    let mut writer = conn.try_clone().expect("clone");
+    let uploader = std::thread::spawn(move || {
+        let chunk = vec![b'x'; 16 * 1024];
+        for _ in 0..18 {
+            if writer.write_all(&chunk).is_err() {
+                return;
+            }
+        }
+    });
+    conn.set_read_timeout(Some(Duration::from_secs(3))).ok();
+    let mut got = [0u8; 64];
+    let n = conn.read(&mut got).unwrap_or(0);
+    let text = String::from_utf8_lossy(&got[..n]);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text:?}");
+    let _ = uploader.join();
+    assert_eq!(shard.count(), 0);
+}

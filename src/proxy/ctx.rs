@@ -37,6 +37,8 @@ pub struct RequestCtx {
     /// the same shard, and a retry the fast path routed to an `https`
     /// shard is handed over routed.
     pub(crate) rerouted: bool,
+    /// The next attempt must open a new connection (Pingora's path).
+    pub(crate) fresh_connection: bool,
     pub(crate) watch: Option<Watch>,
     /// The watch's verdict if it concluded while headers were arriving.
     pub(crate) verdict: Verdict,
@@ -52,8 +54,6 @@ pub struct RequestCtx {
     pub(crate) retry_ticket: Option<GaugeTicket>,
     /// Upstream fields the embedder's request check added.
     pub(crate) extra_fields: Vec<(http::HeaderName, http::HeaderValue)>,
-    /// Request-body bytes read so far (against `limits.max_body_bytes`).
-    pub(crate) body_bytes: u64,
 }
 
 impl Default for RequestCtx {
@@ -71,6 +71,7 @@ impl Default for RequestCtx {
             attempts: 0,
             stale_retries: 0,
             rerouted: false,
+            fresh_connection: false,
             watch: None,
             verdict: Verdict::None,
             headers_received: false,
@@ -80,7 +81,6 @@ impl Default for RequestCtx {
             answered: None,
             retry_ticket: None,
             extra_fields: Vec::new(),
-            body_bytes: 0,
         }
     }
 }

@@ -218,6 +218,26 @@ async fn refuse(stream: &mut Stream, error: HeadError) {
         let _ = stream.shutdown().await;
     })
     .await;
+    linger(stream).await;
+}
+
+/// Reads and drops what the client still sends (a body it is uploading)
+/// for a while after the answer, before the socket closes: closing with
+/// unread bytes resets the connection, and a reset can destroy the answer
+/// before the client reads it (RFC 9112 §9.6). At most a second and
+/// 1 MiB, as nginx's lingering close.
+async fn linger(stream: &mut Stream) {
+    let mut scratch = [0u8; 4096];
+    let mut left = 1usize << 20;
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while left > 0 {
+            match stream.read(&mut scratch).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
 }
 
 /// An HTTP application (the proxy) behind the head limits, with the fast
@@ -312,6 +332,13 @@ where
                         (stream, buf, planned) = (next, head, ctx);
                     }
                 }
+            }
+            if matches!(body, Framing::UntilClose) {
+                // A protocol switch (or a head Pingora refuses): whatever
+                // the client sent past the head is Pingora's to see, in
+                // order, bytes the fast transport read while it held the
+                // request included.
+                buf.unsplit(std::mem::take(&mut ahead));
             }
             let limit = self.limits.max_header_bytes;
             let client: Stream = Box::new(OneRequest::new(

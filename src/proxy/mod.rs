@@ -40,6 +40,9 @@ pub struct Gateway {
     routes: Arc<RoutePrefixes>,
     retry: Arc<RetryPolicy>,
     watch: WatchSettings,
+    /// Shards being probed after a reset, and how many resets wait for
+    /// that probe's verdict (one probe per shard at a time).
+    probing: Arc<parking_lot::Mutex<std::collections::HashMap<crate::routing::ShardId, u32>>>,
 }
 
 impl Gateway {
@@ -54,6 +57,7 @@ impl Gateway {
                 headers_timeout: config.upstream.headers_timeout,
                 liveness: config.upstream.liveness,
             },
+            probing: Arc::default(),
             control,
         }
     }

@@ -18,7 +18,7 @@ use super::pipeline::fields::{
     names_websocket, same_field, strip_response_hop_by_hop, unrequested_switch, Forwarding,
 };
 use super::pipeline::plan::host_from;
-use super::pipeline::watch::{Verdict, Watch};
+use super::pipeline::watch::{quiet, Verdict, Watch};
 use super::{take_planned, Gateway};
 use async_trait::async_trait;
 use http::header::{HOST, UPGRADE};
@@ -46,8 +46,10 @@ impl Gateway {
         let replayable = !session.as_ref().retry_buffer_truncated();
         match self.after_failure(failure, &session.req_header().method, replayable, ctx) {
             Next::Resend => {
-                // To the same shard, still admitted: not routed again.
+                // To the same shard, still admitted: not routed again; and
+                // on a fresh connection (the pool may hold more stale ones).
                 ctx.rerouted = true;
+                ctx.fresh_connection = true;
                 true
             }
             Next::Retry => true,
@@ -123,7 +125,16 @@ impl ProxyHttp for Gateway {
         ctx.headers_received = false;
         ctx.verdict = Verdict::None;
         match &ctx.peer {
-            Some(peer) => Ok(Box::new(peer.peer.clone())),
+            Some(peer) => {
+                let mut peer = peer.peer.clone();
+                if std::mem::take(&mut ctx.fresh_connection) {
+                    // A group of its own: no pooled connection matches.
+                    static FRESH: std::sync::atomic::AtomicU64 =
+                        std::sync::atomic::AtomicU64::new(1);
+                    peer.group_key = FRESH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Ok(Box::new(peer))
+            }
             None => Err(Error::explain(ErrorType::InternalError, "no shard chosen")),
         }
     }
@@ -142,7 +153,7 @@ impl ProxyHttp for Gateway {
         digest: Option<&Digest>,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        if reused && !peer.is_tls() && !nothing_to_read(fd) {
+        if reused && !peer.is_tls() && !quiet(fd) {
             return Err(Error::create(
                 ErrorType::ConnectionClosed,
                 ErrorSource::Upstream,
@@ -169,17 +180,22 @@ impl ProxyHttp for Gateway {
     /// refused with the head): the upstream request is aborted.
     async fn request_body_filter(
         &self,
-        _session: &mut Session,
-        body: &mut Option<bytes::Bytes>,
+        session: &mut Session,
+        _body: &mut Option<bytes::Bytes>,
         _end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         if let Some(watch) = &ctx.watch {
             watch.touch();
         }
-        ctx.body_bytes += body.as_ref().map_or(0, |b| b.len() as u64);
-        if let Some(max) = self.control.config.limits.max_body_bytes {
-            if ctx.body_bytes > max {
+        // What Pingora read of the body (a retry's replay is not read
+        // again); a WebSocket's frames after its 101 are not a body.
+        let read = session.as_ref().body_bytes_read() as u64;
+        if let (Some(max), false) = (
+            self.control.config.limits.max_body_bytes,
+            session.was_upgraded(),
+        ) {
+            if read > max {
                 ctx.refusal = Some(Refusal::error(413, "body-too-large"));
                 return Err(Error::explain(
                     ErrorType::HTTPStatus(413),
@@ -303,8 +319,12 @@ impl ProxyHttp for Gateway {
         upstream_response: &mut ResponseHeader,
         _ctx: &mut RequestCtx,
     ) -> Result<()> {
-        if session.req_header().version == http::Version::HTTP_10 {
-            upstream_response.remove_header(&http::header::TRANSFER_ENCODING);
+        if session.req_header().version == http::Version::HTTP_10
+            && upstream_response
+                .remove_header(&http::header::TRANSFER_ENCODING)
+                .is_some()
+        {
+            // Framed by the close now.
             session.set_keepalive(None);
         }
         Ok(())
@@ -423,21 +443,4 @@ impl ProxyHttp for Gateway {
         let client = super::fast::OrEmpty(session.client_addr());
         self.finish(ctx, &client, req.method.as_str(), &req.uri, status);
     }
-}
-
-/// Whether the socket `fd` has neither been closed nor sent anything: a
-/// non-blocking peek must find nothing.
-fn nothing_to_read(fd: std::os::unix::io::RawFd) -> bool {
-    let mut byte = 0u8;
-    // SAFETY: a one-byte peek into a local; on a closed descriptor recv
-    // fails (EBADF), which reads as "not quiet".
-    let n = unsafe {
-        libc::recv(
-            fd,
-            (&mut byte as *mut u8).cast(),
-            1,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
-    };
-    n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
 }

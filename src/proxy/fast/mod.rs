@@ -260,7 +260,7 @@ impl FastPath {
                 Ok(upstream) if how.websocket && upstream.parsed.status == 101 => {
                     drop(request);
                     *held = None;
-                    return self.tunnel(client, upstream, ctx).await;
+                    return self.tunnel(client, ahead, upstream, ctx).await;
                 }
                 // A handshake refused: an ordinary response, then close.
                 Ok(upstream) => {

@@ -6,6 +6,7 @@ use super::response::response_head;
 use super::upstream::Upstream;
 use super::{Exchanged, FastPath};
 use crate::proxy::ctx::RequestCtx;
+use bytes::BytesMut;
 use pingora::protocols::Stream;
 use std::future::{poll_fn, Future};
 use std::io;
@@ -19,9 +20,12 @@ const TUNNEL_BUFFER: usize = 2048;
 impl FastPath {
     /// A WebSocket's 101 goes to the client, then bytes flow both ways
     /// until either side closes; the admission is held all along.
+    /// `early`: what the client sent after its handshake, before the 101
+    /// (read while the shard was awaited): tunnel data, sent on first.
     pub(super) async fn tunnel(
         &self,
         client: &mut Stream,
+        early: &mut BytesMut,
         upstream: Upstream,
         ctx: &RequestCtx,
     ) -> Exchanged {
@@ -39,6 +43,12 @@ impl FastPath {
             return Exchanged::Closed(101);
         }
         drop(out);
+        if !early.is_empty() {
+            let early = std::mem::take(early);
+            if !self.send(&mut conn, &early).await {
+                return Exchanged::Closed(101);
+            }
+        }
         // Until either side closes (or fails): a WebSocket does not
         // half-close, and a client that keeps its end open after the
         // shard's close would otherwise hold the admission forever. Each

@@ -7,13 +7,13 @@ use super::response::{parse_response, ParsedResponse, MAX_RESPONSE_HEAD};
 use super::FastPath;
 use crate::proxy::hooks::UpstreamFailure;
 use crate::proxy::pipeline::failure::AttemptFailure;
-use crate::proxy::pipeline::watch::{Verdict, Waiting};
+use crate::proxy::pipeline::watch::{quiet, Verdict, Waiting};
 use bytes::BytesMut;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use thread_local::ThreadLocal;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -72,7 +72,7 @@ impl FastPath {
     pub(super) fn release(&self, addr: SocketAddr, conn: TcpStream) {
         self.sweeping.call_once(|| {
             let every = (self.idle_timeout / 4).clamp(SWEEP_MIN, SWEEP_MAX);
-            tokio::spawn(sweep(Arc::clone(&self.pools), self.idle_timeout, every));
+            tokio::spawn(sweep(Arc::downgrade(&self.pools), self.idle_timeout, every));
         });
         let mut pool = self.pool();
         let idle = pool.idle.entry(addr).or_default();
@@ -143,11 +143,15 @@ impl FastPath {
 /// sent to), on every thread — a quiet thread's too, which no request
 /// would visit — so none lingers in CLOSE_WAIT. Costs one non-blocking
 /// read per idle connection per round, nothing when there are none.
-async fn sweep(pools: Pools, timeout: Duration, every: Duration) {
+/// Ends with the pools (the fast transport is gone).
+async fn sweep(pools: Weak<ThreadLocal<Mutex<Pool>>>, timeout: Duration, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        let Some(pools) = pools.upgrade() else {
+            return;
+        };
         for pool in pools.iter() {
             pool.lock().idle.retain(|_, idle| {
                 idle.retain(|(conn, since)| since.elapsed() < timeout && nothing_to_read(conn));
@@ -157,13 +161,9 @@ async fn sweep(pools: Pools, timeout: Duration, every: Duration) {
     }
 }
 
-/// Whether an idle connection has neither been closed nor sent anything:
-/// a non-blocking read must find nothing (it also clears the reactor's
-/// readiness, so a quiet connection reads as quiet next time). A byte it
-/// does read condemns the connection anyway.
+/// Whether an idle connection has neither been closed nor sent anything.
 fn nothing_to_read(conn: &TcpStream) -> bool {
-    let mut byte = [0u8; 1];
-    matches!(conn.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    quiet(conn.as_raw_fd())
 }
 
 /// An attempt that got a response head.

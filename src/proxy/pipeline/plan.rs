@@ -155,19 +155,34 @@ impl Gateway {
         if !ctx.failed.contains(&shard) {
             ctx.failed.push(shard.clone());
         }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            log::warn!("a reset outside a runtime: shard {} not probed", peer.addr);
+            return;
+        };
+        // One probe per shard at a time: resets while it runs wait for its
+        // verdict (an app resetting every request must not become a
+        // connection storm against the shard).
+        {
+            let mut probing = self.probing.lock();
+            if let Some(waiting) = probing.get_mut(&shard) {
+                *waiting += 1;
+                return;
+            }
+            probing.insert(shard.clone(), 1);
+        }
         let (control, addr) = (Arc::clone(&self.control), peer.addr);
+        let probing = Arc::clone(&self.probing);
         let timeout = self.probe_timeout();
-        let judge = async move {
+        drop(runtime.spawn(async move {
             let shard_answered = probe(addr, timeout).await;
             let failure = UpstreamFailure::Reset { shard_answered };
-            control
-                .hooks
-                .on_upstream_failure(&control.router, &shard, failure);
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(judge)),
-            Err(_) => log::warn!("a reset outside a runtime: shard {} not probed", peer.addr),
-        }
+            let resets = probing.lock().remove(&shard).unwrap_or(1);
+            for _ in 0..resets {
+                control
+                    .hooks
+                    .on_upstream_failure(&control.router, &shard, failure);
+            }
+        }));
     }
 
     /// How long a failure probe waits for the shard to accept: the

@@ -239,3 +239,23 @@ pub async fn probe(addr: SocketAddr, timeout: Duration) -> bool {
         Ok(Ok(_))
     )
 }
+
+/// Whether the connected socket `fd` has neither been closed nor sent
+/// anything: a non-blocking one-byte peek finds nothing. A real system
+/// call: tokio's `try_read` answers "would block" without one whenever
+/// the reactor has not yet seen the socket become readable, which is the
+/// very case to catch (bytes or a close that just arrived).
+pub fn quiet(fd: RawFd) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: a one-byte peek into a local; on a closed descriptor recv
+    // fails (EBADF), which reads as "not quiet".
+    let n = unsafe {
+        libc::recv(
+            fd,
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
+}
