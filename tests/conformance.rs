@@ -442,7 +442,7 @@ fn bytes_a_shard_sent_before_a_request_never_answer_it_under_load() {
                     if conn.write_all(raw.as_bytes()).is_err() {
                         break;
                     }
-                    let Ok(mut r) = read_response_head_only(&mut reader, method == "HEAD") else {
+                    let Ok(mut r) = read_response_to(&mut reader, method == "HEAD") else {
                         break;
                     };
                     if method == "GET" && r.body != b"real" {
@@ -463,44 +463,6 @@ fn bytes_a_shard_sent_before_a_request_never_answer_it_under_load() {
         wrong.is_empty(),
         "answered with another response's bytes: {wrong:?}"
     );
-}
-
-/// Reads one response; a HEAD answer has no body whatever it says.
-fn read_response_head_only(
-    reader: &mut impl std::io::BufRead,
-    head: bool,
-) -> std::io::Result<Response> {
-    let mut status_line = String::new();
-    reader.read_line(&mut status_line)?;
-    let status = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or(std::io::ErrorKind::InvalidData)?;
-    let mut headers = Vec::new();
-    loop {
-        let mut line = String::new();
-        reader.read_line(&mut line)?;
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = line.split_once(':') {
-            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
-        }
-    }
-    let length: usize = headers
-        .iter()
-        .find(|(k, _)| k == "content-length")
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or(0);
-    let mut body = vec![0u8; if head { 0 } else { length }];
-    reader.read_exact(&mut body)?;
-    Ok(Response {
-        status,
-        headers,
-        body,
-    })
 }
 
 /// Connections in CLOSE_WAIT whose peer is `port` (the gateway's side of

@@ -101,15 +101,6 @@ fn config(shards: &[(&str, String)], extra: &str) -> String {
     config_yaml(&head, shards, extra)
 }
 
-fn shard_healthy(gw: &Gateway, id: &str) -> bool {
-    let shards = gw.admin("GET", "/v1/shards", None, None).json();
-    shards
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|s| s["id"] == id && s["healthy"] == true)
-}
-
 fn explain_shard(gw: &Gateway, tenant: &str) -> String {
     gw.admin("GET", &format!("/v1/route?tenant={tenant}"), None, None)
         .json()["shard"]
@@ -138,7 +129,7 @@ fn a_shard_killed_under_load_fails_no_get_and_gets_its_tenants_back() {
     std::thread::sleep(Duration::from_millis(2500));
     s1.stop();
     assert!(
-        eventually(Duration::from_millis(1500), || !shard_healthy(&gw, "s1")),
+        eventually(Duration::from_millis(1500), || !gw.shard_healthy("s1")),
         "marked unhealthy at once (long before fall × interval)"
     );
     assert_ne!(explain_shard(&gw, &on_s1), "s1", "its tenants moved");
@@ -148,7 +139,7 @@ fn a_shard_killed_under_load_fails_no_get_and_gets_its_tenants_back() {
         Reply::ok(&format!("{{\"shard\":\"s1\",\"tenant\":\"{tenant}\"}}"))
     });
     assert!(
-        eventually(Duration::from_secs(4), || shard_healthy(&gw, "s1")),
+        eventually(Duration::from_secs(4), || gw.shard_healthy("s1")),
         "back after rise probes"
     );
     let result = load.join().unwrap();
@@ -247,7 +238,7 @@ fn a_blackholed_shard_under_load_fails_over_within_liveness_time() {
         "slowest request {} ms",
         result.latency_max_ms
     );
-    assert!(!shard_healthy(&gw, "s1"));
+    assert!(!gw.shard_healthy("s1"));
 }
 
 #[test]

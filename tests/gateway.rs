@@ -500,15 +500,6 @@ fn a_get_on_a_reset_connection_is_retried_on_another_shard() {
     assert_eq!(resetter.received.load(Ordering::SeqCst), 1);
 }
 
-fn healthy(gw: &Gateway, id: &str) -> bool {
-    let shards = gw.admin("GET", "/v1/shards", None, None).json();
-    shards
-        .as_array()
-        .expect("shards")
-        .iter()
-        .any(|s| s["id"] == id && s["healthy"] == true)
-}
-
 #[test]
 fn one_tenants_broken_app_does_not_take_a_shared_shard_away() {
     // The shard's app resets every request of tenant `broken`; the shard
@@ -525,7 +516,7 @@ fn one_tenants_broken_app_does_not_take_a_shared_shard_away() {
         assert_eq!(r.status, 200, "tenant fine{i}: {}", r.text());
     }
     std::thread::sleep(Duration::from_millis(300));
-    assert!(healthy(&gw, "shared"), "the shard stays healthy");
+    assert!(gw.shard_healthy("shared"), "the shard stays healthy");
     let r = gw.get("another.localhost", "/");
     assert_eq!(r.status, 200, "{}", r.text());
     // A request that broke on a reused pooled connection is resent once on
@@ -560,7 +551,7 @@ fn a_reset_from_a_shard_that_is_gone_marks_it_unhealthy() {
     assert_eq!(gw.get("t.localhost", "/").status, 502);
     dying.join().expect("dying shard");
     assert!(
-        eventually(Duration::from_secs(3), || !healthy(&gw, "dying")),
+        eventually(Duration::from_secs(3), || !gw.shard_healthy("dying")),
         "{}",
         gw.admin("GET", "/v1/shards", None, None).text()
     );

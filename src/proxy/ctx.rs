@@ -43,7 +43,8 @@ pub struct RequestCtx {
     /// The watch's verdict if it concluded while headers were arriving.
     pub(crate) verdict: Verdict,
     pub(crate) headers_received: bool,
-    /// The last upstream failure.
+    /// The last upstream failure (a reset reads `shard_answered: true`
+    /// here: the probe that decides it runs after the request moved on).
     pub failure: Option<UpstreamFailure>,
     /// The router's last decision for this request.
     pub decision: Option<crate::routing::Decision>,

@@ -647,6 +647,14 @@ impl Gateway {
     }
 
     /// The gateway's stderr so far.
+    /// Whether the admin API reports shard `id` healthy.
+    pub fn shard_healthy(&self, id: &str) -> bool {
+        let shards = self.admin("GET", "/v1/shards", None, None).json();
+        shards
+            .as_array()
+            .is_some_and(|all| all.iter().any(|s| s["id"] == id && s["healthy"] == true))
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("gateway.log")).unwrap_or_default()
     }
@@ -730,6 +738,12 @@ pub fn send_raw(port: u16, raw: &[u8]) -> Response {
 
 /// Reads one response (Content-Length, chunked, or until close).
 pub fn read_response(reader: &mut impl BufRead) -> std::io::Result<Response> {
+    read_response_to(reader, false)
+}
+
+/// Reads one response to a request that was a HEAD (`head`: no body,
+/// whatever its fields say) or not.
+pub fn read_response_to(reader: &mut impl BufRead, head: bool) -> std::io::Result<Response> {
     let mut line = String::new();
     loop {
         line.clear();
@@ -765,7 +779,7 @@ pub fn read_response(reader: &mut impl BufRead) -> std::io::Result<Response> {
         headers,
         body: Vec::new(),
     };
-    if status == 101 || status == 204 || status == 304 || (100..200).contains(&status) {
+    if head || status == 101 || status == 204 || status == 304 || (100..200).contains(&status) {
         return Ok(resp);
     }
     if resp

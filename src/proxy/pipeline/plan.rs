@@ -10,7 +10,7 @@ use super::watch::probe;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::hooks::{RequestCheck, RequestView, UpstreamFailure};
 use crate::proxy::Gateway;
-use crate::routing::{Decision, RouteRequest};
+use crate::routing::{Decision, RouteRequest, ShardId};
 use http::header::HOST;
 use std::sync::Arc;
 
@@ -123,14 +123,24 @@ impl Gateway {
         ctx.failure = Some(failure);
         if let Some(shard) = ctx.shard.as_ref().map(|s| s.id().clone()) {
             self.control
-                .metrics
-                .upstream_failure(shard.as_str(), failure.as_str());
-            self.control
                 .hooks
                 .on_upstream_failure(&self.control.router, &shard, failure);
-            if failure.is_unreachable() && !ctx.failed.contains(&shard) {
-                ctx.failed.push(shard);
-            }
+            self.count_failure(ctx, &shard, failure.as_str(), failure.is_unreachable());
+        }
+    }
+
+    /// Counts a failed attempt on `shard` (`kind` as the metrics label it)
+    /// and, if `exclude`, keeps the rest of this request off the shard.
+    fn count_failure(
+        &self,
+        ctx: &mut RequestCtx,
+        shard: &ShardId,
+        kind: &'static str,
+        exclude: bool,
+    ) {
+        self.control.metrics.upstream_failure(shard.as_str(), kind);
+        if exclude && !ctx.failed.contains(shard) {
+            ctx.failed.push(shard.clone());
         }
     }
 
@@ -145,18 +155,13 @@ impl Gateway {
         let (Some(shard), Some(peer)) = (ctx.shard.as_ref(), ctx.peer.as_ref()) else {
             return;
         };
-        let shard = shard.id().clone();
-        self.control
-            .metrics
-            .upstream_failure(shard.as_str(), "reset");
+        let (shard, addr) = (shard.id().clone(), peer.addr);
         ctx.failure = Some(UpstreamFailure::Reset {
             shard_answered: true,
         });
-        if !ctx.failed.contains(&shard) {
-            ctx.failed.push(shard.clone());
-        }
+        self.count_failure(ctx, &shard, "reset", true);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            log::warn!("a reset outside a runtime: shard {} not probed", peer.addr);
+            log::warn!("a reset outside a runtime: shard {addr} not probed");
             return;
         };
         // One probe per shard at a time: resets while it runs wait for its
@@ -170,7 +175,7 @@ impl Gateway {
             }
             probing.insert(shard.clone(), 1);
         }
-        let (control, addr) = (Arc::clone(&self.control), peer.addr);
+        let control = Arc::clone(&self.control);
         let probing = Arc::clone(&self.probing);
         let timeout = self.probe_timeout();
         drop(runtime.spawn(async move {
