@@ -520,6 +520,8 @@ pub struct Gateway {
     child: Child,
     pub port: u16,
     pub admin_port: u16,
+    /// Whether the config has an admin listener (ready waits for it too).
+    has_admin: bool,
     pub dir: tempfile::TempDir,
     pub config_path: std::path::PathBuf,
     program: std::path::PathBuf,
@@ -564,6 +566,7 @@ impl Gateway {
             .replace("{admin}", &admin_port.to_string())
             .replace("{dir}", &dir.path().display().to_string());
         let text = without_fast_path_if_asked(text);
+        let has_admin = yaml.contains("{admin}");
         let config_path = dir.path().join("shardgate.yaml");
         std::fs::write(&config_path, text).expect("write config");
         let mut gw = Gateway {
@@ -571,6 +574,7 @@ impl Gateway {
             program: program.to_path_buf(),
             port,
             admin_port,
+            has_admin,
             dir,
             config_path,
         };
@@ -578,18 +582,21 @@ impl Gateway {
         gw
     }
 
+    /// Waits until the proxy listener and, if configured, the admin
+    /// listener accept (they start as separate services, in either order).
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
+        let listening = |port: u16| TcpStream::connect(("127.0.0.1", port)).is_ok();
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("shardgate exited early: {status}");
             }
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            if listening(self.port) && (!self.has_admin || listening(self.admin_port)) {
                 return;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("shardgate did not listen on {} in time", self.port);
+        panic!("shardgate did not listen on {} (admin {}) in time", self.port, self.admin_port);
     }
 
     pub fn pid(&self) -> u32 {
