@@ -74,6 +74,16 @@ impl Reply {
     }
 }
 
+/// A Redis URL without its password.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
+}
+
 /// Constant-time comparison: every byte of the longer input is visited.
 fn same_token(given: &[u8], expected: &[u8]) -> bool {
     let n = given.len().max(expected.len());
@@ -268,6 +278,47 @@ impl AdminApi {
         Reply::ok(json!({ "restored": true, "reset_connections": reset }))
     }
 
+    /// `GET /v1/cluster`: this node, the nodes last seen, Redis' status.
+    fn cluster(&self) -> Value {
+        let Some(cluster) = &self.control.cluster else {
+            return json!({ "enabled": false });
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let nodes: Vec<Value> = cluster
+            .nodes()
+            .into_iter()
+            .map(|n| {
+                json!({
+                    "id": n.id,
+                    "last_seen_ms": n.last_seen_ms,
+                    "last_seen_ago_ms": now.saturating_sub(n.last_seen_ms),
+                    "alive": now.saturating_sub(n.last_seen_ms) <= crate::cluster::NODE_TTL_MS,
+                })
+            })
+            .collect();
+        let config = &cluster.config;
+        json!({
+            "enabled": true,
+            "node_id": config.node_id,
+            "redis": {
+                "up": cluster.redis_up(),
+                "target": match &config.redis {
+                    crate::config::RedisTarget::Single(url) => json!(redact(url)),
+                    crate::config::RedisTarget::Cluster(urls) =>
+                        json!(urls.iter().map(|u| redact(u)).collect::<Vec<_>>()),
+                },
+            },
+            "nodes_alive": cluster.nodes_alive(),
+            "nodes": nodes,
+            "sync_interval_ms": config.sync_interval.as_millis() as u64,
+            "on_redis_down": config.on_redis_down.as_str(),
+            "mode": format!("{:?}", cluster.mode()).to_lowercase(),
+            "sync_errors": cluster.sync_errors(),
+        })
+    }
+
     fn metrics_json(&self) -> Value {
         let c = &self.control;
         json!({
@@ -304,8 +355,8 @@ impl AdminApi {
             },
             (&Method::POST, ["v1", "shards", id, action]) => {
                 let known = match *action {
-                    "drain" => c.router.drain(id),
-                    "healthy" => c.router.mark_healthy(id),
+                    "drain" => c.drain(id),
+                    "healthy" => c.mark_healthy(id),
                     "unhealthy" => c.router.mark_unhealthy(id),
                     _ => {
                         return Reply::error(
@@ -335,24 +386,25 @@ impl AdminApi {
                 false => not_found("domain", host),
             },
             (&Method::PUT, ["v1", "tenants", tenant, "region"]) => {
-                let Some(directory) = &c.regions else {
+                if c.regions.is_none() {
                     return Reply::error(StatusCode::NOT_FOUND, "no regions are configured");
-                };
+                }
                 match parse::<RegionBody>(body) {
                     Err(r) => r,
-                    Ok(b) => match directory.assign(tenant, &b.region) {
+                    Ok(b) => match c.assign_region(tenant, &b.region) {
                         Ok(()) => Reply::ok(json!({ "tenant": tenant, "region": b.region })),
-                        Err(e) => Reply::error(StatusCode::BAD_REQUEST, e.to_string()),
+                        Err(e) => Reply::error(StatusCode::BAD_REQUEST, e),
                     },
                 }
             }
             (&Method::DELETE, ["v1", "tenants", tenant, "region"]) => match &c.regions {
                 None => Reply::error(StatusCode::NOT_FOUND, "no regions are configured"),
-                Some(directory) => match directory.release(tenant) {
+                Some(_) => match c.release_region(tenant) {
                     true => Reply::ok(json!({ "released": tenant })),
                     false => not_found("region assignment for tenant", tenant),
                 },
             },
+            (&Method::GET, ["v1", "cluster"]) => Reply::ok(self.cluster()),
             (&Method::PUT, ["v1", "tenants", tenant, "deny"]) => {
                 c.deny(tenant);
                 Reply::ok(json!({ "denied": tenant }))

@@ -3,6 +3,7 @@
 //! peer. The proxy reads it on every request; the admin API, the health
 //! checker and the state file change it at runtime.
 
+use crate::cluster::Shared;
 use crate::config::{Config, HashKind, LoadKind};
 use crate::limits::Limits;
 use crate::metrics::GatewayMetrics;
@@ -35,6 +36,8 @@ pub struct Control {
     pub regions: Option<RegionDirectory>,
     pub hooks: Arc<dyn GatewayHooks>,
     pub metrics: GatewayMetrics,
+    /// Cluster mode (DESIGN §4): what the cluster service shares.
+    pub cluster: Option<Arc<Shared>>,
     peers: ArcSwap<HashMap<ShardId, Arc<ShardPeer>>>,
     /// Runtime changes since the configuration was loaded (the state file
     /// keeps them); its lock also serialises those changes.
@@ -74,6 +77,15 @@ impl Control {
                 LoadKind::ActiveConnections => Load::ActiveConnections,
             }
         };
+        let cluster = config.cluster.clone().map(Shared::new);
+        let mut limits = Limits::new(
+            config.limits.connection_cap,
+            config.limits.rate,
+            config.limits.routes.clone(),
+        );
+        if let Some(shared) = &cluster {
+            limits = limits.with_shared(Arc::clone(shared));
+        }
         let router = Router::new(RouterOptions {
             shards: config.shards.clone(),
             hash: match config.routing.hash {
@@ -82,11 +94,7 @@ impl Control {
                 HashKind::Hrw => HashStrategy::Hrw,
             },
             balance: config.routing.balance,
-            limits: Limits::new(
-                config.limits.connection_cap,
-                config.limits.rate,
-                config.limits.routes.clone(),
-            ),
+            limits,
             deny: config.limits.deny.clone(),
             allow: Some(Arc::new(HookAllow(Arc::clone(&hooks)))),
             load,
@@ -101,7 +109,23 @@ impl Control {
             .map_err(|e| e.to_string())?;
         let regions = match &config.regions {
             None => None,
-            Some(list) => Some(RegionDirectory::new(list.clone()).map_err(|e| e.to_string())?),
+            Some(list) => {
+                // In cluster mode a new assignment takes the one another
+                // node made first, if this node has read it.
+                let hook = cluster.as_ref().map(|shared| {
+                    let shared = Arc::clone(shared);
+                    Arc::new(move |tenant: &str| {
+                        shared.assigned(tenant);
+                        shared.shared_region(tenant)
+                    }) as Arc<dyn crate::routing::region::AssignHook>
+                });
+                let clock: Arc<dyn crate::routing::Clock> =
+                    Arc::new(crate::routing::MonotonicClock::new());
+                Some(
+                    RegionDirectory::with_options(list.clone(), hook, clock)
+                        .map_err(|e| e.to_string())?,
+                )
+            }
         };
         Ok(Control {
             config: Arc::new(config),
@@ -110,6 +134,7 @@ impl Control {
             regions,
             hooks,
             metrics: GatewayMetrics::default(),
+            cluster,
             peers: ArcSwap::from_pointee(peers),
             diff: Mutex::new(RuntimeDiff::default()),
         })
@@ -131,6 +156,10 @@ impl Control {
         next.insert(shard.id.clone(), peer);
         self.peers.store(Arc::new(next));
         diff.shard_added(&shard);
+        self.publish(|| {
+            let json = serde_json::to_string(&shard).unwrap_or_default();
+            (format!("shard:{}", shard.id), json)
+        });
         Ok(self.router.add_shard(shard))
     }
 
@@ -143,6 +172,7 @@ impl Control {
             next.remove(id);
             self.peers.store(Arc::new(next));
             diff.shard_removed(id, self.config.shards.iter().any(|s| s.id.as_str() == id));
+            self.publish(|| (format!("shard:{id}"), REMOVED.to_string()));
         }
         removed
     }
@@ -152,6 +182,7 @@ impl Control {
         let mut diff = self.diff.lock();
         self.domains.add(host, tenant).map_err(|e| e.to_string())?;
         diff.domain_put(host, tenant);
+        self.publish(|| (domain_field(host), tenant.to_string()));
         Ok(())
     }
 
@@ -168,6 +199,7 @@ impl Control {
                 .iter()
                 .any(|(h, _)| crate::routing::domain::normalize(h) == normalized);
             diff.domain_deleted(host, configured);
+            self.publish(|| (domain_field(host), REMOVED.to_string()));
         }
         removed
     }
@@ -179,6 +211,7 @@ impl Control {
         if added {
             diff.denied(tenant, self.config.limits.deny.iter().any(|t| t == tenant));
         }
+        self.publish(|| (format!("deny:{tenant}"), "1".to_string()));
         added
     }
 
@@ -188,8 +221,114 @@ impl Control {
         let removed = self.router.undeny(tenant);
         if removed {
             diff.undenied(tenant, self.config.limits.deny.iter().any(|t| t == tenant));
+            self.publish(|| (format!("deny:{tenant}"), "0".to_string()));
         }
         removed
+    }
+
+    /// Drains a shard (shared in cluster mode).
+    pub fn drain(&self, id: &str) -> bool {
+        let known = self.router.drain(id);
+        if known {
+            self.publish(|| (format!("drain:{id}"), "1".to_string()));
+        }
+        known
+    }
+
+    /// Marks a shard healthy, which also ends a drain (the drain's end is
+    /// shared in cluster mode; health stays each node's own).
+    pub fn mark_healthy(&self, id: &str) -> bool {
+        let was_draining = self.router.is_draining(id);
+        let known = self.router.mark_healthy(id);
+        if known && was_draining {
+            self.publish(|| (format!("drain:{id}"), "0".to_string()));
+        }
+        known
+    }
+
+    /// Pins a tenant to a region (an override, shared in cluster mode).
+    pub fn assign_region(&self, tenant: &str, region: &str) -> Result<(), String> {
+        let Some(directory) = &self.regions else {
+            return Err("no regions are configured".to_string());
+        };
+        directory.assign(tenant, region).map_err(|e| e.to_string())?;
+        self.publish(|| (format!("region:{tenant}"), region.to_string()));
+        Ok(())
+    }
+
+    /// Forgets a tenant's region assignment; `false` if it had none.
+    pub fn release_region(&self, tenant: &str) -> bool {
+        let released = self.regions.as_ref().is_some_and(|d| d.release(tenant));
+        if released {
+            self.publish(|| (format!("region:{tenant}"), REMOVED.to_string()));
+        }
+        released
+    }
+
+    /// Shares a runtime change with the other nodes (cluster mode only).
+    fn publish(&self, change: impl FnOnce() -> (String, String)) {
+        if let Some(shared) = &self.cluster {
+            let (field, value) = change();
+            shared.publish(field, value);
+        }
+    }
+
+    /// Applies a runtime change another node made (cluster mode): one field
+    /// of the shared state, as `publish` wrote it. Unknown fields are
+    /// logged and skipped (a newer node's).
+    pub fn apply_shared(&self, field: &str, value: &str) {
+        let Some((kind, key)) = field.split_once(':') else {
+            log::warn!("cluster: unknown state field `{field}`");
+            return;
+        };
+        let removed = value == REMOVED;
+        match kind {
+            "shard" if removed => {
+                self.remove_shard(key);
+            }
+            "shard" => match serde_json::from_str::<Shard>(value) {
+                Ok(shard) if self.router.shard_set().get(shard.id.as_str()).is_none() => {
+                    if let Err(e) = self.add_shard(shard) {
+                        log::warn!("cluster: cannot add shard `{key}`: {e}");
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => log::warn!("cluster: shard `{key}`: {e}"),
+            },
+            "domain" if removed => {
+                self.delete_domain(key);
+            }
+            "domain" => {
+                if self.domains.entry(key).as_deref() != Some(value) {
+                    if let Err(e) = self.put_domain(key, value) {
+                        log::warn!("cluster: domain `{key}`: {e}");
+                    }
+                }
+            }
+            "deny" if value == "1" => {
+                self.deny(key);
+            }
+            "deny" => {
+                self.undeny(key);
+            }
+            "drain" if value == "1" => {
+                self.drain(key);
+            }
+            "drain" => {
+                if self.router.is_draining(key) {
+                    self.mark_healthy(key);
+                }
+            }
+            "region" if removed => {
+                self.release_region(key);
+            }
+            "region" => {
+                if let Err(e) = self.assign_region(key, value) {
+                    log::warn!("cluster: region of `{key}`: {e}");
+                }
+            }
+            _ => log::warn!("cluster: unknown state field `{field}`"),
+        }
     }
 
     /// The runtime changes so far.
@@ -224,6 +363,13 @@ impl Control {
             self.deny(tenant);
         }
     }
+}
+
+/// The shared-state value of a removed item.
+const REMOVED: &str = "-";
+
+fn domain_field(host: &str) -> String {
+    format!("domain:{}", crate::routing::domain::normalize(host))
 }
 
 /// Resolves a shard's URL into a Pingora peer.

@@ -7,6 +7,7 @@
 //! them together from a [`config::Config`].
 
 pub mod admin;
+pub mod cluster;
 pub mod config;
 pub mod control;
 pub mod health;

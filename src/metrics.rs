@@ -233,6 +233,26 @@ fn families(control: &Control) -> Vec<MetricFamily> {
         .map(|(r, n)| counter(vec![label("result", r)], *n as f64))
         .collect(),
     ));
+    if let Some(cluster) = &control.cluster {
+        out.push(family(
+            "cluster_redis_up",
+            "1 while this node reaches Redis (cluster mode).",
+            MetricType::GAUGE,
+            vec![gauge(vec![], f64::from(u8::from(cluster.redis_up())))],
+        ));
+        out.push(family(
+            "cluster_nodes",
+            "Gateway nodes last seen alive, this one included (cluster mode).",
+            MetricType::GAUGE,
+            vec![gauge(vec![], cluster.nodes_alive())],
+        ));
+        out.push(family(
+            "cluster_sync_errors_total",
+            "Redis calls of the cluster service that failed or timed out.",
+            MetricType::COUNTER,
+            vec![counter(vec![], cluster.sync_errors() as f64)],
+        ));
+    }
     let view = control.metrics.durations.view();
     let mut h = Histogram::default();
     h.set_sample_count(view.count);

@@ -127,6 +127,9 @@ impl Builder {
         if let Some(state) = &control.config.state {
             crate::state::load(&control, &state.path);
         }
+        if let Some(cluster) = &control.cluster {
+            cluster.forget_local_replay();
+        }
         let mut server = Server::new_with_opt_and_conf(opt, conf);
         server.bootstrap();
         let limits = &control.config.limits;
@@ -186,6 +189,12 @@ impl Builder {
                     path: state.path.clone(),
                     interval: state.interval,
                 },
+            ));
+        }
+        if control.cluster.is_some() {
+            server.add_service(background_service(
+                "shardgate cluster",
+                crate::cluster::ClusterService::new(Arc::clone(&control)),
             ));
         }
         server.add_service(background_service("shardgate memory", MemoryReturn));

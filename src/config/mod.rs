@@ -38,6 +38,49 @@ pub struct Config {
     pub health: HealthConfig,
     pub state: Option<StateConfig>,
     pub log: LogConfig,
+    /// Cluster mode; `None`: a single node, no Redis.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// `cluster:` validated (DESIGN §4).
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// Where Redis is.
+    pub redis: RedisTarget,
+    pub node_id: String,
+    pub key_prefix: String,
+    /// How often a node settles with Redis.
+    pub sync_interval: Duration,
+    pub on_redis_down: OnRedisDown,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// One Redis server.
+    Single(String),
+    /// Seed nodes of a Redis Cluster.
+    Cluster(Vec<String>),
+}
+
+/// What limits do while Redis cannot be reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnRedisDown {
+    /// Each bucket and cap divided by the nodes last seen alive.
+    LocalShare,
+    /// Limits are not enforced.
+    Allow,
+    /// Every limited request is refused.
+    Deny,
+}
+
+impl OnRedisDown {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            OnRedisDown::LocalShare => "local-share",
+            OnRedisDown::Allow => "allow",
+            OnRedisDown::Deny => "deny",
+        }
+    }
 }
 
 /// Pingora's server settings (shardgate's defaults where they differ).

@@ -37,6 +37,26 @@ pub struct RawConfig {
     pub state: Switch<RawState>,
     #[serde(default)]
     pub log: RawLog,
+    pub cluster: Option<RawCluster>,
+}
+
+/// `cluster:` (DESIGN §4).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCluster {
+    /// One URL (a single Redis) or a list (Redis Cluster seed nodes).
+    pub redis: Option<OneOrMany>,
+    pub node_id: Option<String>,
+    pub key_prefix: Option<String>,
+    pub sync_interval_ms: Option<u64>,
+    pub on_redis_down: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
 }
 
 /// Pingora's server settings that make sense in one file with ours.

@@ -200,6 +200,7 @@ fn check(c: &mut Checker<'_>, raw: RawConfig) -> Config {
             },
         },
     };
+    let cluster = raw.cluster.map(|r| check_cluster(c, r));
     Config {
         server,
         listen,
@@ -217,7 +218,74 @@ fn check(c: &mut Checker<'_>, raw: RawConfig) -> Config {
         health,
         state,
         log,
+        cluster,
     }
+}
+
+fn check_cluster(c: &mut Checker<'_>, r: RawCluster) -> ClusterConfig {
+    let check_url = |c: &mut Checker<'_>, field: &str, url: &str| {
+        if redis::Client::open(url).is_err() || !url.starts_with("redis") {
+            c.error(
+                field,
+                format!("`{url}`: expected a redis:// or rediss:// URL"),
+            );
+        }
+    };
+    let redis = match r.redis {
+        None => {
+            c.error("cluster.redis", "required: a Redis URL or a list of Redis Cluster seed URLs");
+            RedisTarget::Single(String::new())
+        }
+        Some(OneOrMany::One(url)) => {
+            check_url(c, "cluster.redis", &url);
+            RedisTarget::Single(url)
+        }
+        Some(OneOrMany::Many(urls)) => {
+            if urls.is_empty() {
+                c.error("cluster.redis", "the list of seed nodes is empty");
+            }
+            for (i, url) in urls.iter().enumerate() {
+                check_url(c, &format!("cluster.redis[{i}]"), url);
+            }
+            RedisTarget::Cluster(urls)
+        }
+    };
+    let node_id = r.node_id.unwrap_or_else(host_name);
+    if node_id.is_empty() || node_id.len() > 128 || node_id.contains(char::is_whitespace) {
+        c.error(
+            "cluster.node_id",
+            "must be 1–128 characters without spaces",
+        );
+    }
+    let on_redis_down = match r.on_redis_down.as_deref() {
+        None | Some("local-share") => OnRedisDown::LocalShare,
+        Some("allow") => OnRedisDown::Allow,
+        Some("deny") => OnRedisDown::Deny,
+        Some(other) => {
+            c.error(
+                "cluster.on_redis_down",
+                format!("`{other}`: expected local-share, allow or deny"),
+            );
+            OnRedisDown::LocalShare
+        }
+    };
+    ClusterConfig {
+        redis,
+        node_id,
+        key_prefix: r.key_prefix.unwrap_or_else(|| "shardgate:".to_string()),
+        sync_interval: c.positive_ms("cluster.sync_interval_ms", r.sync_interval_ms, 50),
+        on_redis_down,
+    }
+}
+
+/// The machine's host name (`cluster.node_id`'s default).
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "shardgate".to_string())
 }
 
 fn check_server(c: &mut Checker<'_>, s: RawServer) -> ServerSettings {

@@ -15,9 +15,11 @@ pub use tenants::{
     TenantBuckets, TenantEntry, TenantState, TenantTable, FORGETTABLE_BOUND, SWEEP_FLOOR,
 };
 
+use crate::cluster::{Mode, Shared, SharedSlot};
 use compact_str::CompactString;
 use std::fmt;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// Which bucket ran dry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +72,8 @@ pub struct Limits {
     connection_cap: Option<u64>,
     rate: RateRule,
     routes: Vec<(CompactString, RateRule)>,
+    /// Cluster mode: buckets and caps shared through Redis.
+    shared: Option<Arc<Shared>>,
 }
 
 impl Default for Limits {
@@ -93,7 +97,23 @@ impl Limits {
                 .take(usize::from(u16::MAX))
                 .map(|(name, rule)| (CompactString::from(name), rule))
                 .collect(),
+            shared: None,
         }
+    }
+
+    /// The same limits, enforced across the cluster (DESIGN §4).
+    pub fn with_shared(mut self, shared: Arc<Shared>) -> Self {
+        self.shared = Some(shared);
+        self
+    }
+
+    pub fn shared(&self) -> Option<&Arc<Shared>> {
+        self.shared.as_ref()
+    }
+
+    /// Whether any limit applies (cap, tenant bucket or a route bucket).
+    pub fn any(&self) -> bool {
+        self.connection_cap.is_some() || !self.rate.is_unlimited() || !self.routes.is_empty()
     }
 
     pub fn connection_cap(&self) -> Option<u64> {
@@ -137,6 +157,11 @@ impl Limits {
     /// A tenant that is idle and whose buckets are all full at `now` is
     /// indistinguishable from a new one: it may be forgotten.
     pub fn is_forgettable(&self, entry: &TenantEntry, state: &TenantState, now: f64) -> bool {
+        if self.shared.is_some() {
+            // Redis keeps the buckets; a node without a lease knows nothing
+            // a new entry would not.
+            return entry.active() == 0 && state.shared.is_none();
+        }
         let b = &state.buckets;
         entry.active() == 0
             && b.tenant.is_full_at(&self.rate, now)
@@ -157,12 +182,15 @@ impl Limits {
         now: f64,
         spend: Spend,
     ) -> Verdict<'_> {
+        if let Some(shared) = &self.shared {
+            return self.check_shared(shared, entry, state, route, now, spend);
+        }
         let active = entry.active();
         if spend == Spend::Nothing {
             let mut copy = state.buckets.clone();
-            return self.evaluate(&mut copy, active, route, now, spend);
+            return self.evaluate(&mut copy, active, route, now, spend, true);
         }
-        let verdict = self.evaluate(&mut state.buckets, active, route, now, spend);
+        let verdict = self.evaluate(&mut state.buckets, active, route, now, spend, true);
         if verdict == Verdict::Admit && spend == Spend::TokensAndAdmission {
             entry.active.fetch_add(1, Ordering::AcqRel);
         }
@@ -172,7 +200,94 @@ impl Limits {
     /// The verdict for a tenant the table does not know (explain only).
     pub fn check_fresh(&self, route: Option<u16>, now: f64) -> Verdict<'_> {
         let mut buckets = self.fresh_buckets(now);
-        self.evaluate(&mut buckets, 0, route, now, Spend::Nothing)
+        self.evaluate(&mut buckets, 0, route, now, Spend::Nothing, true)
+    }
+
+    /// [`Limits::check`] in cluster mode. The cap counts the other nodes'
+    /// admissions as last read; the buckets hold this node's lease and are
+    /// refilled by the cluster service, never here. A tenant the node holds
+    /// no lease for opens one on credit: `1/N` of each bucket (N = nodes
+    /// alive), charged to the shared bucket at the next settle.
+    fn check_shared(
+        &self,
+        shared: &Shared,
+        entry: &TenantEntry,
+        state: &mut TenantState,
+        route: Option<u16>,
+        now: f64,
+        spend: Spend,
+    ) -> Verdict<'_> {
+        match shared.mode() {
+            Mode::Allow => {
+                if spend == Spend::TokensAndAdmission {
+                    entry.active.fetch_add(1, Ordering::AcqRel);
+                }
+                return Verdict::Admit;
+            }
+            Mode::Deny if self.any() => {
+                return Verdict::RateLimited {
+                    bucket: Bucket::Tenant,
+                    retry_after_secs: Some(shared.config.sync_interval.as_secs_f64().max(1.0)),
+                }
+            }
+            Mode::Deny | Mode::Shared => {}
+        }
+        let active = entry.active() + self.connection_cap.map_or(0, |_| shared.others_active(entry.id()));
+        if spend == Spend::Nothing {
+            let mut copy = state.buckets.clone();
+            if state.shared.is_none() {
+                copy = self.fresh_buckets(now);
+                self.open_share(shared, &mut copy, None);
+            }
+            return self.evaluate(&mut copy, active, route, now, spend, false);
+        }
+        let n = shared.nodes_alive();
+        let slot = match &mut state.shared {
+            Some(slot) => slot,
+            none => {
+                state.buckets = self.fresh_buckets(now);
+                let mut slot = SharedSlot::default();
+                self.open_share(shared, &mut state.buckets, Some(&mut slot));
+                none.insert(Box::new(slot))
+            }
+        };
+        let route = route.filter(|i| usize::from(*i) < self.routes.len());
+        if let Some(index) = route {
+            if !state.buckets.routes.iter().any(|(i, _)| *i == index) {
+                let rule = &self.routes[usize::from(index)].1;
+                let share = rule.tokens / n;
+                state.buckets.routes.push((index, TokenBucket::full(rule, now)));
+                if let Some((_, b)) = state.buckets.routes.last_mut() {
+                    b.tokens = share;
+                }
+                slot.add_route_credit(index, share);
+            }
+        }
+        let verdict = self.evaluate(&mut state.buckets, active, route, now, spend, false);
+        if verdict == Verdict::Admit {
+            if spend == Spend::TokensAndAdmission {
+                entry.active.fetch_add(1, Ordering::AcqRel);
+            }
+            if let Some(slot) = &mut state.shared {
+                if !slot.queued {
+                    slot.queued = true;
+                    shared.enqueue(entry.id());
+                }
+            }
+        }
+        verdict
+    }
+
+    /// A lease opened on credit: the tenant bucket holds `1/N` of its rule.
+    fn open_share(&self, shared: &Shared, buckets: &mut TenantBuckets, slot: Option<&mut SharedSlot>) {
+        if self.rate.is_unlimited() {
+            return;
+        }
+        let share = self.rate.tokens / shared.nodes_alive();
+        buckets.tenant.tokens = share;
+        if let Some(slot) = slot {
+            slot.credit = share;
+        }
     }
 
     fn evaluate(
@@ -182,11 +297,14 @@ impl Limits {
         route: Option<u16>,
         now: f64,
         spend: Spend,
+        refill: bool,
     ) -> Verdict<'_> {
         if self.connection_cap.is_some_and(|cap| active >= cap) {
             return Verdict::Capped;
         }
-        buckets.tenant.refill(&self.rate, now);
+        if refill {
+            buckets.tenant.refill(&self.rate, now);
+        }
         if !buckets.tenant.has_token() {
             return Verdict::RateLimited {
                 bucket: Bucket::Tenant,
@@ -203,7 +321,9 @@ impl Limits {
                 }
             };
             let bucket = &mut buckets.routes[pos].1;
-            bucket.refill(rule, now);
+            if refill {
+                bucket.refill(rule, now);
+            }
             if !bucket.has_token() {
                 return Verdict::RateLimited {
                     bucket: Bucket::Route(name.as_str()),

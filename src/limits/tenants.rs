@@ -57,6 +57,9 @@ pub struct TenantState {
     /// deterministic sticky pick over the unfiltered live list: valid while
     /// the generation is current.
     pub placement: Option<(u64, u32)>,
+    /// Cluster mode only: the node's lease on this tenant (see
+    /// `cluster::SharedSlot`); `None` = no lease yet.
+    pub shared: Option<Box<crate::cluster::SharedSlot>>,
 }
 
 /// One tenant. Admission guards hold it to release their count.
@@ -81,6 +84,7 @@ impl TenantEntry {
                 alive: true,
                 buckets,
                 placement: None,
+                shared: None,
             }),
         })
     }

@@ -276,6 +276,30 @@ impl RegionDirectory {
         Ok(())
     }
 
+    /// Takes another node's assignment for a tenant (cluster mode: the
+    /// first assignment wins). An override is left alone. Returns whether
+    /// the tenant's region changed.
+    pub fn adopt(&self, tenant: &str, region: &str) -> bool {
+        let list = self.regions.load();
+        let Some(r) = Self::registered(&list, region) else {
+            return false;
+        };
+        let mut map = self.shard(tenant).write();
+        match map.get(tenant) {
+            Some(a) if a.is_override || a.region == *r => false,
+            _ => {
+                map.insert(
+                    CompactString::from(tenant),
+                    Assignment {
+                        region: Arc::clone(r),
+                        is_override: false,
+                    },
+                );
+                true
+            }
+        }
+    }
+
     /// Forgets the tenant's assignment; returns whether it had one.
     pub fn release(&self, tenant: &str) -> bool {
         self.shard(tenant).write().remove(tenant).is_some()

@@ -17,8 +17,8 @@ use super::hash::{
 use super::shard::{Membership, Shard, ShardEntry, ShardId, ShardSet, ShardStatus};
 use super::snapshot::{RouteBucketSnapshot, RouterSnapshot, ShardSnapshot, TenantSnapshot, Tokens};
 use crate::limits::{
-    AdmissionGuard, DenyList, Limits, Spend, TenantBuckets, TenantEntry, TenantTable, TokenBucket,
-    Verdict,
+    AdmissionGuard, DenyList, Limits, Spend, TenantBuckets, TenantEntry, TenantState, TenantTable,
+    TokenBucket, Verdict,
 };
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
@@ -505,6 +505,16 @@ impl Router {
             Load::Hook(hook) => hook.load(e.id()),
         };
         Some(w / clamp_load(load))
+    }
+
+    /// Runs `f` on a known tenant's entry and locked state (the cluster
+    /// service settling its lease).
+    pub fn with_tenant<R>(
+        &self,
+        tenant: &str,
+        f: impl FnOnce(&TenantEntry, &mut TenantState) -> R,
+    ) -> Option<R> {
+        self.tenants.with_existing(tenant, |e, s| f(e, s))
     }
 
     /// Counts a live connection for the tenant (and the shard, when given)

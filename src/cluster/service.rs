@@ -1,0 +1,713 @@
+//! The cluster service: the only code that talks to Redis. Every
+//! `sync_interval` it settles the tenants that spent (their leases topped
+//! up, their credit charged) and publishes this node's live admissions per
+//! capped tenant while reading the others'; every 250 ms it heartbeats;
+//! every 200 ms it exchanges runtime state. Requests never wait on it:
+//! while Redis is down they run on what the node last knew (DESIGN §4).
+
+use super::conn::{Conn, TIMEOUT};
+use super::shared::{NodeSeen, Shared};
+use super::NODE_TTL_MS;
+use crate::control::Control;
+use crate::limits::TenantState;
+use compact_str::CompactString;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use redis::{Cmd, FromRedisValue, RedisError, Script};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// A tenant untouched this long gives its lease back.
+const IDLE_RELEASE: Duration = Duration::from_secs(1);
+const HEARTBEAT: Duration = Duration::from_millis(250);
+const STATE_POLL: Duration = Duration::from_millis(200);
+/// Settles in flight at once.
+const SETTLE_BATCH: usize = 256;
+
+/// Settles one tenant's buckets (a hash at KEYS[1]). For each bucket:
+/// refill by Redis' clock, never past the capacity minus the other nodes'
+/// leases; charge the credit this node spent outside the ledger; then
+/// either take back this node's lease (release) or top it up to a fair
+/// share of what is free and leased among the nodes that hold a lease.
+/// Leases of nodes not in the alive list go back. Returns the grants.
+const SETTLE_LUA: &str = r"
+local key, me, release = KEYS[1], ARGV[1], ARGV[2] == '1'
+local alive = {}
+for n in string.gmatch(ARGV[3], '[^\n]+') do alive[n] = true end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local flat = redis.call('HGETALL', key)
+local h = {}
+for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
+local out, ttl, forever = {}, 0, false
+for b = 0, tonumber(ARGV[4]) - 1 do
+  local at = 5 + b * 5
+  local name, cap, rate = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+  local held, credit = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
+  local gf, sf, lp = name .. '|g', name .. '|s', name .. '|l|'
+  local g = tonumber(h[gf] or cap)
+  local stamp = tonumber(h[sf] or now)
+  local leased, holders = 0, 0
+  for f, v in pairs(h) do
+    if string.sub(f, 1, #lp) == lp then
+      local node = string.sub(f, #lp + 1)
+      if node ~= me then
+        if alive[node] then
+          leased = leased + tonumber(v)
+          holders = holders + 1
+        else
+          redis.call('HDEL', key, f)
+        end
+      end
+    end
+  end
+  g = g - credit
+  if rate > 0 and now > stamp then
+    local room = cap - leased - held
+    local refilled = g + (now - stamp) / 1000 * rate
+    if refilled > room then refilled = math.max(g, room) end
+    g = refilled
+  end
+  if now > stamp then stamp = now end
+  local grant = 0
+  if release then
+    g = g + held
+    redis.call('HDEL', key, lp .. me)
+  else
+    local fair = (math.max(g, 0) + leased + held) / (holders + 1)
+    grant = math.min(math.max(g, 0), math.max(0, fair - held))
+    g = g - grant
+    redis.call('HSET', key, lp .. me, tostring(held + grant))
+  end
+  if g > cap then g = cap end
+  redis.call('HSET', key, gf, tostring(g), sf, tostring(stamp))
+  if rate > 0 then
+    local full = (cap - math.min(g, 0)) / rate * 1000 + 60000
+    if full > ttl then ttl = full end
+  else
+    forever = true
+  end
+  out[b + 1] = tostring(grant)
+end
+if forever then redis.call('PERSIST', key) elseif ttl > 0 then redis.call('PEXPIRE', key, math.ceil(ttl)) end
+return out
+";
+
+/// Sets one field of the shared state and bumps its version.
+const STATE_PUT_LUA: &str = r"
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return redis.call('INCR', KEYS[2])
+";
+
+pub struct ClusterService {
+    control: Arc<Control>,
+}
+
+impl ClusterService {
+    pub fn new(control: Arc<Control>) -> Self {
+        ClusterService { control }
+    }
+}
+
+#[async_trait::async_trait]
+impl BackgroundService for ClusterService {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let Some(shared) = self.control.cluster.clone() else {
+            return;
+        };
+        let mut sync = Syncer::new(Arc::clone(&self.control), shared);
+        let mut settle = tokio::time::interval(sync.shared.config.sync_interval);
+        let mut heartbeat = tokio::time::interval(HEARTBEAT);
+        let mut state = tokio::time::interval(STATE_POLL);
+        for tick in [&mut settle, &mut heartbeat, &mut state] {
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        }
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => {
+                    sync.leave().await;
+                    return;
+                }
+                _ = heartbeat.tick() => sync.heartbeat().await,
+                _ = settle.tick() => sync.settle().await,
+                _ = state.tick() => sync.exchange_state().await,
+            }
+        }
+    }
+}
+
+/// One settle: a tenant's buckets as this node holds them.
+struct Job {
+    tenant: CompactString,
+    release: bool,
+    buckets: Vec<LeaseBucket>,
+}
+
+/// `(route index or None for the tenant bucket, field name, capacity,
+/// refill/s, held, credit)`.
+type LeaseBucket = (Option<u16>, String, f64, f64, f64, f64);
+
+struct Syncer {
+    control: Arc<Control>,
+    shared: Arc<Shared>,
+    conn: Option<Conn>,
+    retry_at: Instant,
+    backoff: Duration,
+    /// Tenants this node holds state for, with their last request.
+    tracked: HashMap<CompactString, Instant>,
+    /// This node's admissions per capped tenant as last written.
+    caps_written: HashMap<CompactString, u64>,
+    /// Version of the shared state last applied (`None`: load it all).
+    state_version: Option<i64>,
+    alive: Vec<String>,
+    last_settle: Instant,
+    settle_script: Script,
+    state_script: Script,
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Syncer {
+    fn new(control: Arc<Control>, shared: Arc<Shared>) -> Self {
+        Syncer {
+            control,
+            shared,
+            conn: None,
+            retry_at: Instant::now(),
+            backoff: Duration::from_millis(100),
+            tracked: HashMap::new(),
+            caps_written: HashMap::new(),
+            state_version: None,
+            alive: Vec::new(),
+            last_settle: Instant::now(),
+            settle_script: Script::new(SETTLE_LUA),
+            state_script: Script::new(STATE_PUT_LUA),
+        }
+    }
+
+    fn key(&self, suffix: &str) -> String {
+        format!("{}{suffix}", self.shared.config.key_prefix)
+    }
+
+    fn tenant_key(&self, tenant: &str) -> String {
+        self.key(&format!("t:{{{tenant}}}"))
+    }
+
+    fn caps_key(&self, node: &str) -> String {
+        self.key(&format!("caps:{{{node}}}"))
+    }
+
+    /// A connection, opening one if it is time to try again.
+    async fn connection(&mut self) -> Option<Conn> {
+        if let Some(conn) = &self.conn {
+            return Some(conn.clone());
+        }
+        if Instant::now() < self.retry_at {
+            return None;
+        }
+        match tokio::time::timeout(TIMEOUT, Conn::open(&self.shared.config.redis)).await {
+            Ok(Ok(conn)) => {
+                self.backoff = Duration::from_millis(100);
+                self.conn = Some(conn.clone());
+                Some(conn)
+            }
+            Ok(Err(e)) => {
+                self.unreachable("connect", &e);
+                None
+            }
+            Err(_) => {
+                self.unreachable("connect", &"timed out");
+                None
+            }
+        }
+    }
+
+    /// Redis cannot be reached: limits follow `on_redis_down`, and the
+    /// next attempt waits (100 ms doubling to 2 s).
+    fn unreachable(&mut self, what: &str, e: &dyn std::fmt::Display) {
+        self.shared.sync_error(what, e);
+        if self.conn.take().is_some() || self.shared.redis_up() {
+            log::warn!("cluster: Redis unreachable ({what}: {e}); limits now {}", self.shared.config.on_redis_down.as_str());
+        }
+        self.shared.set_redis_up(false);
+        self.state_version = None;
+        self.retry_at = Instant::now() + self.backoff;
+        self.backoff = (self.backoff * 2).min(Duration::from_secs(2));
+    }
+
+    fn failed(&mut self, what: &str, e: &RedisError) {
+        if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
+            self.unreachable(what, e);
+        } else {
+            self.shared.sync_error(what, e);
+        }
+    }
+
+    async fn query<T: FromRedisValue>(&mut self, what: &str, cmd: &Cmd) -> Option<T> {
+        let mut conn = self.connection().await?;
+        match tokio::time::timeout(TIMEOUT, cmd.query_async::<T>(&mut conn)).await {
+            Ok(Ok(v)) => Some(v),
+            Ok(Err(e)) => {
+                self.failed(what, &e);
+                None
+            }
+            Err(_) => {
+                self.unreachable(what, &"timed out");
+                None
+            }
+        }
+    }
+
+    /// Registers this node and reads which nodes are alive.
+    async fn heartbeat(&mut self) {
+        let now = wall_ms();
+        let nodes = self.key("nodes");
+        let me = self.shared.node_id().to_string();
+        let was_up = self.shared.redis_up();
+        let zadd = redis::cmd("ZADD").arg(&nodes).arg(now).arg(&me).to_owned();
+        if self.query::<i64>("heartbeat", &zadd).await.is_none() {
+            return;
+        }
+        let expire = now.saturating_sub(60_000);
+        let trim = redis::cmd("ZREMRANGEBYSCORE")
+            .arg(&nodes)
+            .arg("-inf")
+            .arg(expire)
+            .to_owned();
+        let _ = self.query::<i64>("heartbeat", &trim).await;
+        let list = redis::cmd("ZRANGE")
+            .arg(&nodes)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .to_owned();
+        let Some(seen) = self.query::<Vec<(String, f64)>>("heartbeat", &list).await else {
+            return;
+        };
+        let caps = self.caps_key(&me);
+        let touch = redis::cmd("PEXPIRE").arg(&caps).arg(NODE_TTL_MS).to_owned();
+        let _ = self.query::<i64>("heartbeat", &touch).await;
+        let nodes: Vec<NodeSeen> = seen
+            .into_iter()
+            .map(|(id, score)| NodeSeen {
+                id,
+                last_seen_ms: score as u64,
+            })
+            .collect();
+        self.alive = nodes
+            .iter()
+            .filter(|n| now.saturating_sub(n.last_seen_ms) <= NODE_TTL_MS)
+            .map(|n| n.id.clone())
+            .collect();
+        self.shared.set_nodes(nodes, self.alive.len());
+        if !was_up {
+            log::info!("cluster: Redis reachable; {} node(s) alive", self.alive.len());
+            self.shared.set_redis_up(true);
+        }
+    }
+
+    /// Settles the tenants that spent, gives back idle leases, and shares
+    /// admissions of capped tenants.
+    async fn settle(&mut self) {
+        let now = Instant::now();
+        let elapsed = now.duration_since(self.last_settle);
+        self.last_settle = now;
+        for tenant in self.shared.take_queue() {
+            self.tracked.insert(tenant, now);
+        }
+        if !self.shared.redis_up() {
+            self.refill_locally(elapsed);
+            return;
+        }
+        let jobs = self.jobs(now);
+        for batch in jobs.chunks(SETTLE_BATCH) {
+            let Some(conn) = self.connection().await else {
+                self.restore_credit(batch);
+                continue;
+            };
+            let calls = batch.iter().map(|job| {
+                let mut conn = conn.clone();
+                let mut invocation = self.settle_script.key(self.tenant_key(&job.tenant));
+                invocation
+                    .arg(self.shared.node_id())
+                    .arg(if job.release { "1" } else { "0" })
+                    .arg(self.alive.join("\n"))
+                    .arg(job.buckets.len());
+                for (_, name, cap, rate, held, credit) in &job.buckets {
+                    invocation.arg(name).arg(cap).arg(rate).arg(held).arg(credit);
+                }
+                async move {
+                    tokio::time::timeout(TIMEOUT, invocation.invoke_async::<Vec<String>>(&mut conn))
+                        .await
+                }
+            });
+            let results = futures_util::future::join_all(calls).await;
+            for (job, result) in batch.iter().zip(results) {
+                match result {
+                    Ok(Ok(grants)) => self.grant(job, &grants),
+                    Ok(Err(e)) => {
+                        self.restore_credit(std::slice::from_ref(job));
+                        self.failed("settle", &e);
+                    }
+                    Err(_) => {
+                        self.restore_credit(std::slice::from_ref(job));
+                        self.unreachable("settle", &"timed out");
+                    }
+                }
+            }
+        }
+        if self.control.router.limits().connection_cap().is_some() {
+            self.share_admissions().await;
+        }
+    }
+
+    /// What to settle: tenants that spent since the last settle, and idle
+    /// ones whose lease goes back. Forgets tenants with nothing left.
+    fn jobs(&mut self, now: Instant) -> Vec<Job> {
+        let router = &self.control.router;
+        let limits = router.limits().clone();
+        let mut jobs = Vec::new();
+        self.tracked.retain(|tenant, last| {
+            let touched = *last == now;
+            let idle = now.duration_since(*last) >= IDLE_RELEASE;
+            let verdict = router.with_tenant(tenant, |entry, state: &mut TenantState| {
+                let live = entry.active() > 0;
+                let Some(slot) = state.shared.as_deref_mut() else {
+                    // No lease: tracked only while it holds admissions.
+                    return if live { Track::Keep } else { Track::Forget };
+                };
+                if !touched && !(idle && !slot.has_credit()) {
+                    return Track::Keep;
+                }
+                slot.queued = false;
+                let release = !touched;
+                let buckets = lease_of(&limits, state);
+                if let Some(slot) = state.shared.as_deref_mut() {
+                    slot.credit = 0.0;
+                    slot.route_credit.clear();
+                }
+                if release {
+                    state.shared = None;
+                    state.buckets.tenant.tokens = 0.0;
+                    state.buckets.routes.clear();
+                }
+                let job = (!buckets.is_empty()).then(|| Job {
+                    tenant: tenant.clone(),
+                    release,
+                    buckets,
+                });
+                Track::Settle(job, !release || live)
+            });
+            match verdict {
+                // Forgotten by the table.
+                None | Some(Track::Forget) => false,
+                Some(Track::Keep) => true,
+                Some(Track::Settle(job, keep)) => {
+                    jobs.extend(job);
+                    keep
+                }
+            }
+        });
+        jobs
+    }
+
+    }
+
+/// What a settle does for a tracked tenant.
+enum Track {
+    /// Nothing to settle now.
+    Keep,
+    /// No lease and nothing live: stop tracking.
+    Forget,
+    /// Settle (if it has buckets); keep tracking if the flag says so.
+    Settle(Option<Job>, bool),
+}
+
+/// The tenant's buckets as this node holds them, with the credit on each.
+fn lease_of(limits: &crate::limits::Limits, state: &TenantState) -> Vec<LeaseBucket> {
+    let Some(slot) = state.shared.as_deref() else {
+        return Vec::new();
+    };
+    let mut buckets = Vec::new();
+    let rule = limits.rate();
+    if !rule.is_unlimited() {
+        buckets.push((
+            None,
+            "t".to_string(),
+            rule.tokens,
+            rule.refill_per_second,
+            state.buckets.tenant.tokens.max(0.0),
+            slot.credit,
+        ));
+    }
+    for (index, bucket) in &state.buckets.routes {
+        let (Some(name), Some(rule)) = (limits.route_name(*index), limits.route_rule(*index)) else {
+            continue;
+        };
+        let credit = slot
+            .route_credit
+            .iter()
+            .find(|(i, _)| i == index)
+            .map_or(0.0, |(_, c)| *c);
+        buckets.push((
+            Some(*index),
+            format!("r:{name}"),
+            rule.tokens,
+            rule.refill_per_second,
+            bucket.tokens.max(0.0),
+            credit,
+        ));
+    }
+    buckets
+}
+
+impl Syncer {
+    /// Adds a settle's grants to the node's lease.
+    fn grant(&self, job: &Job, grants: &[String]) {
+        if job.release {
+            return;
+        }
+        self.control.router.with_tenant(&job.tenant, |_, state| {
+            if state.shared.is_none() {
+                return;
+            }
+            for ((index, ..), grant) in job.buckets.iter().zip(grants) {
+                let grant: f64 = grant.parse().unwrap_or(0.0);
+                match index {
+                    None => state.buckets.tenant.tokens += grant,
+                    Some(i) => {
+                        if let Some((_, b)) = state.buckets.routes.iter_mut().find(|(r, _)| r == i) {
+                            b.tokens += grant;
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// A settle that failed: its credit is charged at the next one.
+    fn restore_credit(&self, jobs: &[Job]) {
+        for job in jobs {
+            self.control.router.with_tenant(&job.tenant, |_, state| {
+                let Some(slot) = state.shared.as_deref_mut() else {
+                    return;
+                };
+                for (index, _, _, _, _, credit) in &job.buckets {
+                    match index {
+                        None => slot.credit += credit,
+                        Some(i) => slot.add_route_credit(*i, *credit),
+                    }
+                }
+            });
+        }
+    }
+
+    /// Redis is down and `local-share` applies: each lease refills at
+    /// `1/N` of its rule up to `1/N` of its capacity, on credit.
+    fn refill_locally(&mut self, elapsed: Duration) {
+        if self.shared.mode() != super::Mode::Shared {
+            return;
+        }
+        let n = self.shared.nodes_alive();
+        let secs = elapsed.as_secs_f64();
+        let router = &self.control.router;
+        let limits = router.limits().clone();
+        for tenant in self.tracked.keys() {
+            router.with_tenant(tenant, |_, state| {
+                let Some(slot) = state.shared.as_deref_mut() else {
+                    return;
+                };
+                let topup = |tokens: &mut f64, cap: f64, rate: f64| {
+                    let room = (cap / n - *tokens).max(0.0);
+                    let add = (rate / n * secs).min(room);
+                    *tokens += add;
+                    add
+                };
+                let rule = limits.rate();
+                if !rule.is_unlimited() {
+                    slot.credit += topup(&mut state.buckets.tenant.tokens, rule.tokens, rule.refill_per_second);
+                }
+                for (index, bucket) in state.buckets.routes.iter_mut() {
+                    if let Some(rule) = limits.route_rule(*index) {
+                        let add = topup(&mut bucket.tokens, rule.tokens, rule.refill_per_second);
+                        slot.add_route_credit(*index, add);
+                    }
+                }
+            });
+        }
+    }
+
+    /// Writes this node's admissions per capped tenant (changes only) and
+    /// reads every other live node's.
+    async fn share_admissions(&mut self) {
+        let me = self.shared.node_id().to_string();
+        let key = self.caps_key(&me);
+        let router = &self.control.router;
+        let mut changes: Vec<(CompactString, u64)> = Vec::new();
+        for tenant in self.tracked.keys() {
+            let active = router.tenant_active(tenant);
+            if self.caps_written.get(tenant).copied().unwrap_or(0) != active {
+                changes.push((tenant.clone(), active));
+            }
+        }
+        for (tenant, n) in &self.caps_written {
+            if *n > 0 && !self.tracked.contains_key(tenant) {
+                changes.push((tenant.clone(), 0));
+            }
+        }
+        if !changes.is_empty() {
+            let mut set = redis::cmd("HSET");
+            set.arg(&key);
+            let mut del = redis::cmd("HDEL");
+            del.arg(&key);
+            let (mut sets, mut dels) = (0, 0);
+            for (tenant, n) in &changes {
+                if *n > 0 {
+                    set.arg(tenant.as_str()).arg(*n);
+                    sets += 1;
+                } else {
+                    del.arg(tenant.as_str());
+                    dels += 1;
+                }
+            }
+            let ok_set = sets == 0 || self.query::<i64>("caps", &set).await.is_some();
+            let ok_del = dels == 0 || self.query::<i64>("caps", &del).await.is_some();
+            let expire = redis::cmd("PEXPIRE").arg(&key).arg(NODE_TTL_MS).to_owned();
+            let _ = self.query::<i64>("caps", &expire).await;
+            if ok_set && ok_del {
+                for (tenant, n) in changes {
+                    if n > 0 {
+                        self.caps_written.insert(tenant, n);
+                    } else {
+                        self.caps_written.remove(&tenant);
+                    }
+                }
+            }
+        }
+        let mut others: HashMap<CompactString, u64> = HashMap::new();
+        for node in self.alive.clone() {
+            if node == me {
+                continue;
+            }
+            let read = redis::cmd("HGETALL").arg(self.caps_key(&node)).to_owned();
+            let Some(theirs) = self.query::<HashMap<String, u64>>("caps", &read).await else {
+                return;
+            };
+            for (tenant, n) in theirs {
+                *others.entry(CompactString::from(tenant)).or_insert(0) += n;
+            }
+        }
+        self.shared.set_others(others);
+    }
+
+    /// Writes this node's runtime changes, shares its new region
+    /// assignments, and applies what other nodes changed.
+    async fn exchange_state(&mut self) {
+        if !self.shared.redis_up() {
+            return;
+        }
+        let state = self.key("{state}");
+        let version = self.key("{state}:v");
+        let regions = self.key("{state}:regions");
+        let pending = self.shared.take_pending();
+        for (i, (field, value)) in pending.iter().enumerate() {
+            let Some(mut conn) = self.connection().await else {
+                self.shared.requeue_pending(pending[i..].to_vec());
+                return;
+            };
+            let mut put = self.state_script.key(&state);
+            put.key(&version).arg(field).arg(value);
+            match tokio::time::timeout(TIMEOUT, put.invoke_async::<i64>(&mut conn)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    self.shared.requeue_pending(pending[i..].to_vec());
+                    self.failed("state", &e);
+                    return;
+                }
+                Err(_) => {
+                    self.shared.requeue_pending(pending[i..].to_vec());
+                    self.unreachable("state", &"timed out");
+                    return;
+                }
+            }
+        }
+        if self.state_version.is_none() {
+            let read = redis::cmd("HGETALL").arg(&regions).to_owned();
+            if let Some(all) = self.query::<HashMap<String, String>>("state", &read).await {
+                self.shared.set_regions(
+                    all.into_iter()
+                        .map(|(t, r)| (CompactString::from(t), r))
+                        .collect(),
+                );
+            }
+        }
+        self.share_assignments(&regions).await;
+        let get = redis::cmd("GET").arg(&version).to_owned();
+        let Some(v) = self.query::<Option<i64>>("state", &get).await else {
+            return;
+        };
+        let v = v.unwrap_or(0);
+        if self.state_version == Some(v) {
+            return;
+        }
+        let read = redis::cmd("HGETALL").arg(&state).to_owned();
+        let Some(all) = self.query::<HashMap<String, String>>("state", &read).await else {
+            return;
+        };
+        for (field, value) in self.shared.news(all) {
+            self.control.apply_shared(&field, &value);
+        }
+        self.state_version = Some(v);
+    }
+
+    /// First assignment wins: this node's new assignments are offered with
+    /// HSETNX; where another node was first, its region is adopted.
+    async fn share_assignments(&mut self, key: &str) {
+        let control = Arc::clone(&self.control);
+        let Some(directory) = &control.regions else {
+            return;
+        };
+        let directory_regions = self.shared.take_assigned();
+        let mut left = directory_regions.into_iter();
+        while let Some(tenant) = left.next() {
+            let mine = directory.peek_region_for(&tenant);
+            let offer = redis::cmd("HSETNX").arg(key).arg(tenant.as_str()).arg(&mine).to_owned();
+            let Some(won) = self.query::<i64>("regions", &offer).await else {
+                for t in std::iter::once(tenant).chain(left) {
+                    self.shared.assigned(&t);
+                }
+                return;
+            };
+            let region = if won == 1 {
+                mine
+            } else {
+                let get = redis::cmd("HGET").arg(key).arg(tenant.as_str()).to_owned();
+                match self.query::<Option<String>>("regions", &get).await {
+                    Some(Some(theirs)) => {
+                        directory.adopt(&tenant, &theirs);
+                        theirs
+                    }
+                    _ => continue,
+                }
+            };
+            self.shared.add_region_entry(&tenant, &region);
+        }
+    }
+
+    /// Shutdown: this node leaves at once instead of after its TTL.
+    async fn leave(&mut self) {
+        if !self.shared.redis_up() {
+            return;
+        }
+        let me = self.shared.node_id().to_string();
+        let zrem = redis::cmd("ZREM").arg(self.key("nodes")).arg(&me).to_owned();
+        let _ = self.query::<i64>("leave", &zrem).await;
+        let del = redis::cmd("DEL").arg(self.caps_key(&me)).to_owned();
+        let _ = self.query::<i64>("leave", &del).await;
+    }
+}

@@ -1,0 +1,261 @@
+//! What the request path and the admin API see of cluster mode, without any
+//! Redis: the mode limits run in, the number of nodes a share is divided
+//! by, the other nodes' admissions, the tenants to settle, and the state
+//! changes waiting to be published. The cluster service (`service.rs`)
+//! fills it from Redis in the background; nothing here ever waits on it.
+
+use crate::config::{ClusterConfig, OnRedisDown};
+use arc_swap::ArcSwap;
+use compact_str::CompactString;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+/// How limits run right now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Shares settled with Redis (or, with `local-share` while Redis is
+    /// down, refilled locally at `1/N` of the rule).
+    Shared,
+    /// Redis is down and `on_redis_down: allow`: limits are not enforced.
+    Allow,
+    /// Redis is down and `on_redis_down: deny`: limited requests are refused.
+    Deny,
+}
+
+/// A tenant's cluster bookkeeping, behind its entry's lock: the tokens it
+/// was given on credit (spent outside Redis' ledger, charged at the next
+/// settle) and whether it is queued for that settle. `None` in the entry
+/// means the node holds no lease for the tenant: the next request opens one.
+#[derive(Clone, Debug, Default)]
+pub struct SharedSlot {
+    pub queued: bool,
+    /// Credit on the tenant bucket.
+    pub credit: f64,
+    /// Credit per route bucket (route index).
+    pub route_credit: smallvec::SmallVec<[(u16, f64); 2]>,
+}
+
+impl SharedSlot {
+    pub fn add_route_credit(&mut self, index: u16, amount: f64) {
+        match self.route_credit.iter_mut().find(|(i, _)| *i == index) {
+            Some((_, c)) => *c += amount,
+            None => self.route_credit.push((index, amount)),
+        }
+    }
+
+    pub fn has_credit(&self) -> bool {
+        self.credit > 0.0 || self.route_credit.iter().any(|(_, c)| *c > 0.0)
+    }
+}
+
+/// One node as the last heartbeat saw it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct NodeSeen {
+    pub id: String,
+    /// Wall-clock milliseconds of its last heartbeat.
+    pub last_seen_ms: u64,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("node_id", &self.config.node_id)
+            .field("mode", &self.mode())
+            .field("redis_up", &self.redis_up())
+            .finish()
+    }
+}
+
+pub struct Shared {
+    pub config: ClusterConfig,
+    mode: AtomicU8,
+    /// Nodes last seen alive (this one included), at least 1.
+    alive: AtomicU32,
+    redis_up: AtomicBool,
+    sync_errors: AtomicU64,
+    /// Tenants that spent since their last settle.
+    queue: Mutex<Vec<CompactString>>,
+    /// Live admissions per tenant on the other nodes.
+    others: ArcSwap<HashMap<CompactString, u64>>,
+    /// The nodes of the last heartbeat.
+    nodes: Mutex<Vec<NodeSeen>>,
+    /// Shared runtime state as last read or written: field → value.
+    known: Mutex<HashMap<String, String>>,
+    /// Changes made here, not yet in Redis.
+    pending: Mutex<Vec<(String, String)>>,
+    /// Region assignments made here, to share (first one wins).
+    assigned: Mutex<Vec<CompactString>>,
+    /// Region assignments read from Redis.
+    regions: Mutex<HashMap<CompactString, String>>,
+}
+
+impl Shared {
+    pub fn new(config: ClusterConfig) -> Arc<Shared> {
+        Arc::new(Shared {
+            config,
+            mode: AtomicU8::new(0),
+            alive: AtomicU32::new(1),
+            redis_up: AtomicBool::new(false),
+            sync_errors: AtomicU64::new(0),
+            queue: Mutex::new(Vec::new()),
+            others: ArcSwap::from_pointee(HashMap::new()),
+            nodes: Mutex::new(Vec::new()),
+            known: Mutex::new(HashMap::new()),
+            pending: Mutex::new(Vec::new()),
+            assigned: Mutex::new(Vec::new()),
+            regions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.config.node_id
+    }
+
+    #[inline]
+    pub fn mode(&self) -> Mode {
+        match self.mode.load(Ordering::Relaxed) {
+            1 => Mode::Allow,
+            2 => Mode::Deny,
+            _ => Mode::Shared,
+        }
+    }
+
+    /// The divisor of a share: nodes last seen alive.
+    #[inline]
+    pub fn nodes_alive(&self) -> f64 {
+        f64::from(self.alive.load(Ordering::Relaxed).max(1))
+    }
+
+    /// The tenant's live admissions on the other nodes, as last read.
+    #[inline]
+    pub fn others_active(&self, tenant: &str) -> u64 {
+        let others = self.others.load();
+        if others.is_empty() {
+            return 0;
+        }
+        others.get(tenant).copied().unwrap_or(0)
+    }
+
+    /// Queues a tenant for the next settle (callers track `queued`).
+    pub fn enqueue(&self, tenant: &str) {
+        self.queue.lock().push(CompactString::from(tenant));
+    }
+
+    pub(crate) fn take_queue(&self) -> Vec<CompactString> {
+        std::mem::take(&mut *self.queue.lock())
+    }
+
+    pub fn redis_up(&self) -> bool {
+        self.redis_up.load(Ordering::Relaxed)
+    }
+
+    /// Records whether Redis answers; while it does not, limits follow
+    /// `on_redis_down`.
+    pub(crate) fn set_redis_up(&self, up: bool) {
+        self.redis_up.store(up, Ordering::Relaxed);
+        let mode = match (up, self.config.on_redis_down) {
+            (true, _) | (false, OnRedisDown::LocalShare) => 0,
+            (false, OnRedisDown::Allow) => 1,
+            (false, OnRedisDown::Deny) => 2,
+        };
+        self.mode.store(mode, Ordering::Relaxed);
+    }
+
+    pub fn sync_errors(&self) -> u64 {
+        self.sync_errors.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn sync_error(&self, what: &str, e: &dyn std::fmt::Display) {
+        let n = self.sync_errors.fetch_add(1, Ordering::Relaxed);
+        // Every error counts; the log gets the first and then one in 100.
+        if n % 100 == 0 {
+            log::warn!("cluster: {what}: {e}");
+        }
+    }
+
+    pub fn nodes(&self) -> Vec<NodeSeen> {
+        self.nodes.lock().clone()
+    }
+
+    pub(crate) fn set_nodes(&self, nodes: Vec<NodeSeen>, alive: usize) {
+        self.alive.store(alive.clamp(1, u32::MAX as usize) as u32, Ordering::Relaxed);
+        *self.nodes.lock() = nodes;
+    }
+
+    pub(crate) fn set_others(&self, others: HashMap<CompactString, u64>) {
+        self.others.store(Arc::new(others));
+    }
+
+    /// Records a runtime change made on this node, to be shared. A value
+    /// already known (it came from Redis) is not sent back.
+    pub fn publish(&self, field: String, value: String) {
+        let mut known = self.known.lock();
+        if known.get(&field) == Some(&value) {
+            return;
+        }
+        known.insert(field.clone(), value.clone());
+        self.pending.lock().push((field, value));
+    }
+
+    pub(crate) fn take_pending(&self) -> Vec<(String, String)> {
+        std::mem::take(&mut *self.pending.lock())
+    }
+
+    /// Puts changes that could not be written back in front of newer ones.
+    pub(crate) fn requeue_pending(&self, mut failed: Vec<(String, String)>) {
+        let mut pending = self.pending.lock();
+        failed.append(&mut pending);
+        *pending = failed;
+    }
+
+    /// Fields of the Redis state whose value differs from what this node
+    /// knows; they become known.
+    pub(crate) fn news(&self, remote: HashMap<String, String>) -> Vec<(String, String)> {
+        let mut known = self.known.lock();
+        let mut news: Vec<(String, String)> = remote
+            .into_iter()
+            .filter(|(f, v)| known.get(f) != Some(v))
+            .collect();
+        news.sort();
+        for (f, v) in &news {
+            known.insert(f.clone(), v.clone());
+        }
+        news
+    }
+
+    /// A new region assignment made here (the directory's hook).
+    pub(crate) fn assigned(&self, tenant: &str) {
+        let mut assigned = self.assigned.lock();
+        // Bounded while Redis is down; the rest keep their local pick.
+        if assigned.len() < 100_000 {
+            assigned.push(CompactString::from(tenant));
+        }
+    }
+
+    /// Forgets changes replayed from the state file at start: Redis holds
+    /// the newer shared state, which the node loads as it connects.
+    pub fn forget_local_replay(&self) {
+        self.pending.lock().clear();
+        self.known.lock().clear();
+    }
+
+    pub(crate) fn take_assigned(&self) -> Vec<CompactString> {
+        std::mem::take(&mut *self.assigned.lock())
+    }
+
+    pub(crate) fn shared_region(&self, tenant: &str) -> Option<String> {
+        self.regions.lock().get(tenant).cloned()
+    }
+
+    pub(crate) fn set_regions(&self, regions: HashMap<CompactString, String>) {
+        *self.regions.lock() = regions;
+    }
+
+    pub(crate) fn add_region_entry(&self, tenant: &str, region: &str) {
+        self.regions
+            .lock()
+            .insert(CompactString::from(tenant), region.to_string());
+    }
+}
