@@ -251,7 +251,9 @@ impl Control {
         let Some(directory) = &self.regions else {
             return Err("no regions are configured".to_string());
         };
-        directory.assign(tenant, region).map_err(|e| e.to_string())?;
+        directory
+            .assign(tenant, region)
+            .map_err(|e| e.to_string())?;
         self.publish(|| (format!("region:{tenant}"), region.to_string()));
         Ok(())
     }

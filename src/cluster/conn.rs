@@ -31,11 +31,12 @@ impl Conn {
                 ))
             }
             RedisTarget::Cluster(urls) => {
-                let client = redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str))
-                    .connection_timeout(TIMEOUT)
-                    .response_timeout(TIMEOUT)
-                    .retries(1)
-                    .build()?;
+                let client =
+                    redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str))
+                        .connection_timeout(TIMEOUT)
+                        .response_timeout(TIMEOUT)
+                        .retries(1)
+                        .build()?;
                 Ok(Conn::Cluster(client.get_async_connection().await?))
             }
         }

@@ -30,7 +30,8 @@ const SETTLE_BATCH: usize = 256;
 /// leases; charge the credit this node spent outside the ledger; then
 /// either take back this node's lease (release) or top it up to a fair
 /// share of what is free and leased among the nodes that hold a lease.
-/// Leases of nodes not in the alive list go back. Returns the grants.
+/// Leases of nodes not in the alive list go back. Returns the grants (for
+/// a release: how full each bucket is, as a fraction).
 const SETTLE_LUA: &str = r"
 local key, me, release = KEYS[1], ARGV[1], ARGV[2] == '1'
 local alive = {}
@@ -74,6 +75,8 @@ for b = 0, tonumber(ARGV[4]) - 1 do
   if release then
     g = g + held
     redis.call('HDEL', key, lp .. me)
+    if g > cap then g = cap end
+    grant = cap > 0 and math.min(1, (g + leased) / cap) or 1
   else
     local fair = (math.max(g, 0) + leased + held) / (holders + 1)
     grant = math.min(math.max(g, 0), math.max(0, fair - held))
@@ -160,6 +163,8 @@ struct Syncer {
     caps_written: HashMap<CompactString, u64>,
     /// Version of the shared state last applied (`None`: load it all).
     state_version: Option<i64>,
+    /// The last entry of the assignment log read.
+    assign_log_at: String,
     alive: Vec<String>,
     last_settle: Instant,
     settle_script: Script,
@@ -183,6 +188,7 @@ impl Syncer {
             tracked: HashMap::new(),
             caps_written: HashMap::new(),
             state_version: None,
+            assign_log_at: "0-0".to_string(),
             alive: Vec::new(),
             last_settle: Instant::now(),
             settle_script: Script::new(SETTLE_LUA),
@@ -232,7 +238,10 @@ impl Syncer {
     fn unreachable(&mut self, what: &str, e: &dyn std::fmt::Display) {
         self.shared.sync_error(what, e);
         if self.conn.take().is_some() || self.shared.redis_up() {
-            log::warn!("cluster: Redis unreachable ({what}: {e}); limits now {}", self.shared.config.on_redis_down.as_str());
+            log::warn!(
+                "cluster: Redis unreachable ({what}: {e}); limits now {}",
+                self.shared.config.on_redis_down.as_str()
+            );
         }
         self.shared.set_redis_up(false);
         self.state_version = None;
@@ -241,7 +250,11 @@ impl Syncer {
     }
 
     fn failed(&mut self, what: &str, e: &RedisError) {
-        if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
+        if e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+        {
             self.unreachable(what, e);
         } else {
             self.shared.sync_error(what, e);
@@ -306,7 +319,10 @@ impl Syncer {
             .collect();
         self.shared.set_nodes(nodes, self.alive.len());
         if !was_up {
-            log::info!("cluster: Redis reachable; {} node(s) alive", self.alive.len());
+            log::info!(
+                "cluster: Redis reachable; {} node(s) alive",
+                self.alive.len()
+            );
             self.shared.set_redis_up(true);
         }
     }
@@ -339,7 +355,12 @@ impl Syncer {
                     .arg(self.alive.join("\n"))
                     .arg(job.buckets.len());
                 for (_, name, cap, rate, held, credit) in &job.buckets {
-                    invocation.arg(name).arg(cap).arg(rate).arg(held).arg(credit);
+                    invocation
+                        .arg(name)
+                        .arg(cap)
+                        .arg(rate)
+                        .arg(held)
+                        .arg(credit);
                 }
                 async move {
                     tokio::time::timeout(TIMEOUT, invocation.invoke_async::<Vec<String>>(&mut conn))
@@ -371,6 +392,7 @@ impl Syncer {
     fn jobs(&mut self, now: Instant) -> Vec<Job> {
         let router = &self.control.router;
         let limits = router.limits().clone();
+        let now_ms = router.clock().now_ms();
         let mut jobs = Vec::new();
         self.tracked.retain(|tenant, last| {
             let touched = *last == now;
@@ -381,7 +403,18 @@ impl Syncer {
                     // No lease: tracked only while it holds admissions.
                     return if live { Track::Keep } else { Track::Forget };
                 };
-                if !touched && !(idle && !slot.has_credit()) {
+                if slot.dormant.is_some() {
+                    // Its lease went back; the bucket was not full.
+                    return if touched || live {
+                        Track::Keep
+                    } else {
+                        Track::Forget
+                    };
+                }
+                // Untouched: nothing to settle, unless the lease has been
+                // idle long enough to go back (credit is charged first).
+                let release_due = idle && !slot.has_credit();
+                if !touched && !release_due {
                     return Track::Keep;
                 }
                 slot.queued = false;
@@ -392,7 +425,13 @@ impl Syncer {
                     slot.route_credit.clear();
                 }
                 if release {
-                    state.shared = None;
+                    if buckets.is_empty() {
+                        state.shared = None;
+                    } else if let Some(slot) = state.shared.as_deref_mut() {
+                        // Until Redis says how full the bucket is, a
+                        // request reopens on no credit at all.
+                        slot.dormant = Some((0.0, now_ms));
+                    }
                     state.buckets.tenant.tokens = 0.0;
                     state.buckets.routes.clear();
                 }
@@ -401,7 +440,7 @@ impl Syncer {
                     release,
                     buckets,
                 });
-                Track::Settle(job, !release || live)
+                Track::Settle(job, true)
             });
             match verdict {
                 // Forgotten by the table.
@@ -415,8 +454,7 @@ impl Syncer {
         });
         jobs
     }
-
-    }
+}
 
 /// What a settle does for a tracked tenant.
 enum Track {
@@ -446,7 +484,8 @@ fn lease_of(limits: &crate::limits::Limits, state: &TenantState) -> Vec<LeaseBuc
         ));
     }
     for (index, bucket) in &state.buckets.routes {
-        let (Some(name), Some(rule)) = (limits.route_name(*index), limits.route_rule(*index)) else {
+        let (Some(name), Some(rule)) = (limits.route_name(*index), limits.route_rule(*index))
+        else {
             continue;
         };
         let credit = slot
@@ -467,9 +506,25 @@ fn lease_of(limits: &crate::limits::Limits, state: &TenantState) -> Vec<LeaseBuc
 }
 
 impl Syncer {
-    /// Adds a settle's grants to the node's lease.
+    /// Adds a settle's grants to the node's lease; after a release, records
+    /// how full the bucket is (a full one is as if never seen).
     fn grant(&self, job: &Job, grants: &[String]) {
         if job.release {
+            let fill = grants
+                .iter()
+                .map(|g| g.parse::<f64>().unwrap_or(0.0))
+                .fold(1.0_f64, f64::min);
+            self.control.router.with_tenant(&job.tenant, |_, state| {
+                if let Some(slot) = state.shared.as_deref_mut() {
+                    if let Some((_, at)) = slot.dormant {
+                        if fill >= 1.0 && !slot.queued {
+                            state.shared = None;
+                        } else {
+                            slot.dormant = Some((fill, at));
+                        }
+                    }
+                }
+            });
             return;
         }
         self.control.router.with_tenant(&job.tenant, |_, state| {
@@ -481,7 +536,8 @@ impl Syncer {
                 match index {
                     None => state.buckets.tenant.tokens += grant,
                     Some(i) => {
-                        if let Some((_, b)) = state.buckets.routes.iter_mut().find(|(r, _)| r == i) {
+                        if let Some((_, b)) = state.buckets.routes.iter_mut().find(|(r, _)| r == i)
+                        {
                             b.tokens += grant;
                         }
                     }
@@ -530,7 +586,11 @@ impl Syncer {
                 };
                 let rule = limits.rate();
                 if !rule.is_unlimited() {
-                    slot.credit += topup(&mut state.buckets.tenant.tokens, rule.tokens, rule.refill_per_second);
+                    slot.credit += topup(
+                        &mut state.buckets.tenant.tokens,
+                        rule.tokens,
+                        rule.refill_per_second,
+                    );
                 }
                 for (index, bucket) in state.buckets.routes.iter_mut() {
                     if let Some(rule) = limits.route_rule(*index) {
@@ -636,7 +696,27 @@ impl Syncer {
                 }
             }
         }
+        let log = self.key("{state}:assigned");
         if self.state_version.is_none() {
+            let last = redis::cmd("XREVRANGE")
+                .arg(&log)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(1)
+                .to_owned();
+            match self
+                .query::<Vec<(String, Vec<String>)>>("state", &last)
+                .await
+            {
+                Some(entries) => {
+                    self.assign_log_at = entries
+                        .into_iter()
+                        .next()
+                        .map_or_else(|| "0-0".to_string(), |(id, _)| id);
+                }
+                None => return,
+            }
             let read = redis::cmd("HGETALL").arg(&regions).to_owned();
             if let Some(all) = self.query::<HashMap<String, String>>("state", &read).await {
                 self.shared.set_regions(
@@ -646,7 +726,8 @@ impl Syncer {
                 );
             }
         }
-        self.share_assignments(&regions).await;
+        self.share_assignments(&regions, &log).await;
+        self.read_assignments(&log).await;
         let get = redis::cmd("GET").arg(&version).to_owned();
         let Some(v) = self.query::<Option<i64>>("state", &get).await else {
             return;
@@ -667,7 +748,7 @@ impl Syncer {
 
     /// First assignment wins: this node's new assignments are offered with
     /// HSETNX; where another node was first, its region is adopted.
-    async fn share_assignments(&mut self, key: &str) {
+    async fn share_assignments(&mut self, key: &str, log: &str) {
         let control = Arc::clone(&self.control);
         let Some(directory) = &control.regions else {
             return;
@@ -676,7 +757,11 @@ impl Syncer {
         let mut left = directory_regions.into_iter();
         while let Some(tenant) = left.next() {
             let mine = directory.peek_region_for(&tenant);
-            let offer = redis::cmd("HSETNX").arg(key).arg(tenant.as_str()).arg(&mine).to_owned();
+            let offer = redis::cmd("HSETNX")
+                .arg(key)
+                .arg(tenant.as_str())
+                .arg(&mine)
+                .to_owned();
             let Some(won) = self.query::<i64>("regions", &offer).await else {
                 for t in std::iter::once(tenant).chain(left) {
                     self.shared.assigned(&t);
@@ -684,6 +769,16 @@ impl Syncer {
                 return;
             };
             let region = if won == 1 {
+                let append = redis::cmd("XADD")
+                    .arg(log)
+                    .arg("MAXLEN")
+                    .arg("~")
+                    .arg(100_000)
+                    .arg("*")
+                    .arg(tenant.as_str())
+                    .arg(&mine)
+                    .to_owned();
+                let _ = self.query::<String>("regions", &append).await;
                 mine
             } else {
                 let get = redis::cmd("HGET").arg(key).arg(tenant.as_str()).to_owned();
@@ -699,13 +794,59 @@ impl Syncer {
         }
     }
 
+    /// Reads the assignments other nodes made since the last read, so a
+    /// tenant's first request here already takes the shared region.
+    async fn read_assignments(&mut self, log: &str) {
+        let Some(directory) = self
+            .control
+            .regions
+            .as_ref()
+            .map(|_| Arc::clone(&self.control))
+        else {
+            return;
+        };
+        loop {
+            let read = redis::cmd("XRANGE")
+                .arg(log)
+                .arg(format!("({}", self.assign_log_at))
+                .arg("+")
+                .arg("COUNT")
+                .arg(1000)
+                .to_owned();
+            let Some(entries) = self
+                .query::<Vec<(String, Vec<String>)>>("regions", &read)
+                .await
+            else {
+                return;
+            };
+            let more = entries.len() == 1000;
+            for (id, fields) in entries {
+                for pair in fields.chunks(2) {
+                    if let [tenant, region] = pair {
+                        self.shared.add_region_entry(tenant, region);
+                        if let Some(d) = &directory.regions {
+                            d.adopt(tenant, region);
+                        }
+                    }
+                }
+                self.assign_log_at = id;
+            }
+            if !more {
+                return;
+            }
+        }
+    }
+
     /// Shutdown: this node leaves at once instead of after its TTL.
     async fn leave(&mut self) {
         if !self.shared.redis_up() {
             return;
         }
         let me = self.shared.node_id().to_string();
-        let zrem = redis::cmd("ZREM").arg(self.key("nodes")).arg(&me).to_owned();
+        let zrem = redis::cmd("ZREM")
+            .arg(self.key("nodes"))
+            .arg(&me)
+            .to_owned();
         let _ = self.query::<i64>("leave", &zrem).await;
         let del = redis::cmd("DEL").arg(self.caps_key(&me)).to_owned();
         let _ = self.query::<i64>("leave", &del).await;

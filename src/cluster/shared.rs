@@ -31,6 +31,11 @@ pub enum Mode {
 #[derive(Clone, Debug, Default)]
 pub struct SharedSlot {
     pub queued: bool,
+    /// The lease went back while the shared bucket was not full: how full
+    /// it was (the lowest fraction over the tenant's buckets) and when
+    /// (clock ms). The next request reopens on credit no larger than what
+    /// the bucket can hold by then.
+    pub dormant: Option<(f64, f64)>,
     /// Credit on the tenant bucket.
     pub credit: f64,
     /// Credit per route bucket (route index).
@@ -43,6 +48,20 @@ impl SharedSlot {
             Some((_, c)) => *c += amount,
             None => self.route_credit.push((index, amount)),
         }
+    }
+
+    /// The credit a reopened lease gets for a bucket: `1/n` of what it
+    /// holds by `now` (all of it for a lease never given back).
+    pub fn opening_share(&self, rule: &crate::limits::RateRule, n: f64, now: f64) -> f64 {
+        let held = match self.dormant {
+            None => rule.tokens,
+            Some((fill, at)) => {
+                let refilled =
+                    fill * rule.tokens + (now - at).max(0.0) / 1000.0 * rule.refill_per_second;
+                refilled.clamp(0.0, rule.tokens)
+            }
+        };
+        held / n
     }
 
     pub fn has_credit(&self) -> bool {
@@ -180,7 +199,8 @@ impl Shared {
     }
 
     pub(crate) fn set_nodes(&self, nodes: Vec<NodeSeen>, alive: usize) {
-        self.alive.store(alive.clamp(1, u32::MAX as usize) as u32, Ordering::Relaxed);
+        self.alive
+            .store(alive.clamp(1, u32::MAX as usize) as u32, Ordering::Relaxed);
         *self.nodes.lock() = nodes;
     }
 

@@ -233,7 +233,10 @@ fn check_cluster(c: &mut Checker<'_>, r: RawCluster) -> ClusterConfig {
     };
     let redis = match r.redis {
         None => {
-            c.error("cluster.redis", "required: a Redis URL or a list of Redis Cluster seed URLs");
+            c.error(
+                "cluster.redis",
+                "required: a Redis URL or a list of Redis Cluster seed URLs",
+            );
             RedisTarget::Single(String::new())
         }
         Some(OneOrMany::One(url)) => {
@@ -252,10 +255,7 @@ fn check_cluster(c: &mut Checker<'_>, r: RawCluster) -> ClusterConfig {
     };
     let node_id = r.node_id.unwrap_or_else(host_name);
     if node_id.is_empty() || node_id.len() > 128 || node_id.contains(char::is_whitespace) {
-        c.error(
-            "cluster.node_id",
-            "must be 1–128 characters without spaces",
-        );
+        c.error("cluster.node_id", "must be 1–128 characters without spaces");
     }
     let on_redis_down = match r.on_redis_down.as_deref() {
         None | Some("local-share") => OnRedisDown::LocalShare,

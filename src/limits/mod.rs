@@ -159,8 +159,17 @@ impl Limits {
     pub fn is_forgettable(&self, entry: &TenantEntry, state: &TenantState, now: f64) -> bool {
         if self.shared.is_some() {
             // Redis keeps the buckets; a node without a lease knows nothing
-            // a new entry would not.
-            return entry.active() == 0 && state.shared.is_none();
+            // a new entry would not, nor does one whose returned lease
+            // left a bucket that has refilled since.
+            let refilled = |slot: &SharedSlot| {
+                slot.dormant.is_some()
+                    && std::iter::once(&self.rate)
+                        .chain(self.routes.iter().map(|(_, r)| r))
+                        .all(|rule| {
+                            rule.is_unlimited() || slot.opening_share(rule, 1.0, now) >= rule.tokens
+                        })
+            };
+            return entry.active() == 0 && state.shared.as_deref().is_none_or(refilled);
         }
         let b = &state.buckets;
         entry.active() == 0
@@ -232,7 +241,10 @@ impl Limits {
             }
             Mode::Deny | Mode::Shared => {}
         }
-        let active = entry.active() + self.connection_cap.map_or(0, |_| shared.others_active(entry.id()));
+        let active = entry.active()
+            + self
+                .connection_cap
+                .map_or(0, |_| shared.others_active(entry.id()));
         if spend == Spend::Nothing {
             let mut copy = state.buckets.clone();
             if state.shared.is_none() {
@@ -243,7 +255,15 @@ impl Limits {
         }
         let n = shared.nodes_alive();
         let slot = match &mut state.shared {
-            Some(slot) => slot,
+            Some(slot) if slot.dormant.is_none() => slot,
+            Some(slot) => {
+                let share = slot.opening_share(&self.rate, n, now);
+                if !self.rate.is_unlimited() {
+                    state.buckets.tenant.tokens = share;
+                    slot.credit += share;
+                }
+                slot
+            }
             none => {
                 state.buckets = self.fresh_buckets(now);
                 let mut slot = SharedSlot::default();
@@ -255,31 +275,40 @@ impl Limits {
         if let Some(index) = route {
             if !state.buckets.routes.iter().any(|(i, _)| *i == index) {
                 let rule = &self.routes[usize::from(index)].1;
-                let share = rule.tokens / n;
-                state.buckets.routes.push((index, TokenBucket::full(rule, now)));
+                let share = slot.opening_share(rule, n, now);
+                state
+                    .buckets
+                    .routes
+                    .push((index, TokenBucket::full(rule, now)));
                 if let Some((_, b)) = state.buckets.routes.last_mut() {
                     b.tokens = share;
                 }
                 slot.add_route_credit(index, share);
             }
         }
+        slot.dormant = None;
         let verdict = self.evaluate(&mut state.buckets, active, route, now, spend, false);
-        if verdict == Verdict::Admit {
-            if spend == Spend::TokensAndAdmission {
-                entry.active.fetch_add(1, Ordering::AcqRel);
-            }
-            if let Some(slot) = &mut state.shared {
-                if !slot.queued {
-                    slot.queued = true;
-                    shared.enqueue(entry.id());
-                }
+        if verdict == Verdict::Admit && spend == Spend::TokensAndAdmission {
+            entry.active.fetch_add(1, Ordering::AcqRel);
+        }
+        // Refused requests queue the tenant too: a node whose lease ran dry
+        // is topped up at the next settle.
+        if let Some(slot) = &mut state.shared {
+            if !slot.queued {
+                slot.queued = true;
+                shared.enqueue(entry.id());
             }
         }
         verdict
     }
 
     /// A lease opened on credit: the tenant bucket holds `1/N` of its rule.
-    fn open_share(&self, shared: &Shared, buckets: &mut TenantBuckets, slot: Option<&mut SharedSlot>) {
+    fn open_share(
+        &self,
+        shared: &Shared,
+        buckets: &mut TenantBuckets,
+        slot: Option<&mut SharedSlot>,
+    ) {
         if self.rate.is_unlimited() {
             return;
         }

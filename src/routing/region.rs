@@ -276,9 +276,9 @@ impl RegionDirectory {
         Ok(())
     }
 
-    /// Takes another node's assignment for a tenant (cluster mode: the
-    /// first assignment wins). An override is left alone. Returns whether
-    /// the tenant's region changed.
+    /// Takes another node's assignment for a tenant this directory has
+    /// assigned too (cluster mode: the first assignment wins). An override
+    /// is left alone. Returns whether the tenant's region changed.
     pub fn adopt(&self, tenant: &str, region: &str) -> bool {
         let list = self.regions.load();
         let Some(r) = Self::registered(&list, region) else {
@@ -286,8 +286,9 @@ impl RegionDirectory {
         };
         let mut map = self.shard(tenant).write();
         match map.get(tenant) {
+            None => false,
             Some(a) if a.is_override || a.region == *r => false,
-            _ => {
+            Some(_) => {
                 map.insert(
                     CompactString::from(tenant),
                     Assignment {

@@ -596,7 +596,10 @@ impl Gateway {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("shardgate did not listen on {} (admin {}) in time", self.port, self.admin_port);
+        panic!(
+            "shardgate did not listen on {} (admin {}) in time",
+            self.port, self.admin_port
+        );
     }
 
     pub fn pid(&self) -> u32 {

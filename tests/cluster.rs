@@ -1,0 +1,555 @@
+//! Cluster mode (DESIGN §4) with real processes: a Redis (or a three-master
+//! Redis Cluster) started on free loopback ports, and three gateway
+//! processes sharing the same shards.
+
+mod common;
+
+use common::*;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "cluster-admin-token";
+
+/// A `redis-server` of our own, killed on drop.
+struct Redis {
+    port: u16,
+    child: Child,
+    _dir: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        Redis::on(free_port(), &[])
+    }
+
+    fn on(port: u16, extra: &[&str]) -> Redis {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let child = spawn_redis(port, dir.path(), &extra);
+        Redis {
+            port,
+            child,
+            _dir: dir,
+            extra,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts again on the same port (empty: nothing was saved).
+    fn restart(&mut self) {
+        self.kill9();
+        self.child = spawn_redis(self.port, self._dir.path(), &self.extra);
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn spawn_redis(port: u16, dir: &std::path::Path, extra: &[String]) -> Child {
+    let child = Command::new("redis-server")
+        .arg("--port")
+        .arg(port.to_string())
+        .arg("--bind")
+        .arg("127.0.0.1")
+        .arg("--save")
+        .arg("")
+        .arg("--appendonly")
+        .arg("no")
+        .arg("--dir")
+        .arg(dir)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server (scripts/prereqs.sh installs it)");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+/// Three masters, no replicas, slots spread by `redis-cli --cluster create`.
+struct RedisCluster {
+    nodes: Vec<Redis>,
+}
+
+impl RedisCluster {
+    fn start() -> RedisCluster {
+        let nodes: Vec<Redis> = (0..3)
+            .map(|_| {
+                Redis::on(
+                    free_port(),
+                    &["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"],
+                )
+            })
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let status = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .arg("--cluster-yes")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-cli");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ok = nodes.iter().all(|n| {
+                Command::new("redis-cli")
+                    .arg("-p")
+                    .arg(n.port.to_string())
+                    .arg("cluster")
+                    .arg("info")
+                    .output()
+                    .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("cluster_state:ok"))
+            });
+            if ok {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the Redis Cluster did not become ok"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        RedisCluster { nodes }
+    }
+
+    fn yaml(&self) -> String {
+        let urls: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("\"{}\"", n.url()))
+            .collect();
+        format!("[{}]", urls.join(", "))
+    }
+}
+
+/// A gateway node of the cluster on `redis` (a quoted URL or a list).
+fn node(redis: &str, id: &str, shards: &[(&str, String)], extra: &str) -> Gateway {
+    std::env::set_var("SHARDGATE_TEST_TOKEN", TOKEN);
+    Gateway::start(&config_yaml(
+        &format!(
+            "listen: [{{ addr: \"127.0.0.1:{{port}}\" }}]\n\
+             admin: {{ addr: \"127.0.0.1:{{admin}}\", token_env: SHARDGATE_TEST_TOKEN }}\n\
+             cluster: {{ redis: {redis}, node_id: {id}, key_prefix: \"t{}:\", sync_interval_ms: 50 }}\n",
+            std::process::id()
+        ),
+        shards,
+        extra,
+    ))
+}
+
+fn three(redis: &str, shards: &[(&str, String)], extra: &str) -> Vec<Gateway> {
+    let nodes: Vec<Gateway> = ["gw-1", "gw-2", "gw-3"]
+        .iter()
+        .map(|id| node(redis, id, shards, extra))
+        .collect();
+    for n in &nodes {
+        wait_for(Duration::from_secs(5), "three nodes alive", || {
+            cluster(n)["nodes_alive"] == 3.0
+        });
+    }
+    nodes
+}
+
+fn cluster(gw: &Gateway) -> serde_json::Value {
+    gw.admin("GET", "/v1/cluster", None, Some(TOKEN)).json()
+}
+
+fn wait_for(within: Duration, what: &str, mut ok: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !ok() {
+        assert!(started.elapsed() < within, "not within {within:?}: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    started.elapsed()
+}
+
+/// Sends one tenant's requests round-robin over the nodes for `secs`
+/// seconds, one every `every`; returns (admitted, refused, elapsed secs).
+fn spread(nodes: &[Gateway], host: &str, secs: f64, every: Duration) -> (u32, u32, f64) {
+    let started = Instant::now();
+    let (mut admitted, mut refused) = (0, 0);
+    let mut i = 0;
+    while started.elapsed().as_secs_f64() < secs {
+        let sent = Instant::now();
+        let r = nodes[i % nodes.len()].get(host, "/");
+        match r.status {
+            200 => admitted += 1,
+            429 => refused += 1,
+            other => panic!("unexpected status {other}: {}", r.text()),
+        }
+        i += 1;
+        if let Some(rest) = every.checked_sub(sent.elapsed()) {
+            std::thread::sleep(rest);
+        }
+    }
+    (admitted, refused, started.elapsed().as_secs_f64())
+}
+
+/// The slack the README states for `n` nodes: one bucket's capacity
+/// (credit opened by nodes without a lease) plus one refill interval per
+/// node.
+fn slack(tokens: f64, refill: f64, n: f64) -> f64 {
+    tokens + n * refill * 0.05
+}
+
+fn assert_one_bucket(nodes: &[Gateway], tokens: f64, refill: f64) {
+    let (admitted, refused, secs) = spread(nodes, "busy.localhost", 3.0, Duration::from_millis(5));
+    let ideal = tokens + refill * secs;
+    let admitted = f64::from(admitted);
+    eprintln!("admitted {admitted} refused {refused} in {secs:.2}s; one bucket: {ideal:.1}");
+    assert!(refused > 0, "the bucket was never exhausted");
+    assert!(
+        admitted <= ideal + slack(tokens, refill, 3.0),
+        "admitted {admitted} > one bucket's {ideal:.1} + slack"
+    );
+    // Three separate buckets would admit about three times as much; a
+    // starved node (no lease top-up) would admit far less.
+    assert!(
+        admitted >= 0.8 * ideal,
+        "admitted {admitted}, far below one bucket's {ideal:.1}"
+    );
+}
+
+const BUCKET: &str = "limits:\n  rate: { tokens: 20, refill_per_second: 10 }\n";
+
+#[test]
+fn one_tenant_spread_over_three_nodes_is_admitted_as_one_bucket() {
+    let redis = Redis::start();
+    let a = Backend::start("a");
+    let nodes = three(&format!("\"{}\"", redis.url()), &[("a", a.url())], BUCKET);
+    assert_one_bucket(&nodes, 20.0, 10.0);
+}
+
+#[test]
+fn the_same_bucket_holds_on_a_three_master_redis_cluster() {
+    let redis = RedisCluster::start();
+    let a = Backend::start("a");
+    let nodes = three(&redis.yaml(), &[("a", a.url())], BUCKET);
+    assert_one_bucket(&nodes, 20.0, 10.0);
+    assert_eq!(cluster(&nodes[0])["redis"]["up"], true);
+}
+
+#[test]
+fn a_cap_held_on_one_node_refuses_on_another_and_a_dead_node_frees_it() {
+    let redis = Redis::start();
+    let slow = Backend::with("slow", |_| {
+        Reply::After(Duration::from_secs(4), Box::new(Reply::ok("{}")))
+    });
+    let mut nodes = three(
+        &format!("\"{}\"", redis.url()),
+        &[("slow", slow.url())],
+        "limits:\n  connection_cap: 4\n",
+    );
+    let port = nodes[0].port;
+    // Held open on node 1 (which is killed under them: no answer needed).
+    let held: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+                let _ = s.write_all(
+                    b"GET / HTTP/1.1\r\nHost: capped.localhost\r\nConnection: close\r\n\r\n",
+                );
+                let _ = s.read_to_end(&mut Vec::new());
+            })
+        })
+        .collect();
+    wait_for(Duration::from_secs(2), "four admissions on node 1", || {
+        slow.count() == 4
+    });
+    // Node 2 learns node 1's admissions within a settle or two.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        nodes[1].get("capped.localhost", "/").status,
+        429,
+        "the fifth, on node 2"
+    );
+    assert_eq!(
+        nodes[2].get("capped.localhost", "/").status,
+        429,
+        "the fifth, on node 3"
+    );
+    nodes[0].kill9();
+    let freed = wait_for(
+        Duration::from_secs(3),
+        "node 2 admits after node 1 died",
+        || {
+            let port = nodes[1].port;
+            // A request that does not wait for the slow shard to answer: a
+            // refusal comes at once, an admission is seen by the shard.
+            let before = slow.count();
+            let t = std::thread::spawn(move || {
+                send_raw(
+                    port,
+                    b"GET / HTTP/1.1\r\nHost: capped.localhost\r\nConnection: close\r\n\r\n",
+                )
+                .status
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            let admitted = slow.count() > before;
+            if !admitted {
+                let _ = t.join();
+            }
+            admitted
+        },
+    );
+    eprintln!("freed after {freed:?}");
+    assert!(
+        freed <= Duration::from_millis(2500),
+        "node 1's admissions freed in {freed:?}"
+    );
+    for h in held {
+        let _ = h.join();
+    }
+}
+
+#[test]
+fn admin_changes_on_one_node_reach_the_others_within_a_second() {
+    let redis = Redis::start();
+    let (a, b) = (Backend::start("a"), Backend::start("b"));
+    let nodes = three(
+        &format!("\"{}\"", redis.url()),
+        &[("a", a.url()), ("b", b.url())],
+        "",
+    );
+    let draining = |gw: &Gateway| {
+        gw.admin("GET", "/v1/shards", None, Some(TOKEN))
+            .json()
+            .as_array()
+            .is_some_and(|all| all.iter().any(|s| s["id"] == "a" && s["draining"] == true))
+    };
+    assert!(!draining(&nodes[1]));
+    assert_eq!(
+        nodes[0]
+            .admin("POST", "/v1/shards/a/drain", None, Some(TOKEN))
+            .status,
+        200
+    );
+    let took = wait_for(
+        Duration::from_secs(1),
+        "drain seen on nodes 2 and 3",
+        || draining(&nodes[1]) && draining(&nodes[2]),
+    );
+    eprintln!("drain shared in {took:?}");
+    let put = nodes[2].admin(
+        "PUT",
+        "/v1/domains/shop.example.com",
+        Some("{\"tenant\":\"shop\"}"),
+        Some(TOKEN),
+    );
+    assert_eq!(put.status, 200);
+    let took = wait_for(
+        Duration::from_secs(1),
+        "domain seen on nodes 1 and 2",
+        || {
+            nodes[..2].iter().all(|n| {
+                let r = n.get("shop.example.com", "/");
+                r.status == 200 && r.text().contains("\"tenant\":\"shop\"")
+            })
+        },
+    );
+    eprintln!("domain shared in {took:?}");
+    assert_eq!(
+        nodes[1]
+            .admin("PUT", "/v1/tenants/bad/deny", None, Some(TOKEN))
+            .status,
+        200
+    );
+    wait_for(Duration::from_secs(1), "deny seen on node 3", || {
+        nodes[2].get("bad.localhost", "/").status == 403
+    });
+}
+
+#[test]
+fn the_first_region_assignment_is_the_one_every_node_uses() {
+    let redis = Redis::start();
+    let (eu, us) = (Backend::start("eu"), Backend::start("us"));
+    let shards = "shards:\n  - { id: eu, url: \"EU\", region: eu }\n  - { id: us, url: \"US\", region: us }\n";
+    // Each node's own pick would differ (weights say so): node 1 puts new
+    // tenants in eu, node 2 in us.
+    let start = |id: &str, eu_weight: u32| {
+        std::env::set_var("SHARDGATE_TEST_TOKEN", TOKEN);
+        Gateway::start(&format!(
+            "listen: [{{ addr: \"127.0.0.1:{{port}}\" }}]\n\
+                 admin: {{ addr: \"127.0.0.1:{{admin}}\", token_env: SHARDGATE_TEST_TOKEN }}\n\
+                 cluster: {{ redis: \"{}\", node_id: {id}, key_prefix: \"r{}:\" }}\n\
+                 regions:\n  - {{ id: eu, weight: {eu_weight} }}\n  - {{ id: us, weight: {} }}\n\
+                 {}domains:\n  fallback_suffix: .localhost\n",
+            redis.url(),
+            std::process::id(),
+            1 - eu_weight,
+            shards.replace("EU", &eu.url()).replace("US", &us.url()),
+        ))
+    };
+    let one = start("gw-1", 1);
+    let two = start("gw-2", 0);
+    wait_for(Duration::from_secs(5), "two nodes alive", || {
+        cluster(&two)["nodes_alive"] == 2.0
+    });
+    assert!(one
+        .get("t1.localhost", "/")
+        .text()
+        .contains("\"shard\":\"eu\""));
+    std::thread::sleep(Duration::from_millis(500));
+    let r = two.get("t1.localhost", "/");
+    assert!(
+        r.text().contains("\"shard\":\"eu\""),
+        "node 2 routes to the first assignment: {}",
+        r.text()
+    );
+    // And the other way round: node 2 first.
+    assert!(two
+        .get("t2.localhost", "/")
+        .text()
+        .contains("\"shard\":\"us\""));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(one
+        .get("t2.localhost", "/")
+        .text()
+        .contains("\"shard\":\"us\""));
+}
+
+#[test]
+fn redis_down_under_load_delays_nothing_and_redis_back_is_settled() {
+    let mut redis = Redis::start();
+    let a = Backend::start("a");
+    let nodes = three(
+        &format!("\"{}\"", redis.url()),
+        &[("a", a.url())],
+        "limits:\n  rate: { tokens: 30, refill_per_second: 30 }\n",
+    );
+    let metric = |gw: &Gateway, name: &str| -> f64 {
+        let text = gw.admin("GET", "/metrics", None, None).text();
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(-1.0)
+    };
+    assert_eq!(metric(&nodes[0], "shardgate_cluster_redis_up"), 1.0);
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut slowest = Duration::ZERO;
+            let mut statuses = std::collections::BTreeMap::<u16, u32>::new();
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let sent = Instant::now();
+                let r = send_raw(
+                    ports[i % 3],
+                    format!(
+                        "GET / HTTP/1.1\r\nHost: t{}.localhost\r\nConnection: close\r\n\r\n",
+                        i % 5
+                    )
+                    .as_bytes(),
+                );
+                slowest = slowest.max(sent.elapsed());
+                *statuses.entry(r.status).or_default() += 1;
+                i += 1;
+            }
+            (slowest, statuses)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    redis.kill9();
+    wait_for(
+        Duration::from_secs(3),
+        "the gauge says Redis is down",
+        || {
+            nodes
+                .iter()
+                .all(|n| metric(n, "shardgate_cluster_redis_up") == 0.0)
+        },
+    );
+    assert_eq!(
+        cluster(&nodes[1])["mode"],
+        "shared",
+        "local-share keeps limits on"
+    );
+    std::thread::sleep(Duration::from_millis(1000));
+    // Local share: a tenant gets 1/3 of its bucket on each node.
+    let (admitted, _, secs) = spread(&nodes[..1], "solo.localhost", 1.0, Duration::from_millis(5));
+    let share = (30.0 + 30.0 * secs) / 3.0;
+    assert!(
+        f64::from(admitted) <= share + 2.0,
+        "one node alone admitted {admitted}, its local share is {share:.1}"
+    );
+    redis.restart();
+    wait_for(
+        Duration::from_secs(5),
+        "the gauge says Redis is back",
+        || {
+            nodes
+                .iter()
+                .all(|n| metric(n, "shardgate_cluster_redis_up") == 1.0)
+        },
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (slowest, statuses) = load.join().expect("load thread");
+    eprintln!("slowest {slowest:?}, statuses {statuses:?}");
+    assert!(
+        statuses.keys().all(|s| *s == 200 || *s == 429),
+        "every request answered 200 or 429: {statuses:?}"
+    );
+    assert!(
+        slowest < Duration::from_millis(500),
+        "a request waited {slowest:?}"
+    );
+    assert!(metric(&nodes[0], "shardgate_cluster_sync_errors_total") > 0.0);
+    // Settled again: the spread tenant is back to one bucket.
+    assert_one_bucket(&nodes, 30.0, 30.0);
+}
+
+#[test]
+fn a_malformed_cluster_section_names_the_field() {
+    let out = Command::new(env!("CARGO_BIN_EXE_shardgate"))
+        .arg("-t")
+        .arg("-c")
+        .arg({
+            let dir = std::env::temp_dir().join(format!("sg-cluster-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("dir");
+            let path = dir.join("bad.yaml");
+            std::fs::write(
+                &path,
+                "listen: [{ addr: \"127.0.0.1:1\" }]\nshards: [{ id: a, url: \"http://127.0.0.1:2\" }]\ndomains: { fallback_suffix: .localhost }\ncluster: { redis: \"http://x\", on_redis_down: maybe, sync_interval_ms: 0 }\n",
+            )
+            .expect("write");
+            path
+        })
+        .output()
+        .expect("run shardgate -t");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for field in [
+        "cluster.redis",
+        "cluster.on_redis_down",
+        "cluster.sync_interval_ms",
+    ] {
+        assert!(err.contains(field), "`{field}` named in: {err}");
+    }
+}
