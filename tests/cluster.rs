@@ -279,8 +279,18 @@ fn a_cap_held_on_one_node_refuses_on_another_and_a_dead_node_frees_it() {
     wait_for(Duration::from_secs(2), "four admissions on node 1", || {
         slow.count() == 4
     });
-    // Node 2 learns node 1's admissions within a settle or two.
-    std::thread::sleep(Duration::from_millis(300));
+    // Node 2 learns node 1's admissions within a settle or two (the
+    // explain endpoint spends nothing).
+    wait_for(
+        Duration::from_secs(2),
+        "node 2 sees node 1's admissions",
+        || {
+            nodes[1]
+                .admin("GET", "/v1/route?tenant=capped", None, Some(TOKEN))
+                .json()["decision"]
+                == "capped"
+        },
+    );
     assert_eq!(
         nodes[1].get("capped.localhost", "/").status,
         429,
@@ -412,7 +422,14 @@ fn the_first_region_assignment_is_the_one_every_node_uses() {
         .get("t1.localhost", "/")
         .text()
         .contains("\"shard\":\"eu\""));
-    std::thread::sleep(Duration::from_millis(500));
+    let region = |gw: &Gateway, t: &str| {
+        gw.admin("GET", &format!("/v1/route?tenant={t}"), None, Some(TOKEN))
+            .json()["region"]
+            .clone()
+    };
+    wait_for(Duration::from_secs(2), "node 2 knows t1's region", || {
+        region(&two, "t1") == "eu"
+    });
     let r = two.get("t1.localhost", "/");
     assert!(
         r.text().contains("\"shard\":\"eu\""),
@@ -424,7 +441,9 @@ fn the_first_region_assignment_is_the_one_every_node_uses() {
         .get("t2.localhost", "/")
         .text()
         .contains("\"shard\":\"us\""));
-    std::thread::sleep(Duration::from_millis(500));
+    wait_for(Duration::from_secs(2), "node 1 knows t2's region", || {
+        region(&one, "t2") == "us"
+    });
     assert!(one
         .get("t2.localhost", "/")
         .text()
@@ -521,8 +540,19 @@ fn redis_down_under_load_delays_nothing_and_redis_back_is_settled() {
         "a request waited {slowest:?}"
     );
     assert!(metric(&nodes[0], "shardgate_cluster_sync_errors_total") > 0.0);
-    // Settled again: the spread tenant is back to one bucket.
+    // Settled again: the spread tenant is back to one bucket, and a tenant
+    // that spent while Redis was down is not left starving.
     assert_one_bucket(&nodes, 30.0, 30.0);
+    let solo = (0..20)
+        .filter(|_| {
+            std::thread::sleep(Duration::from_millis(25));
+            nodes[0].get("solo.localhost", "/").status == 200
+        })
+        .count();
+    assert!(
+        solo >= 5,
+        "solo admitted {solo} of 20 after Redis came back"
+    );
 }
 
 #[test]

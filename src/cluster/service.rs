@@ -64,6 +64,8 @@ for b = 0, tonumber(ARGV[4]) - 1 do
     end
   end
   g = g - credit
+  -- a debt never exceeds one bucket
+  if g < -cap then g = -cap end
   if rate > 0 and now > stamp then
     local room = cap - leased - held
     local refilled = g + (now - stamp) / 1000 * rate
@@ -76,9 +78,11 @@ for b = 0, tonumber(ARGV[4]) - 1 do
     g = g + held
     redis.call('HDEL', key, lp .. me)
     if g > cap then g = cap end
-    grant = cap > 0 and math.min(1, (g + leased) / cap) or 1
+    grant = cap > 0 and math.min(1, math.max(g, 0) / cap) or 1
   else
     local fair = (math.max(g, 0) + leased + held) / (holders + 1)
+    -- a share below one token could never be spent
+    if fair < 1 then fair = 1 end
     grant = math.min(math.max(g, 0), math.max(0, fair - held))
     g = g - grant
     redis.call('HSET', key, lp .. me, tostring(held + grant))
@@ -93,7 +97,17 @@ for b = 0, tonumber(ARGV[4]) - 1 do
   end
   out[b + 1] = tostring(grant)
 end
-if forever then redis.call('PERSIST', key) elseif ttl > 0 then redis.call('PEXPIRE', key, math.ceil(ttl)) end
+-- buckets this settle did not carry keep their expiry: only a longer one
+-- is set on an existing key (a key without expiry keeps none)
+if forever then
+  redis.call('PERSIST', key)
+elseif ttl > 0 then
+  if #flat == 0 then
+    redis.call('PEXPIRE', key, math.ceil(ttl))
+  else
+    redis.call('PEXPIRE', key, math.ceil(ttl), 'GT')
+  end
+end
 return out
 ";
 
@@ -245,6 +259,8 @@ impl Syncer {
         }
         self.shared.set_redis_up(false);
         self.state_version = None;
+        // Redis may come back empty: write every count again.
+        self.caps_written.clear();
         self.retry_at = Instant::now() + self.backoff;
         self.backoff = (self.backoff * 2).min(Duration::from_secs(2));
     }
@@ -304,7 +320,10 @@ impl Syncer {
         };
         let caps = self.caps_key(&me);
         let touch = redis::cmd("PEXPIRE").arg(&caps).arg(NODE_TTL_MS).to_owned();
-        let _ = self.query::<i64>("heartbeat", &touch).await;
+        if self.query::<i64>("heartbeat", &touch).await == Some(0) {
+            // The hash is gone (expired, or Redis restarted): rewrite it.
+            self.caps_written.clear();
+        }
         let nodes: Vec<NodeSeen> = seen
             .into_iter()
             .map(|(id, score)| NodeSeen {
@@ -395,7 +414,7 @@ impl Syncer {
         let now_ms = router.clock().now_ms();
         let mut jobs = Vec::new();
         self.tracked.retain(|tenant, last| {
-            let touched = *last == now;
+            let seen_now = *last == now;
             let idle = now.duration_since(*last) >= IDLE_RELEASE;
             let verdict = router.with_tenant(tenant, |entry, state: &mut TenantState| {
                 let live = entry.active() > 0;
@@ -405,7 +424,7 @@ impl Syncer {
                 };
                 if slot.dormant.is_some() {
                     // Its lease went back; the bucket was not full.
-                    return if touched || live {
+                    return if seen_now || live {
                         Track::Keep
                     } else {
                         Track::Forget
@@ -413,11 +432,18 @@ impl Syncer {
                 }
                 // Untouched: nothing to settle, unless the lease has been
                 // idle long enough to go back (credit is charged first).
-                let release_due = idle && !slot.has_credit();
+                // Still queued: it spent while Redis was down, or its last
+                // settle failed; it is settled now like a tenant seen now.
+                let touched = seen_now || slot.queued || (!idle && slot.has_credit());
+                let release_due = idle && !touched;
                 if !touched && !release_due {
                     return Track::Keep;
                 }
                 slot.queued = false;
+                // A lease in use with enough left is not settled yet.
+                if touched && !needs_topup(state, now_ms) {
+                    return Track::Keep;
+                }
                 let release = !touched;
                 let buckets = lease_of(&limits, state);
                 if let Some(slot) = state.shared.as_deref_mut() {
@@ -432,7 +458,9 @@ impl Syncer {
                         // request reopens on no credit at all.
                         slot.dormant = Some((0.0, now_ms));
                     }
-                    state.buckets.tenant.tokens = 0.0;
+                    if !limits.rate().is_unlimited() {
+                        state.buckets.tenant.tokens = 0.0;
+                    }
                     state.buckets.routes.clear();
                 }
                 let job = (!buckets.is_empty()).then(|| Job {
@@ -464,6 +492,26 @@ enum Track {
     Forget,
     /// Settle (if it has buckets); keep tracking if the flag says so.
     Settle(Option<Job>, bool),
+}
+
+/// Whether a lease in use needs a settle now: credit to charge, a bucket
+/// below its low-water mark, or a second since the last one.
+fn needs_topup(state: &TenantState, now_ms: f64) -> bool {
+    let Some(slot) = state.shared.as_deref() else {
+        return false;
+    };
+    if slot.has_credit() || now_ms - slot.settled_at >= 1000.0 || slot.low_water.is_empty() {
+        return true;
+    }
+    slot.low_water.iter().any(|(index, low)| match index {
+        None => state.buckets.tenant.tokens < *low,
+        Some(i) => state
+            .buckets
+            .routes
+            .iter()
+            .find(|(r, _)| r == i)
+            .is_none_or(|(_, b)| b.tokens < *low),
+    })
 }
 
 /// The tenant's buckets as this node holds them, with the credit on each.
@@ -546,13 +594,33 @@ impl Syncer {
         });
     }
 
-    /// A settle that failed: its credit is charged at the next one.
+    /// A settle that failed: its credit is charged at the next one. A
+    /// release that failed leaves the lease with this node, to go back at a
+    /// later one (else Redis would count it as leased for ever).
     fn restore_credit(&self, jobs: &[Job]) {
+        let now = self.control.router.clock().now_ms();
         for job in jobs {
             self.control.router.with_tenant(&job.tenant, |_, state| {
                 let Some(slot) = state.shared.as_deref_mut() else {
                     return;
                 };
+                if job.release && slot.dormant.is_some() {
+                    slot.dormant = None;
+                    slot.queued = true;
+                    for (index, _, _, _, held, _) in &job.buckets {
+                        match index {
+                            None => state.buckets.tenant.tokens = *held,
+                            Some(i) => state.buckets.routes.push((
+                                *i,
+                                crate::limits::TokenBucket {
+                                    tokens: *held,
+                                    last_refill_at: now,
+                                },
+                            )),
+                        }
+                    }
+                    return;
+                }
                 for (index, _, _, _, _, credit) in &job.buckets {
                     match index {
                         None => slot.credit += credit,
@@ -564,7 +632,7 @@ impl Syncer {
     }
 
     /// Redis is down and `local-share` applies: each lease refills at
-    /// `1/N` of its rule up to `1/N` of its capacity, on credit.
+    /// `1/N` of its rule up to `1/N` of its capacity.
     fn refill_locally(&mut self, elapsed: Duration) {
         if self.shared.mode() != super::Mode::Shared {
             return;
@@ -584,9 +652,12 @@ impl Syncer {
                     *tokens += add;
                     add
                 };
+                // Not credit: Redis' own clock refills the shared bucket for
+                // the same time, so charging these too would double them.
+                let _ = slot;
                 let rule = limits.rate();
                 if !rule.is_unlimited() {
-                    slot.credit += topup(
+                    topup(
                         &mut state.buckets.tenant.tokens,
                         rule.tokens,
                         rule.refill_per_second,
@@ -594,8 +665,7 @@ impl Syncer {
                 }
                 for (index, bucket) in state.buckets.routes.iter_mut() {
                     if let Some(rule) = limits.route_rule(*index) {
-                        let add = topup(&mut bucket.tokens, rule.tokens, rule.refill_per_second);
-                        slot.add_route_credit(*index, add);
+                        topup(&mut bucket.tokens, rule.tokens, rule.refill_per_second);
                     }
                 }
             });
@@ -732,7 +802,13 @@ impl Syncer {
         let Some(v) = self.query::<Option<i64>>("state", &get).await else {
             return;
         };
-        let v = v.unwrap_or(0);
+        let Some(v) = v else {
+            // No version: Redis is new or lost its data. Put back what
+            // this node knows, so nodes that start later get it.
+            self.shared.republish_known();
+            self.state_version = Some(0);
+            return;
+        };
         if self.state_version == Some(v) {
             return;
         }
@@ -756,7 +832,11 @@ impl Syncer {
         let directory_regions = self.shared.take_assigned();
         let mut left = directory_regions.into_iter();
         while let Some(tenant) = left.next() {
-            let mine = directory.peek_region_for(&tenant);
+            // Explained tenants reach here too (the hook runs on a peek):
+            // only an assignment the directory holds is offered.
+            let Some(mine) = directory.assigned_region(&tenant) else {
+                continue;
+            };
             let offer = redis::cmd("HSETNX")
                 .arg(key)
                 .arg(tenant.as_str())

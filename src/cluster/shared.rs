@@ -38,6 +38,12 @@ pub struct SharedSlot {
     pub dormant: Option<(f64, f64)>,
     /// Credit on the tenant bucket.
     pub credit: f64,
+    /// When the lease was last settled (clock ms), and below which balance
+    /// each bucket needs the next top-up (half its lease then, at least
+    /// one token; `None` = the tenant bucket). A lease with enough left is
+    /// settled once a second, not every interval.
+    pub settled_at: f64,
+    pub low_water: smallvec::SmallVec<[(Option<u16>, f64); 2]>,
     /// Credit per route bucket (route index).
     pub route_credit: smallvec::SmallVec<[(u16, f64); 2]>,
 }
@@ -219,6 +225,17 @@ impl Shared {
         self.pending.lock().push((field, value));
     }
 
+    /// Queues every known field again (Redis lost the shared state).
+    pub(crate) fn republish_known(&self) {
+        let known = self.known.lock();
+        let mut pending = self.pending.lock();
+        for (f, v) in known.iter() {
+            if !pending.iter().any(|(p, _)| p == f) {
+                pending.push((f.clone(), v.clone()));
+            }
+        }
+    }
+
     pub(crate) fn take_pending(&self) -> Vec<(String, String)> {
         std::mem::take(&mut *self.pending.lock())
     }
@@ -238,7 +255,14 @@ impl Shared {
             .into_iter()
             .filter(|(f, v)| known.get(f) != Some(v))
             .collect();
-        news.sort();
+        // Shards before what refers to them (a drain of a shard added in
+        // the same read).
+        let rank = |f: &str| match f.split(':').next() {
+            Some("shard") => 0,
+            Some("drain") => 2,
+            _ => 1,
+        };
+        news.sort_by(|a, b| (rank(&a.0), &a.0).cmp(&(rank(&b.0), &b.0)));
         for (f, v) in &news {
             known.insert(f.clone(), v.clone());
         }

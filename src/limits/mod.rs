@@ -207,9 +207,14 @@ impl Limits {
     }
 
     /// The verdict for a tenant the table does not know (explain only).
-    pub fn check_fresh(&self, route: Option<u16>, now: f64) -> Verdict<'_> {
+    pub fn check_fresh(&self, tenant: &str, route: Option<u16>, now: f64) -> Verdict<'_> {
         let mut buckets = self.fresh_buckets(now);
-        self.evaluate(&mut buckets, 0, route, now, Spend::Nothing, true)
+        // In cluster mode the tenant may hold admissions on other nodes.
+        let active = match (&self.shared, self.connection_cap) {
+            (Some(shared), Some(_)) => shared.others_active(tenant),
+            _ => 0,
+        };
+        self.evaluate(&mut buckets, active, route, now, Spend::Nothing, true)
     }
 
     /// [`Limits::check`] in cluster mode. The cap counts the other nodes'
@@ -241,10 +246,13 @@ impl Limits {
             }
             Mode::Deny | Mode::Shared => {}
         }
-        let active = entry.active()
-            + self
-                .connection_cap
-                .map_or(0, |_| shared.others_active(entry.id()));
+        let active = match self.connection_cap {
+            None => entry.active(),
+            // Redis down (local-share): the cap divided by the nodes last
+            // seen alive, i.e. this node's admissions counted N times.
+            Some(_) if !shared.redis_up() => entry.active() * shared.nodes_alive() as u64,
+            Some(_) => entry.active() + shared.others_active(entry.id()),
+        };
         if spend == Spend::Nothing {
             let mut copy = state.buckets.clone();
             if state.shared.is_none() {

@@ -260,6 +260,14 @@ impl RegionDirectory {
         self.choose(&list, tenant).to_string()
     }
 
+    /// The tenant's current assignment, if it has one (assigns nothing).
+    pub fn assigned_region(&self, tenant: &str) -> Option<String> {
+        let list = self.regions.load();
+        let map = self.shard(tenant).read();
+        let a = map.get(tenant)?;
+        Self::registered(&list, &a.region).map(|r| r.to_string())
+    }
+
     /// Pins a tenant to a region (an override).
     pub fn assign(&self, tenant: &str, region: &str) -> Result<(), RegionError> {
         let list = self.regions.load();

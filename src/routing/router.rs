@@ -418,7 +418,7 @@ impl Router {
                     .with_existing(req.tenant, |e, s| {
                         limits.check(e, s, route, now, Spend::Nothing)
                     })
-                    .unwrap_or_else(|| limits.check_fresh(route, now));
+                    .unwrap_or_else(|| limits.check_fresh(req.tenant, route, now));
                 return (verdict, None, None);
             }
             Mode::Route => Spend::Tokens,
