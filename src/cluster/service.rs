@@ -575,9 +575,17 @@ impl Syncer {
             });
             return;
         }
+        let now_ms = self.control.router.clock().now_ms();
         self.control.router.with_tenant(&job.tenant, |_, state| {
-            if state.shared.is_none() {
+            let Some(slot) = state.shared.as_deref_mut() else {
                 return;
+            };
+            slot.settled_at = now_ms;
+            slot.low_water.clear();
+            for ((index, _, _, _, held, _), grant) in job.buckets.iter().zip(grants) {
+                let grant: f64 = grant.parse().unwrap_or(0.0);
+                slot.low_water
+                    .push((*index, ((held + grant) / 2.0).max(1.0)));
             }
             for ((index, ..), grant) in job.buckets.iter().zip(grants) {
                 let grant: f64 = grant.parse().unwrap_or(0.0);
