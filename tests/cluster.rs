@@ -489,6 +489,9 @@ fn redis_down_under_load_delays_nothing_and_redis_back_is_settled() {
                 slowest = slowest.max(sent.elapsed());
                 *statuses.entry(r.status).or_default() += 1;
                 i += 1;
+                // Steady load, short of exhausting loopback's ephemeral
+                // ports (each request is a new connection).
+                std::thread::sleep(Duration::from_micros(500));
             }
             (slowest, statuses)
         })
