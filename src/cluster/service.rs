@@ -586,17 +586,17 @@ impl Syncer {
                 let grant: f64 = grant.parse().unwrap_or(0.0);
                 slot.low_water
                     .push((*index, ((held + grant) / 2.0).max(1.0)));
-            }
-            for ((index, ..), grant) in job.buckets.iter().zip(grants) {
-                let grant: f64 = grant.parse().unwrap_or(0.0);
-                match index {
-                    None => state.buckets.tenant.tokens += grant,
-                    Some(i) => {
-                        if let Some((_, b)) = state.buckets.routes.iter_mut().find(|(r, _)| r == i)
-                        {
-                            b.tokens += grant;
-                        }
-                    }
+                let bucket = match index {
+                    None => Some(&mut state.buckets.tenant),
+                    Some(i) => state
+                        .buckets
+                        .routes
+                        .iter_mut()
+                        .find(|(r, _)| r == i)
+                        .map(|(_, b)| b),
+                };
+                if let Some(bucket) = bucket {
+                    bucket.tokens += grant;
                 }
             }
         });
@@ -651,9 +651,9 @@ impl Syncer {
         let limits = router.limits().clone();
         for tenant in self.tracked.keys() {
             router.with_tenant(tenant, |_, state| {
-                let Some(slot) = state.shared.as_deref_mut() else {
+                if state.shared.is_none() {
                     return;
-                };
+                }
                 let topup = |tokens: &mut f64, cap: f64, rate: f64| {
                     let room = (cap / n - *tokens).max(0.0);
                     let add = (rate / n * secs).min(room);
@@ -662,7 +662,6 @@ impl Syncer {
                 };
                 // Not credit: Redis' own clock refills the shared bucket for
                 // the same time, so charging these too would double them.
-                let _ = slot;
                 let rule = limits.rate();
                 if !rule.is_unlimited() {
                     topup(

@@ -200,9 +200,7 @@ impl Limits {
             return self.evaluate(&mut copy, active, route, now, spend, true);
         }
         let verdict = self.evaluate(&mut state.buckets, active, route, now, spend, true);
-        if verdict == Verdict::Admit && spend == Spend::TokensAndAdmission {
-            entry.active.fetch_add(1, Ordering::AcqRel);
-        }
+        count_admission(entry, verdict, spend);
         verdict
     }
 
@@ -233,9 +231,7 @@ impl Limits {
     ) -> Verdict<'_> {
         match shared.mode() {
             Mode::Allow => {
-                if spend == Spend::TokensAndAdmission {
-                    entry.active.fetch_add(1, Ordering::AcqRel);
-                }
+                count_admission(entry, Verdict::Admit, spend);
                 return Verdict::Admit;
             }
             Mode::Deny if self.any() => {
@@ -253,32 +249,26 @@ impl Limits {
             Some(_) if !shared.redis_up() => entry.active() * shared.nodes_alive() as u64,
             Some(_) => entry.active() + shared.others_active(entry.id()),
         };
+        let n = shared.nodes_alive();
+        // No lease yet, or one given back: the next request opens one.
+        let opening = state.shared.as_ref().is_none_or(|s| s.dormant.is_some());
         if spend == Spend::Nothing {
-            let mut copy = state.buckets.clone();
-            if state.shared.is_none() {
-                copy = self.fresh_buckets(now);
-                self.open_share(shared, &mut copy, None);
+            let (mut copy, mut slot) = match &state.shared {
+                Some(slot) => (state.buckets.clone(), SharedSlot::clone(slot)),
+                None => (self.fresh_buckets(now), SharedSlot::default()),
+            };
+            if opening {
+                self.open_lease(&mut slot, &mut copy, n, now);
             }
             return self.evaluate(&mut copy, active, route, now, spend, false);
         }
-        let n = shared.nodes_alive();
-        let slot = match &mut state.shared {
-            Some(slot) if slot.dormant.is_none() => slot,
-            Some(slot) => {
-                let share = slot.opening_share(&self.rate, n, now);
-                if !self.rate.is_unlimited() {
-                    state.buckets.tenant.tokens = share;
-                    slot.credit += share;
-                }
-                slot
-            }
-            none => {
-                state.buckets = self.fresh_buckets(now);
-                let mut slot = SharedSlot::default();
-                self.open_share(shared, &mut state.buckets, Some(&mut slot));
-                none.insert(Box::new(slot))
-            }
-        };
+        if state.shared.is_none() {
+            state.buckets = self.fresh_buckets(now);
+        }
+        let slot = state.shared.get_or_insert_with(Box::default);
+        if opening {
+            self.open_lease(slot, &mut state.buckets, n, now);
+        }
         let route = route.filter(|i| usize::from(*i) < self.routes.len());
         if let Some(index) = route {
             if !state.buckets.routes.iter().any(|(i, _)| *i == index) {
@@ -296,9 +286,7 @@ impl Limits {
         }
         slot.dormant = None;
         let verdict = self.evaluate(&mut state.buckets, active, route, now, spend, false);
-        if verdict == Verdict::Admit && spend == Spend::TokensAndAdmission {
-            entry.active.fetch_add(1, Ordering::AcqRel);
-        }
+        count_admission(entry, verdict, spend);
         // Refused requests queue the tenant too: a node whose lease ran dry
         // is topped up at the next settle.
         if let Some(slot) = &mut state.shared {
@@ -310,21 +298,16 @@ impl Limits {
         verdict
     }
 
-    /// A lease opened on credit: the tenant bucket holds `1/N` of its rule.
-    fn open_share(
-        &self,
-        shared: &Shared,
-        buckets: &mut TenantBuckets,
-        slot: Option<&mut SharedSlot>,
-    ) {
+    /// Opens a lease on credit: the tenant bucket holds the slot's opening
+    /// share (`1/N` of the rule, or of what a given-back bucket holds by
+    /// now), which the slot owes until the next settle.
+    fn open_lease(&self, slot: &mut SharedSlot, buckets: &mut TenantBuckets, n: f64, now: f64) {
         if self.rate.is_unlimited() {
             return;
         }
-        let share = self.rate.tokens / shared.nodes_alive();
+        let share = slot.opening_share(&self.rate, n, now);
         buckets.tenant.tokens = share;
-        if let Some(slot) = slot {
-            slot.credit = share;
-        }
+        slot.credit += share;
     }
 
     fn evaluate(
@@ -375,5 +358,13 @@ impl Limits {
             buckets.tenant.take();
         }
         Verdict::Admit
+    }
+}
+
+/// Counts a live admission when the verdict admits and the spend says so
+/// (under the entry's lock, so a cap check and its count are one step).
+fn count_admission(entry: &TenantEntry, verdict: Verdict<'_>, spend: Spend) {
+    if verdict == Verdict::Admit && spend == Spend::TokensAndAdmission {
+        entry.active.fetch_add(1, Ordering::AcqRel);
     }
 }
