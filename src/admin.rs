@@ -319,6 +319,25 @@ impl AdminApi {
         })
     }
 
+    /// `GET /v1/certs`: every certificate served (name, SANs, issuer,
+    /// expiry, source), the files skipped, and ACME's work per host.
+    fn certs(&self) -> Reply {
+        let edge = &self.control.edge;
+        let Some(store) = &edge.store else {
+            return Reply::ok(json!({ "certs": [], "errors": [], "acme": null }));
+        };
+        let (mut certs, errors) = store.list();
+        certs.sort_by(|a, b| a.name.cmp(&b.name).then(a.expires.cmp(&b.expires)));
+        let acme = edge.config.acme.as_ref().map(|a| {
+            json!({
+                "directory": a.directory,
+                "account_error": *edge.acme.account_error.lock(),
+                "hosts": edge.acme.hosts(),
+            })
+        });
+        Reply::ok(json!({ "certs": certs, "errors": errors, "acme": acme }))
+    }
+
     fn metrics_json(&self) -> Value {
         let c = &self.control;
         json!({
@@ -405,6 +424,13 @@ impl AdminApi {
                 },
             },
             (&Method::GET, ["v1", "cluster"]) => Reply::ok(self.cluster()),
+            (&Method::GET, ["v1", "certs"]) => self.certs(),
+            (&Method::POST, ["v1", "certs", "reload"]) => match &c.edge.store {
+                None => Reply::error(StatusCode::NOT_FOUND, "no `tls` section is configured"),
+                // The admin API runs on its own threads: reading the
+                // directory here holds up no request.
+                Some(store) => Reply::ok(json!(store.reload())),
+            },
             (&Method::PUT, ["v1", "tenants", tenant, "deny"]) => {
                 c.deny(tenant);
                 Reply::ok(json!({ "denied": tenant }))

@@ -38,6 +38,8 @@ pub struct Control {
     pub metrics: GatewayMetrics,
     /// Cluster mode (DESIGN §4): what the cluster service shares.
     pub cluster: Option<Arc<Shared>>,
+    /// TLS at the edge (DESIGN §5): certificates, ACME challenges.
+    pub edge: Arc<crate::tls::Edge>,
     peers: ArcSwap<HashMap<ShardId, Arc<ShardPeer>>>,
     /// Runtime changes since the configuration was loaded (the state file
     /// keeps them); its lock also serialises those changes.
@@ -127,7 +129,9 @@ impl Control {
                 )
             }
         };
+        let edge = Arc::new(crate::tls::Edge::new(&config));
         Ok(Control {
+            edge,
             config: Arc::new(config),
             router,
             domains,

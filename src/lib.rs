@@ -17,3 +17,4 @@ pub mod proxy;
 pub mod routing;
 pub mod server;
 pub mod state;
+pub mod tls;

@@ -8,6 +8,7 @@ use crate::control::Control;
 use crate::proxy::hooks::UpstreamFailure;
 use crate::routing::counters::{StripedCounter, StripedHistogram};
 use crate::routing::Decision;
+use crate::tls::store::Source;
 use parking_lot::Mutex;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{
@@ -28,6 +29,8 @@ pub struct GatewayMetrics {
     durations: StripedHistogram,
     /// `(shard, kind)` → count; failures are rare, a lock is fine.
     failures: Mutex<BTreeMap<(String, &'static str), u64>>,
+    /// Client TLS handshakes that failed, by reason.
+    tls_failures: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 impl Default for GatewayMetrics {
@@ -36,6 +39,7 @@ impl Default for GatewayMetrics {
             retries: StripedCounter::default(),
             durations: StripedHistogram::new(&DURATION_BUCKETS),
             failures: Mutex::new(BTreeMap::new()),
+            tls_failures: Mutex::new(BTreeMap::new()),
         }
     }
 }
@@ -56,6 +60,11 @@ impl GatewayMetrics {
             .lock()
             .entry((shard.to_string(), kind))
             .or_default() += 1;
+    }
+
+    /// A client's TLS handshake failed (`error`) or timed out (`timeout`).
+    pub fn tls_handshake_failed(&self, reason: &'static str) {
+        *self.tls_failures.lock().entry(reason).or_default() += 1;
     }
 
     pub fn request_finished(&self, seconds: f64) {
@@ -253,6 +262,7 @@ fn families(control: &Control) -> Vec<MetricFamily> {
             vec![counter(vec![], cluster.sync_errors() as f64)],
         ));
     }
+    tls_families(control, &mut out);
     let view = control.metrics.durations.view();
     let mut h = Histogram::default();
     h.set_sample_count(view.count);
@@ -277,6 +287,69 @@ fn families(control: &Control) -> Vec<MetricFamily> {
         vec![metric],
     ));
     out
+}
+
+/// Certificates, handshakes and ACME, when TLS is configured.
+fn tls_families(control: &Control, out: &mut Vec<MetricFamily>) {
+    let edge = &control.edge;
+    let failures = control.metrics.tls_failures.lock().clone();
+    if control.config.listen.iter().any(|l| l.tls.is_on()) {
+        out.push(family(
+            "tls_handshake_failures_total",
+            "Client TLS handshakes that failed (error: refused, bad or unknown name; timeout: not done within tls.handshake_timeout_ms).",
+            MetricType::COUNTER,
+            ["error", "timeout"]
+                .iter()
+                .map(|r| counter(vec![label("reason", r)], failures.get(r).copied().unwrap_or(0) as f64))
+                .collect(),
+        ));
+    }
+    let Some(store) = &edge.store else { return };
+    let (certs, errors) = store.list();
+    out.push(family(
+        "tls_certificates",
+        "Certificates served, by source (file or acme).",
+        MetricType::GAUGE,
+        [("file", Source::File), ("acme", Source::Acme)]
+            .iter()
+            .map(|(name, source)| {
+                let n = certs.iter().filter(|c| c.source == *source).count();
+                gauge(vec![label("source", name)], n as f64)
+            })
+            .collect(),
+    ));
+    out.push(family(
+        "tls_certificate_errors",
+        "Certificate files skipped because they do not load.",
+        MetricType::GAUGE,
+        vec![gauge(vec![], errors.len() as f64)],
+    ));
+    if let Some(first) = certs.iter().map(|c| c.expires).min() {
+        out.push(family(
+            "tls_certificate_earliest_expiry_timestamp_seconds",
+            "When the first served certificate expires (Unix seconds).",
+            MetricType::GAUGE,
+            vec![gauge(vec![], first as f64)],
+        ));
+    }
+    if edge.config.acme.is_some() {
+        use std::sync::atomic::Ordering::Relaxed;
+        out.push(family(
+            "acme_orders_total",
+            "ACME orders by result (issued, failed).",
+            MetricType::COUNTER,
+            vec![
+                counter(
+                    vec![label("result", "issued")],
+                    edge.acme.issued.load(Relaxed) as f64,
+                ),
+                counter(
+                    vec![label("result", "failed")],
+                    edge.acme.failed.load(Relaxed) as f64,
+                ),
+            ],
+        ));
+    }
 }
 
 /// The Prometheus text exposition of a registry holding shardgate's

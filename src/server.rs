@@ -14,7 +14,6 @@ use crate::proxy::hooks::{DefaultHooks, GatewayHooks};
 use crate::proxy::Gateway;
 use crate::state::StateWriter;
 use async_trait::async_trait;
-use pingora::listeners::tls::TlsSettings;
 use pingora::listeners::{L4BufferSettings, ListenerConfig};
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::ShutdownWatch;
@@ -142,8 +141,13 @@ impl Builder {
                  its phases runs (Builder::fast_transport(true) opts into the fast transport)"
             );
         }
+        let mut http = pingora_proxy::http_proxy(&server.configuration, wrap(gateway));
+        let mut h2 = pingora::protocols::http::v2::server::default_h2_options();
+        h2.max_concurrent_streams(control.edge.config.h2_max_concurrent_streams);
+        http.h2_options = Some(h2);
+        let roles = crate::tls::Roles::new(&control)?;
         let proxy = HeadGuard::new(
-            pingora_proxy::http_proxy(&server.configuration, wrap(gateway)),
+            http,
             HeadLimits {
                 header_timeout: limits.header_timeout,
                 max_header_bytes: limits.max_header_bytes,
@@ -152,22 +156,17 @@ impl Builder {
                 max_body_bytes: limits.max_body_bytes,
             },
         )
-        .with_fast_path(fast);
+        .with_fast_path(fast)
+        .with_edge(Arc::new(roles), Arc::clone(&control.edge));
         let mut proxy = Service::new("shardgate".to_string(), proxy);
         for listener in &control.config.listen {
-            let addr = listener.addr.to_string();
             // No read buffer under the client connection: `HeadGuard`
             // reads request heads into buffers of its own, and Pingora's
             // default 64 KiB per connection was most of an idle
-            // WebSocket's memory.
-            let mut endpoint =
-                ListenerConfig::tcp(addr.clone()).l4_buffer(L4BufferSettings::default().read(0));
-            if let Some((cert, key)) = &listener.tls {
-                let tls =
-                    TlsSettings::intermediate(&cert.to_string_lossy(), &key.to_string_lossy())
-                        .map_err(|e| format!("listen {addr}: {e}"))?;
-                endpoint = endpoint.tls(tls);
-            }
+            // WebSocket's memory. TLS listeners are plain TCP to Pingora:
+            // `HeadGuard` runs the handshake (crate::tls).
+            let endpoint = ListenerConfig::tcp(listener.addr.to_string())
+                .l4_buffer(L4BufferSettings::default().read(0));
             proxy.add_listener(endpoint);
         }
         server.add_service(proxy);
@@ -189,6 +188,24 @@ impl Builder {
                     path: state.path.clone(),
                     interval: state.interval,
                 },
+            ));
+        }
+        if let Some(store) = &control.edge.store {
+            let report = store.reload();
+            log::info!(
+                "TLS: {} certificates loaded, {} files skipped",
+                report.certs,
+                report.errors.len()
+            );
+            server.add_service(background_service(
+                "shardgate certificates",
+                crate::tls::CertWatcher(Arc::clone(store)),
+            ));
+        }
+        if control.edge.config.acme.is_some() {
+            server.add_service(background_service(
+                "shardgate acme",
+                crate::tls::acme::AcmeService::new(Arc::clone(&control), Arc::clone(&control.edge)),
             ));
         }
         if control.cluster.is_some() {

@@ -40,6 +40,8 @@ pub struct Config {
     pub log: LogConfig,
     /// Cluster mode; `None`: a single node, no Redis.
     pub cluster: Option<ClusterConfig>,
+    /// TLS at the edge; `None`: no `tls` section.
+    pub tls: Option<TlsConfig>,
 }
 
 /// `cluster:` validated (DESIGN §4).
@@ -124,8 +126,71 @@ impl Scheme {
 #[derive(Clone, Debug)]
 pub struct Listener {
     pub addr: SocketAddr,
-    /// `(certificate, key)` PEM paths: an HTTPS listener.
-    pub tls: Option<(PathBuf, PathBuf)>,
+    pub tls: ListenerTls,
+    /// A plain listener answering 308 to `https` (ACME challenges aside).
+    pub redirect_https: bool,
+}
+
+/// What a listener does with TLS.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenerTls {
+    /// Plain HTTP.
+    Off,
+    /// The `tls` section: SNI over its certificates.
+    Section,
+    /// The old form: one certificate and key (PEM paths).
+    Files(PathBuf, PathBuf),
+}
+
+impl ListenerTls {
+    pub fn is_on(&self) -> bool {
+        *self != ListenerTls::Off
+    }
+}
+
+/// `tls:` validated (DESIGN §5).
+#[derive(Clone, Debug)]
+pub struct TlsConfig {
+    /// The directory of `NAME.crt` + `NAME.key` pairs.
+    pub certs: Option<PathBuf>,
+    /// The `NAME` served for no or unknown SNI; `None`: refuse those.
+    pub default_cert: Option<String>,
+    /// ALPN protocols offered, in order of preference (`h2`, `http/1.1`).
+    pub alpn: Vec<Vec<u8>>,
+    /// A client that has not finished its handshake by then is dropped.
+    pub handshake_timeout: Duration,
+    /// Concurrent HTTP/2 streams per client connection.
+    pub h2_max_concurrent_streams: u32,
+    pub acme: Option<AcmeConfig>,
+}
+
+impl Default for TlsConfig {
+    /// What a listener in the old `{cert, key}` form gets without a `tls`
+    /// section.
+    fn default() -> Self {
+        TlsConfig {
+            certs: None,
+            default_cert: None,
+            alpn: vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+            handshake_timeout: Duration::from_secs(10),
+            h2_max_concurrent_streams: 128,
+            acme: None,
+        }
+    }
+}
+
+/// `tls.acme:` validated.
+#[derive(Clone, Debug)]
+pub struct AcmeConfig {
+    /// The ACME server's directory URL.
+    pub directory: String,
+    pub email: Option<String>,
+    /// Where the account and the issued certificates are kept.
+    pub storage: PathBuf,
+    /// Extra trust for the ACME server (a test CA such as Pebble's).
+    pub ca_file: Option<PathBuf>,
+    /// New orders per hour, at most (one at a time).
+    pub orders_per_hour: u32,
 }
 
 #[derive(Clone, Debug)]

@@ -38,6 +38,31 @@ pub struct RawConfig {
     #[serde(default)]
     pub log: RawLog,
     pub cluster: Option<RawCluster>,
+    pub tls: Option<RawTlsSection>,
+}
+
+/// `tls:` (DESIGN §5).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTlsSection {
+    pub certs: Option<String>,
+    pub default_cert: Option<String>,
+    pub unknown_sni: Option<String>,
+    pub alpn: Option<Vec<String>>,
+    pub handshake_timeout_ms: Option<u64>,
+    pub h2_max_concurrent_streams: Option<u32>,
+    pub acme: Option<RawAcme>,
+}
+
+/// `tls.acme:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAcme {
+    pub directory: Option<String>,
+    pub email: Option<String>,
+    pub storage: Option<String>,
+    pub ca_file: Option<String>,
+    pub orders_per_hour: Option<u32>,
 }
 
 /// `cluster:` (DESIGN §4).
@@ -84,7 +109,17 @@ pub struct RawServer {
 #[serde(deny_unknown_fields)]
 pub struct RawListen {
     pub addr: String,
-    pub tls: Option<RawTls>,
+    pub tls: Option<RawListenTls>,
+    #[serde(default)]
+    pub redirect_https: bool,
+}
+
+/// `listen[].tls`: `true` (the `tls` section) or the old `{cert, key}`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawListenTls {
+    Section(bool),
+    Files(RawTls),
 }
 
 #[derive(Debug, Deserialize)]

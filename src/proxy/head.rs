@@ -11,9 +11,11 @@
 use super::client::OneRequest;
 use super::fast::{FastPath, Outcome};
 use super::pipeline::answer::Refusal;
+use super::pipeline::edge::edge_answer;
 use super::pipeline::framing::Framing;
 use super::pipeline::message::{check_framing, check_request_line, Refused};
 use super::with_planned;
+use crate::tls::{Edge, Roles};
 use bytes::BytesMut;
 use pingora::apps::{HttpServerApp, ServerApp};
 use pingora::protocols::http::ServerSession;
@@ -246,6 +248,8 @@ pub struct HeadGuard<A> {
     inner: Arc<A>,
     limits: HeadLimits,
     fast: Option<FastPath>,
+    /// What each listener is (TLS, redirecting), and the edge's state.
+    edge: Option<(Arc<Roles>, Arc<Edge>)>,
 }
 
 impl<A> HeadGuard<A> {
@@ -254,7 +258,15 @@ impl<A> HeadGuard<A> {
             inner: Arc::new(inner),
             limits,
             fast: None,
+            edge: None,
         }
+    }
+
+    /// Runs each TLS listener's handshake, and answers what the edge
+    /// answers before routing (ACME challenges, the https redirect).
+    pub fn with_edge(mut self, roles: Arc<Roles>, edge: Arc<Edge>) -> Self {
+        self.edge = Some((roles, edge));
+        self
     }
 
     /// Lets `fast` serve each request head it takes before Pingora sees it.
@@ -274,6 +286,16 @@ where
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
+        let role = match &self.edge {
+            Some((roles, _)) => roles.of(&stream).cloned(),
+            None => None,
+        };
+        let stream = match role.as_ref().and_then(|r| r.tls.as_ref()) {
+            Some(handshake) => handshake.accept(stream).await?,
+            None => stream,
+        };
+        let tls = role.as_ref().is_some_and(|r| r.tls.is_some());
+        let redirect = role.as_ref().and_then(|r| r.redirect_https);
         let h2c = self
             .inner
             .server_options()
@@ -311,6 +333,7 @@ where
             };
             // The head and the body bytes read with it are this request's;
             // anything after them is the next one's.
+            let bodiless = matches!(head.body, Framing::Length(0));
             let mut body = head.body;
             let mut rest = buf.split_off(head.len);
             let used = body.consume(&rest).unwrap_or_else(|_| {
@@ -319,6 +342,22 @@ where
             });
             ahead = rest.split_off(used);
             buf.unsplit(rest);
+            if let (false, Some((_, edge)), false) =
+                (tls, &self.edge, matches!(body, Framing::UntilClose))
+            {
+                if let Some(answer) = edge_answer(&buf[..head.len], redirect, edge) {
+                    // A request with a body is not read on: the
+                    // connection closes after the answer.
+                    let more = bodiless && !*shutdown.borrow();
+                    if stream.write_all(&answer).await.is_err()
+                        || stream.flush().await.is_err()
+                        || !more
+                    {
+                        return None;
+                    }
+                    continue;
+                }
+            }
             let mut planned = None;
             if let Some(fast) = &self.fast {
                 let closing = *shutdown.borrow();

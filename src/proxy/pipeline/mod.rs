@@ -12,12 +12,15 @@
 //!   by `HeadGuard` for every HTTP/1 head, before either transport);
 //! - [`framing`]: where an HTTP/1 body ends (length, chunks, close), for
 //!   responses and request bodies alike;
+//! - [`edge`]: what the edge answers before routing (ACME challenges, the
+//!   https redirect);
 //! - [`answer`]: shardgate's own answers, one encoder (with `Date`);
 //! - [`watch`]: the headers deadline and liveness probes;
 //! - [`failure`]: what a failed attempt means (resend, retry, 502/504);
 //! - [`retry`], [`routes`]: the retry budget and the route prefixes.
 
 pub mod answer;
+pub mod edge;
 pub mod failure;
 pub mod fields;
 pub mod framing;

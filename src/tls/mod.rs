@@ -1,0 +1,270 @@
+//! TLS at the edge (DESIGN §5): the certificates served by SNI
+//! ([`store`]), the handshake with its own deadline on the listeners that
+//! say `tls`, what each listener is (plain, TLS, redirecting), and the
+//! HTTP-01 challenges ACME ([`acme`]) answers through the plain listeners.
+//!
+//! Pingora's TLS listener has a fixed 60 s handshake deadline and one
+//! certificate per listener, so shardgate listens in plain TCP and runs
+//! the rustls handshake itself — through Pingora's acceptor, so the stream
+//! it gives the proxy is Pingora's own TLS stream (digest, ALPN).
+
+pub mod acme;
+pub mod store;
+
+use crate::config::{Config, ListenerTls, TlsConfig};
+use crate::control::Control;
+use parking_lot::RwLock;
+use pingora::listeners::tls::Acceptor;
+use pingora::protocols::l4::stream::Stream as L4Stream;
+use pingora::protocols::Stream;
+use rustls::server::ResolvesServerCert;
+use rustls::ServerConfig;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use store::{CertStore, OneCert, SniResolver, Source};
+
+/// The edge's TLS state, shared by the listeners, ACME and the admin API.
+pub struct Edge {
+    pub config: TlsConfig,
+    /// The `tls` section's certificates (`None` without the section).
+    pub store: Option<Arc<CertStore>>,
+    /// HTTP-01: token → key authorization, for the plain listeners.
+    challenges: RwLock<HashMap<String, String>>,
+    /// Whether any challenge is pending (read per request, without a lock).
+    pending: AtomicBool,
+    /// ACME's view of each host (for `GET /v1/certs`).
+    pub acme: acme::Board,
+}
+
+impl Edge {
+    /// The edge for `config` (certificates not yet read: see
+    /// [`CertStore::reload`]).
+    pub fn new(config: &Config) -> Self {
+        let tls = config.tls.clone().unwrap_or_default();
+        let store = config.tls.as_ref().map(|t| {
+            let mut dirs = Vec::new();
+            if let Some(certs) = &t.certs {
+                dirs.push((certs.clone(), Source::File));
+            }
+            if let Some(acme) = &t.acme {
+                dirs.push((acme.storage.join("certs"), Source::Acme));
+            }
+            Arc::new(CertStore::new(dirs, t.default_cert.clone()))
+        });
+        Edge {
+            config: tls,
+            store,
+            challenges: RwLock::new(HashMap::new()),
+            pending: AtomicBool::new(false),
+            acme: acme::Board::default(),
+        }
+    }
+
+    /// The key authorization for an HTTP-01 `token`, if one is pending.
+    pub fn challenge(&self, token: &str) -> Option<String> {
+        self.challenges.read().get(token).cloned()
+    }
+
+    /// Whether any HTTP-01 challenge is waiting to be answered.
+    pub fn challenges_pending(&self) -> bool {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// Answers `token` with `key_authorization` until withdrawn.
+    pub fn publish_challenge(&self, token: &str, key_authorization: String) {
+        let mut map = self.challenges.write();
+        map.insert(token.to_string(), key_authorization);
+        self.pending.store(true, Ordering::Relaxed);
+    }
+
+    pub fn withdraw_challenge(&self, token: &str) {
+        let mut map = self.challenges.write();
+        map.remove(token);
+        self.pending.store(!map.is_empty(), Ordering::Relaxed);
+    }
+}
+
+/// What one listener does with a new connection.
+#[derive(Clone)]
+pub struct Role {
+    /// The TLS handshake to run first.
+    pub tls: Option<Arc<Handshake>>,
+    /// 308 to `https` (on this port, if not 443) for all but ACME
+    /// challenges.
+    pub redirect_https: Option<u16>,
+}
+
+/// The roles of all listeners, found by the address a connection came in on.
+pub struct Roles {
+    by_addr: Vec<(SocketAddr, Role)>,
+    /// Every listener is plain and none redirects: no lookup at all.
+    all_plain: bool,
+}
+
+impl Roles {
+    /// The roles `config`'s listeners take; `Err` names a listener whose
+    /// certificate cannot be served.
+    pub fn new(control: &Arc<Control>) -> Result<Self, String> {
+        let (config, edge) = (&control.config, &control.edge);
+        let https_port = config
+            .listen
+            .iter()
+            .find(|l| l.tls.is_on())
+            .map_or(443, |l| l.addr.port());
+        let mut section = None;
+        let mut by_addr = Vec::new();
+        for l in &config.listen {
+            let resolver: Option<Arc<dyn ResolvesServerCert>> = match &l.tls {
+                ListenerTls::Off => None,
+                ListenerTls::Section => {
+                    let store = edge.store.as_ref().ok_or("the `tls` section is missing")?;
+                    Some(Arc::new(SniResolver(Arc::clone(store))))
+                }
+                ListenerTls::Files(cert, key) => {
+                    let loaded = store::load_pair(cert, key, Source::File)
+                        .map_err(|e| format!("listen {}: {e}", l.addr))?;
+                    Some(Arc::new(OneCert(loaded.key)))
+                }
+            };
+            let tls = match resolver {
+                None => None,
+                Some(resolver) if l.tls == ListenerTls::Section => {
+                    Some(Arc::clone(section.get_or_insert(Arc::new(Handshake::new(
+                        &edge.config,
+                        resolver,
+                        control,
+                    )?))))
+                }
+                Some(resolver) => Some(Arc::new(Handshake::new(&edge.config, resolver, control)?)),
+            };
+            let redirect_https = l.redirect_https.then_some(https_port);
+            by_addr.push((
+                l.addr,
+                Role {
+                    tls,
+                    redirect_https,
+                },
+            ));
+        }
+        let all_plain = by_addr
+            .iter()
+            .all(|(_, r)| r.tls.is_none() && r.redirect_https.is_none());
+        Ok(Roles { by_addr, all_plain })
+    }
+
+    /// The role of the listener `stream` was accepted on.
+    pub fn of(&self, stream: &Stream) -> Option<&Role> {
+        if self.all_plain {
+            return None;
+        }
+        let local = stream
+            .get_socket_digest()
+            .and_then(|d| d.local_addr().and_then(|a| a.as_inet()).copied())?;
+        let mut found = None;
+        for (addr, role) in &self.by_addr {
+            if *addr == local {
+                return Some(role);
+            }
+            if addr.port() == local.port() && addr.ip().is_unspecified() {
+                found = Some(role);
+            }
+        }
+        found
+    }
+}
+
+/// The TLS handshake of a listener: its rustls configuration (ALPN,
+/// session tickets, certificates) and deadline.
+pub struct Handshake {
+    acceptor: Acceptor,
+    timeout: Duration,
+    control: Arc<Control>,
+}
+
+impl Handshake {
+    fn new(
+        tls: &TlsConfig,
+        resolver: Arc<dyn ResolvesServerCert>,
+        control: &Arc<Control>,
+    ) -> Result<Self, String> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .map_err(|e| format!("tls: {e}"))?
+            .with_no_client_auth()
+            .with_cert_resolver(resolver);
+        config.alpn_protocols = tls.alpn.clone();
+        // Resumption without server state (tickets, keys rotated by rustls
+        // every 6 h), as nginx does by default; the session cache serves
+        // clients that do not take tickets.
+        config.ticketer = rustls::crypto::ring::Ticketer::new().map_err(|e| format!("tls: {e}"))?;
+        config.session_storage = rustls::server::ServerSessionMemoryCache::new(20_000);
+        Ok(Handshake {
+            acceptor: Acceptor::from_server_config(Arc::new(config)),
+            timeout: tls.handshake_timeout,
+            control: Arc::clone(control),
+        })
+    }
+
+    /// The client's TLS stream, or `None` (logged and counted) when its
+    /// handshake fails or does not finish in time.
+    pub async fn accept(&self, stream: Stream) -> Option<Stream> {
+        let peer = stream
+            .get_socket_digest()
+            .and_then(|d| d.peer_addr().map(|a| a.to_string()))
+            .unwrap_or_default();
+        let l4 = match stream.into_any().downcast::<L4Stream>() {
+            Ok(l4) => *l4,
+            Err(_) => {
+                log::error!("a TLS listener's connection is not a TCP stream");
+                return None;
+            }
+        };
+        match tokio::time::timeout(self.timeout, self.acceptor.tls_handshake(l4)).await {
+            Ok(Ok(tls)) => Some(Box::new(tls)),
+            Ok(Err(e)) => {
+                log::debug!("TLS handshake with {peer} failed: {e}");
+                self.control.metrics.tls_handshake_failed("error");
+                None
+            }
+            Err(_) => {
+                log::debug!("TLS handshake with {peer} timed out");
+                self.control.metrics.tls_handshake_failed("timeout");
+                None
+            }
+        }
+    }
+}
+
+/// Reads the certificate directories again every 2 s: files added,
+/// replaced or removed are served without a restart.
+pub struct CertWatcher(pub Arc<CertStore>);
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for CertWatcher {
+    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
+        let mut tick = tokio::time::interval(Duration::from_secs(2));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            let store = Arc::clone(&self.0);
+            let _ = tokio::task::spawn_blocking(move || store.reload()).await;
+        }
+    }
+}
+
+/// Creates `dir` (and its parents) with owner-only access.
+pub(crate) fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}

@@ -1,0 +1,514 @@
+//! TLS at the edge (DESIGN §5): SNI over a certificate directory, reloads,
+//! the handshake deadline, the https redirect, HTTP/2 through ALPN with
+//! real clients (curl, nghttp, h2load), X-Forwarded-Proto. ACME against
+//! Pebble is in `tests/acme.rs`.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_rustls::rustls;
+
+/// A test CA and the leaf certificates it signs (ECDSA P-256).
+struct Ca {
+    cert: rcgen::Certificate,
+    key: rcgen::KeyPair,
+}
+
+impl Ca {
+    fn new() -> Ca {
+        let key = rcgen::KeyPair::generate().expect("CA key");
+        let mut params = rcgen::CertificateParams::new(Vec::new()).expect("CA params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "shardgate test CA");
+        let cert = params.self_signed(&key).expect("CA");
+        Ca { cert, key }
+    }
+
+    /// Writes `dir/NAME.crt` + `dir/NAME.key` for `sans`; returns the
+    /// leaf's DER.
+    fn issue(&self, dir: &Path, name: &str, sans: &[&str]) -> Vec<u8> {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let params =
+            rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .expect("params");
+        let cert = params.signed_by(&key, &self.cert, &self.key).expect("leaf");
+        std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).expect("key");
+        std::fs::write(dir.join(format!("{name}.crt")), cert.pem()).expect("crt");
+        cert.der().to_vec()
+    }
+
+    fn pem_file(&self, dir: &Path) -> std::path::PathBuf {
+        let path = dir.join("ca.pem");
+        std::fs::write(&path, self.cert.pem()).expect("ca");
+        path
+    }
+}
+
+/// What a TLS client saw: the leaf served and the protocol agreed.
+struct Handshake {
+    leaf: Vec<u8>,
+    alpn: Option<Vec<u8>>,
+    stream: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+}
+
+/// A handshake with `sni` (`None`: no SNI, as a client dialing an IP),
+/// trusting `ca`, offering `alpn`.
+fn handshake(port: u16, sni: Option<&str>, ca: &Ca, alpn: &[&[u8]]) -> Result<Handshake, String> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let _ = ca;
+    // Whatever is served is what the test checks: no name verification.
+    let mut client = rustls::ClientConfig::builder()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCert))
+        .with_no_client_auth();
+    client.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let name = match sni {
+        Some(n) => rustls::pki_types::ServerName::try_from(n.to_string()).expect("name"),
+        None => {
+            rustls::pki_types::ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into())
+        }
+    };
+    runtime().block_on(async move {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map_err(|e| e.to_string())?;
+        let stream = tokio::time::timeout(Duration::from_secs(5), connector.connect(name, tcp))
+            .await
+            .map_err(|_| "handshake timed out".to_string())?
+            .map_err(|e| e.to_string())?;
+        let (_, conn) = stream.get_ref();
+        let leaf = conn
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .map(|c| c.to_vec())
+            .ok_or("no certificate")?;
+        let alpn = conn.alpn_protocol().map(|p| p.to_vec());
+        Ok(Handshake { leaf, alpn, stream })
+    })
+}
+
+/// Takes any certificate: the tests compare the one served.
+#[derive(Debug)]
+struct AnyCert;
+
+impl rustls::client::danger::ServerCertVerifier for AnyCert {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        let algs = rustls::crypto::ring::default_provider().signature_verification_algorithms;
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &algs)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        let algs = rustls::crypto::ring::default_provider().signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &algs)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// One HTTP/1.1 request over a handshake; the whole response as text.
+fn https_get(h: Handshake, host: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = h.stream;
+    runtime().block_on(async move {
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        stream.write_all(req.as_bytes()).await.expect("write");
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    })
+}
+
+/// A gateway with a TLS listener on `{port}` (SNI over `certs`) and a
+/// plain one on the returned port; `tls` is the rest of the `tls` section.
+fn edge(backend: &Backend, certs: &Path, tls: &str, plain: &str) -> (Gateway, u16) {
+    let plain_port = free_port();
+    let yaml = config_yaml(
+        &format!(
+            "listen:\n  - {{ addr: \"127.0.0.1:{{port}}\", tls: true }}\n  - {{ addr: \"127.0.0.1:{plain_port}\"{plain} }}\nadmin: {{ addr: \"127.0.0.1:{{admin}}\" }}\nstate: false\ntls:\n  certs: \"{}\"\n{tls}",
+            certs.display()
+        ),
+        &[("a", backend.url())],
+        "domains:\n  fallback_suffix: .apps.test\n",
+    );
+    (Gateway::start(&yaml), plain_port)
+}
+
+#[test]
+fn sni_serves_the_exact_name_then_the_wildcard_then_the_default() {
+    let ca = Ca::new();
+    let certs = tempfile::tempdir().expect("dir");
+    let platform = ca.issue(certs.path(), "platform", &["platform.test"]);
+    let wildcard = ca.issue(certs.path(), "apps", &["*.apps.test"]);
+    let exact = ca.issue(
+        certs.path(),
+        "shop",
+        &["shop.apps.test", "shop.example.com"],
+    );
+    let backend = Backend::start("a");
+    let (gw, _) = edge(&backend, certs.path(), "  default_cert: platform\n", "");
+    let served = |sni: Option<&str>| handshake(gw.port, sni, &ca, &[]).map(|h| h.leaf);
+    assert_eq!(served(Some("shop.apps.test")).as_ref(), Ok(&exact));
+    assert_eq!(served(Some("SHOP.example.com")).as_ref(), Ok(&exact));
+    assert_eq!(served(Some("blog.apps.test")).as_ref(), Ok(&wildcard));
+    // One label only: a.b.apps.test is not covered by *.apps.test.
+    assert_eq!(served(Some("a.b.apps.test")).as_ref(), Ok(&platform));
+    assert_eq!(served(Some("unknown.test")).as_ref(), Ok(&platform));
+    assert_eq!(served(None).as_ref(), Ok(&platform), "no SNI: the default");
+    // The request goes through, with X-Forwarded-Proto: https.
+    let h = handshake(gw.port, Some("shop.apps.test"), &ca, &[b"http/1.1"]).expect("handshake");
+    assert_eq!(h.alpn.as_deref(), Some(&b"http/1.1"[..]));
+    let text = https_get(h, "shop.apps.test", "/x");
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let seen = backend.requests();
+    let last = seen.last().expect("a request reached the shard");
+    assert_eq!(last.header("x-forwarded-proto"), Some("https"));
+    assert_eq!(last.header("x-tenant-id"), Some("shop"));
+}
+
+#[test]
+fn unknown_names_are_refused_when_asked() {
+    let ca = Ca::new();
+    let certs = tempfile::tempdir().expect("dir");
+    let shop = ca.issue(certs.path(), "shop", &["shop.apps.test"]);
+    let backend = Backend::start("a");
+    let (gw, _) = edge(&backend, certs.path(), "  unknown_sni: refuse\n", "");
+    assert_eq!(
+        handshake(gw.port, Some("shop.apps.test"), &ca, &[])
+            .map(|h| h.leaf)
+            .ok(),
+        Some(shop)
+    );
+    assert!(handshake(gw.port, Some("other.test"), &ca, &[]).is_err());
+    assert!(handshake(gw.port, None, &ca, &[]).is_err());
+    let metrics = send_raw(
+        gw.admin_port,
+        b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .text();
+    // The two refused (a client that drops a finished handshake before
+    // the server reads its Finished counts too).
+    let failed: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("shardgate_tls_handshake_failures_total{reason=\"error\"} "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(failed >= 2, "{metrics}");
+}
+
+#[test]
+fn certificates_added_replaced_removed_or_broken_are_picked_up_without_a_restart() {
+    let ca = Ca::new();
+    let certs = tempfile::tempdir().expect("dir");
+    let dir = certs.path();
+    ca.issue(dir, "platform", &["platform.test"]);
+    let backend = Backend::start("a");
+    let (gw, _) = edge(&backend, dir, "  default_cert: platform\n", "");
+    let served = |sni: &str| handshake(gw.port, Some(sni), &ca, &[]).map(|h| h.leaf).ok();
+    let listed = || gw.admin("GET", "/v1/certs", None, None).json();
+    // Added: served within 5 s, without a reload call.
+    let added = ca.issue(dir, "shop", &["shop.apps.test"]);
+    let since = Instant::now();
+    assert!(eventually(Duration::from_secs(5), || served(
+        "shop.apps.test"
+    )
+    .as_ref()
+        == Some(&added)));
+    eprintln!("a new file was served after {:?}", since.elapsed());
+    // Replaced, then reloaded at once by the API.
+    let replaced = ca.issue(dir, "shop", &["shop.apps.test"]);
+    let report = gw.admin("POST", "/v1/certs/reload", None, None).json();
+    assert_eq!(report["certs"], 2, "{report}");
+    assert_eq!(served("shop.apps.test").as_ref(), Some(&replaced));
+    let certs_json = listed();
+    let shop = certs_json["certs"]
+        .as_array()
+        .and_then(|all| all.iter().find(|c| c["name"] == "shop").cloned())
+        .expect("shop listed");
+    assert_eq!(shop["sans"], serde_json::json!(["shop.apps.test"]));
+    assert_eq!(shop["issuer"], "shardgate test CA");
+    assert_eq!(shop["source"], "file");
+    assert!(shop["expires"].as_i64().unwrap_or(0) > 0, "{shop}");
+    // A broken file is skipped and listed; the others keep serving.
+    std::fs::write(dir.join("broken.crt"), "not a certificate").expect("write");
+    std::fs::write(dir.join("broken.key"), "not a key").expect("write");
+    ca.issue(dir, "mismatch", &["mismatch.apps.test"]);
+    let other = tempfile::tempdir().expect("dir");
+    ca.issue(other.path(), "mismatch", &["mismatch.apps.test"]);
+    std::fs::copy(other.path().join("mismatch.key"), dir.join("mismatch.key")).expect("copy");
+    let report = gw.admin("POST", "/v1/certs/reload", None, None).json();
+    let errors = report["errors"].as_array().cloned().unwrap_or_default();
+    assert_eq!(errors.len(), 2, "{report}");
+    assert!(errors.iter().any(|e| e["file"]
+        .as_str()
+        .is_some_and(|f| f.ends_with("broken.crt"))));
+    assert!(
+        errors.iter().any(|e| e["error"]
+            .as_str()
+            .is_some_and(|f| f.contains("does not belong"))),
+        "{report}"
+    );
+    assert_eq!(served("shop.apps.test").as_ref(), Some(&replaced));
+    assert_ne!(
+        served("mismatch.apps.test").as_ref(),
+        None,
+        "the default still answers"
+    );
+    // Removed: gone within 5 s (the default answers instead).
+    std::fs::remove_file(dir.join("shop.crt")).expect("rm");
+    assert!(eventually(Duration::from_secs(5), || served(
+        "shop.apps.test"
+    )
+    .as_ref()
+        != Some(&replaced)));
+    assert_eq!(listed()["certs"].as_array().map(Vec::len), Some(1));
+}
+
+#[test]
+fn a_client_that_stalls_its_handshake_is_dropped_at_the_deadline() {
+    use std::io::Read;
+    let ca = Ca::new();
+    let certs = tempfile::tempdir().expect("dir");
+    ca.issue(certs.path(), "platform", &["platform.test"]);
+    let backend = Backend::start("a");
+    let (gw, _) = edge(
+        &backend,
+        certs.path(),
+        "  default_cert: platform\n  handshake_timeout_ms: 400\n",
+        "",
+    );
+    let mut idle = std::net::TcpStream::connect(("127.0.0.1", gw.port)).expect("connect");
+    idle.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let since = Instant::now();
+    let mut buf = [0u8; 16];
+    let n = idle.read(&mut buf).unwrap_or(0);
+    let took = since.elapsed();
+    assert_eq!(n, 0, "closed without an answer");
+    assert!(
+        took >= Duration::from_millis(350) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    // A client that sent half a ClientHello too.
+    let mut half = std::net::TcpStream::connect(("127.0.0.1", gw.port)).expect("connect");
+    std::io::Write::write_all(&mut half, &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]).expect("write");
+    half.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let since = Instant::now();
+    let _ = half.read(&mut buf);
+    assert!(since.elapsed() < Duration::from_secs(3));
+    let metrics = send_raw(
+        gw.admin_port,
+        b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .text();
+    assert!(
+        metrics.contains("shardgate_tls_handshake_failures_total{reason=\"timeout\"} 2"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn a_plain_listener_redirects_to_https_except_acme_challenges() {
+    let ca = Ca::new();
+    let certs = tempfile::tempdir().expect("dir");
+    ca.issue(certs.path(), "platform", &["platform.test"]);
+    let backend = Backend::start("a");
+    let (gw, plain) = edge(
+        &backend,
+        certs.path(),
+        "  default_cert: platform\n",
+        ", redirect_https: true",
+    );
+    let r = send_raw(
+        plain,
+        b"GET /a/b?c=1 HTTP/1.1\r\nHost: shop.apps.test\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 308);
+    assert_eq!(
+        r.header("location"),
+        Some(format!("https://shop.apps.test:{}/a/b?c=1", gw.port).as_str())
+    );
+    // Keep-alive: two redirects on one connection, then a challenge path
+    // shardgate does not hold goes to the tenant's app.
+    let all = raw_exchange(
+        plain,
+        b"GET /x HTTP/1.1\r\nHost: shop.apps.test\r\n\r\nGET /.well-known/acme-challenge/theirs HTTP/1.1\r\nHost: shop.apps.test\r\nConnection: close\r\n\r\n",
+    );
+    assert!(all.starts_with("HTTP/1.1 308"), "{all}");
+    assert!(all.contains("HTTP/1.1 200"), "{all}");
+    assert!(backend
+        .requests()
+        .iter()
+        .any(|s| s.uri.starts_with("/.well-known/acme-challenge/theirs")));
+    assert_eq!(
+        backend.requests().len(),
+        1,
+        "only the challenge reached the shard"
+    );
+    let r = send_raw(plain, b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n");
+    assert_eq!(r.status, 400);
+}
+
+/// Every byte a raw exchange on a new connection gets back.
+fn raw_exchange(port: u16, bytes: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    s.write_all(bytes).expect("write");
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `curl` over HTTP/2 to the gateway's TLS port: (status, HTTP version,
+/// body).
+fn curl_h2(port: u16, host: &str, path: &str, ca: &Path) -> (String, String, String) {
+    let out = Command::new("curl")
+        .args(["-s", "--http2", "--max-time", "10", "--cacert"])
+        .arg(ca)
+        .args(["--resolve", &format!("{host}:{port}:127.0.0.1")])
+        .args(["-w", "\n%{http_code} %{http_version}"])
+        .arg(format!("https://{host}:{port}{path}"))
+        .output()
+        .expect("curl (curl is installed by scripts/prereqs.sh)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, tail) = text.rsplit_once('\n').unwrap_or(("", &text));
+    let (status, version) = tail.split_once(' ').unwrap_or((tail, ""));
+    (status.to_string(), version.to_string(), body.to_string())
+}
+
+#[test]
+fn http2_routes_forwards_and_refuses_as_http1_does() {
+    let ca = Ca::new();
+    let certs = tempfile::tempdir().expect("dir");
+    ca.issue(certs.path(), "apps", &["*.apps.test"]);
+    let ca_file = ca.pem_file(certs.path());
+    let backend = Backend::start("a");
+    let (gw, _) = edge(&backend, certs.path(), "  default_cert: apps\n", "");
+    let h =
+        handshake(gw.port, Some("shop.apps.test"), &ca, &[b"h2", b"http/1.1"]).expect("handshake");
+    assert_eq!(h.alpn.as_deref(), Some(&b"h2"[..]), "h2 is preferred");
+    let (status, version, body) = curl_h2(gw.port, "shop.apps.test", "/p?q=1", &ca_file);
+    assert_eq!((status.as_str(), version.as_str()), ("200", "2"), "{body}");
+    assert!(body.contains("\"tenant\":\"shop\""), "{body}");
+    let seen = backend.requests();
+    let last = seen.last().expect("forwarded");
+    assert_eq!(last.uri, "/p?q=1");
+    assert_eq!(
+        last.header("host"),
+        Some(format!("shop.apps.test:{}", gw.port).as_str())
+    );
+    assert_eq!(last.header("x-forwarded-proto"), Some("https"));
+    assert_eq!(last.header("x-tenant-id"), Some("shop"));
+    // Refusals are the same answers: a denied tenant gets 403.
+    let r = gw.admin("PUT", "/v1/tenants/shop/deny", None, None);
+    assert_eq!(r.status, 200);
+    let (status, version, body) = curl_h2(gw.port, "shop.apps.test", "/", &ca_file);
+    assert_eq!((status.as_str(), version.as_str()), ("403", "2"));
+    assert!(body.contains("denied"), "{body}");
+    let (status, _, _) = curl_h2(gw.port, "other.apps.test", "/", &ca_file);
+    assert_eq!(status, "200");
+}
+
+#[test]
+fn each_http2_stream_counts_in_the_cap_and_streams_per_connection_are_limited() {
+    let ca = Ca::new();
+    let certs = tempfile::tempdir().expect("dir");
+    ca.issue(certs.path(), "apps", &["*.apps.test"]);
+    let slow = Backend::with("slow", |_| {
+        Reply::After(Duration::from_millis(500), Box::new(Reply::ok("{}")))
+    });
+    let plain_port = free_port();
+    let yaml = config_yaml(
+        &format!(
+            "listen:\n  - {{ addr: \"127.0.0.1:{{port}}\", tls: true }}\n  - {{ addr: \"127.0.0.1:{plain_port}\" }}\nadmin: {{ addr: \"127.0.0.1:{{admin}}\" }}\nstate: false\ntls:\n  certs: \"{}\"\n  default_cert: apps\n  h2_max_concurrent_streams: 8\nlimits:\n  connection_cap: 3\n",
+            certs.path().display()
+        ),
+        &[("a", slow.url())],
+        "domains:\n  fallback_suffix: .apps.test\n",
+    );
+    let gw = Gateway::start(&yaml);
+    // nghttp shows the server's SETTINGS.
+    let out = Command::new("nghttp")
+        .args(["-nv", "--timeout=10", "-H", ":authority: shop.apps.test"])
+        .arg(format!("https://127.0.0.1:{}/", gw.port))
+        .output()
+        .expect("nghttp (nghttp2-client, installed by scripts/prereqs.sh)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("SETTINGS_MAX_CONCURRENT_STREAMS(0x03):8"),
+        "{text}"
+    );
+    // 12 streams at once on one connection: 3 admitted, the rest capped.
+    let out = Command::new("h2load")
+        .args(["-n", "12", "-c", "1", "-m", "12"])
+        .arg(format!("https://127.0.0.1:{}/", gw.port))
+        .args(["-H", ":authority: shop.apps.test"])
+        .output()
+        .expect("h2load (nghttp2-client)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("12 done"), "{text}");
+    let codes = text
+        .lines()
+        .find(|l| l.starts_with("status codes:"))
+        .unwrap_or_default()
+        .to_string();
+    // "status codes: N 2xx, 0 3xx, M 4xx, 0 5xx"
+    let count = |class: &str| -> u64 {
+        codes
+            .split(',')
+            .find(|p| p.trim().ends_with(class))
+            .and_then(|p| p.split_whitespace().rev().nth(1))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(u64::MAX)
+    };
+    // Streams sent before the client read the server's SETTINGS may be
+    // refused past the eighth (RST_STREAM): h2load counts them as errored.
+    let errored: u64 = text
+        .lines()
+        .find(|l| l.starts_with("requests:"))
+        .and_then(|l| l.split(',').find(|p| p.trim().ends_with("errored")))
+        .and_then(|p| p.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(u64::MAX);
+    assert_eq!(
+        count("2xx"),
+        3,
+        "the cap admits 3 streams at a time: {text}"
+    );
+    assert!(errored <= 4, "{text}");
+    assert_eq!(count("4xx") + errored, 9, "{text}");
+}
