@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing shardgate needs when it is missing:
 # cmake (Pingora's zlib-ng), a C toolchain, iptables (the blackholed-shard
-# tests), wrk (the fault tests under load) and redis-server (cluster mode). Debian/Ubuntu, as root;
+# tests), wrk (the fault tests under load), redis-server (cluster mode),
+# pebble (ACME), nghttp2-client and curl (HTTP/2). Debian/Ubuntu, as root;
 # otherwise prints what to install.
 set -euo pipefail
 missing=()
@@ -11,6 +12,9 @@ command -v make >/dev/null 2>&1 || missing+=(make)
 command -v iptables >/dev/null 2>&1 || missing+=(iptables)
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)           # the fault tests under load
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server) # cluster-mode tests (own Redis, own Redis Cluster)
+command -v pebble >/dev/null 2>&1 || missing+=(pebble)      # ACME tests: Pebble and pebble-challtestsrv
+command -v h2load >/dev/null 2>&1 || missing+=(nghttp2-client) # HTTP/2 tests: h2load, nghttp
+command -v curl >/dev/null 2>&1 || missing+=(curl)          # HTTP/2 tests: curl --http2
 [ "${#missing[@]}" -eq 0 ] && exit 0
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing: ${missing[*]}"

@@ -1,0 +1,306 @@
+//! ACME against a real ACME server: Pebble (Debian `pebble`), with
+//! `pebble-challtestsrv` as its DNS pointing every name at 127.0.0.1, so
+//! Pebble validates each HTTP-01 challenge by fetching it from shardgate's
+//! plain listener — validation is never switched off.
+
+mod common;
+
+use common::*;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_rustls::rustls;
+
+/// A child process killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Pebble and its DNS; `ca_pem` is the file to trust for Pebble's API.
+struct Pebble {
+    _dns: Proc,
+    _pebble: Proc,
+    directory: String,
+    ca_pem: std::path::PathBuf,
+}
+
+impl Pebble {
+    /// Pebble validating HTTP-01 on `http_port`, issuing certificates valid
+    /// for `validity_secs`, refusing `blocked` names.
+    fn start(
+        dir: &std::path::Path,
+        http_port: u16,
+        validity_secs: u64,
+        blocked: &[&str],
+    ) -> Pebble {
+        // Pebble's own HTTPS certificate, from a CA of ours.
+        let ca_key = rcgen::KeyPair::generate().expect("key");
+        let mut params = rcgen::CertificateParams::new(Vec::new()).expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = params.self_signed(&ca_key).expect("ca");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let leaf =
+            rcgen::CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+                .expect("params")
+                .signed_by(&key, &ca, &ca_key)
+                .expect("leaf");
+        let ca_pem = dir.join("pebble-ca.pem");
+        std::fs::write(&ca_pem, ca.pem()).expect("write");
+        std::fs::write(dir.join("pebble.crt"), leaf.pem()).expect("write");
+        std::fs::write(dir.join("pebble.key"), key.serialize_pem()).expect("write");
+        let (dns_port, api_port, mgmt_port, dns_mgmt) =
+            (free_port(), free_port(), free_port(), free_port());
+        let dns = Proc(
+            Command::new("pebble-challtestsrv")
+                .args(["-defaultIPv4", "127.0.0.1", "-defaultIPv6", ""])
+                .args(["-dns01", &format!("127.0.0.1:{dns_port}")])
+                .args(["-http01", "", "-https01", "", "-tlsalpn01", ""])
+                .args(["-management", &format!("127.0.0.1:{dns_mgmt}")])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("pebble-challtestsrv (Debian `pebble`, installed by scripts/prereqs.sh)"),
+        );
+        let config = serde_json::json!({
+            "pebble": {
+                "listenAddress": format!("127.0.0.1:{api_port}"),
+                "managementListenAddress": format!("127.0.0.1:{mgmt_port}"),
+                "certificate": dir.join("pebble.crt"),
+                "privateKey": dir.join("pebble.key"),
+                "httpPort": http_port,
+                "tlsPort": free_port(),
+                "ocspResponderURL": "",
+                "externalAccountBindingRequired": false,
+                "domainBlocklist": blocked,
+                "certificateValidityPeriod": validity_secs,
+            }
+        });
+        let config_path = dir.join("pebble.json");
+        std::fs::write(&config_path, config.to_string()).expect("write");
+        let pebble = Proc(
+            Command::new("pebble")
+                .arg("-config")
+                .arg(&config_path)
+                .args(["-dnsserver", &format!("127.0.0.1:{dns_port}")])
+                .env("PEBBLE_VA_NOSLEEP", "1")
+                .env("PEBBLE_WFE_NONCEREJECT", "0")
+                .stdout(std::fs::File::create(dir.join("pebble.log")).expect("log"))
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("pebble (Debian `pebble`, installed by scripts/prereqs.sh)"),
+        );
+        assert!(
+            eventually(Duration::from_secs(10), || std::net::TcpStream::connect((
+                "127.0.0.1",
+                api_port
+            ))
+            .is_ok()),
+            "pebble did not listen"
+        );
+        Pebble {
+            _dns: dns,
+            _pebble: pebble,
+            directory: format!("https://127.0.0.1:{api_port}/dir"),
+            ca_pem,
+        }
+    }
+}
+
+/// The issuer's common name of the certificate served for `sni`.
+fn issuer_for(port: u16, sni: &str) -> Option<String> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    #[derive(Debug)]
+    struct Any;
+    impl rustls::client::danger::ServerCertVerifier for Any {
+        fn verify_server_cert(
+            &self,
+            _: &rustls::pki_types::CertificateDer<'_>,
+            _: &[rustls::pki_types::CertificateDer<'_>],
+            _: &rustls::pki_types::ServerName<'_>,
+            _: &[u8],
+            _: rustls::pki_types::UnixTime,
+        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            m: &[u8],
+            c: &rustls::pki_types::CertificateDer<'_>,
+            d: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            let a = rustls::crypto::ring::default_provider().signature_verification_algorithms;
+            rustls::crypto::verify_tls12_signature(m, c, d, &a)
+        }
+        fn verify_tls13_signature(
+            &self,
+            m: &[u8],
+            c: &rustls::pki_types::CertificateDer<'_>,
+            d: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            let a = rustls::crypto::ring::default_provider().signature_verification_algorithms;
+            rustls::crypto::verify_tls13_signature(m, c, d, &a)
+        }
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            rustls::crypto::ring::default_provider()
+                .signature_verification_algorithms
+                .supported_schemes()
+        }
+    }
+    let client = rustls::ClientConfig::builder()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(Any))
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let name = rustls::pki_types::ServerName::try_from(sni.to_string()).ok()?;
+    let leaf = runtime().block_on(async move {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        let tls = connector.connect(name, tcp).await.ok()?;
+        tls.get_ref()
+            .1
+            .peer_certificates()?
+            .first()
+            .map(|c| c.to_vec())
+    })?;
+    use x509_parser::prelude::*;
+    let (_, cert) = X509Certificate::from_der(&leaf).ok()?;
+    let cn = cert
+        .issuer()
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_string();
+    Some(cn)
+}
+
+fn acme_counter(gw: &Gateway, result: &str) -> u64 {
+    let text = send_raw(
+        gw.admin_port,
+        b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .text();
+    let prefix = format!("shardgate_acme_orders_total{{result=\"{result}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn acme_orders_validates_serves_and_renews_certificates_for_served_hosts_only() {
+    let scratch = tempfile::tempdir().expect("dir");
+    let plain = free_port();
+    let pebble = Pebble::start(scratch.path(), plain, 24, &["blocked.example.com"]);
+    // A platform certificate from a file, and one that covers a tenant
+    // domain already (ACME must leave that one alone).
+    let certs = scratch.path().join("certs");
+    std::fs::create_dir(&certs).expect("dir");
+    for (name, san) in [
+        ("platform", "platform.test"),
+        ("files", "files.example.com"),
+    ] {
+        let c = rcgen::generate_simple_self_signed(vec![san.to_string()]).expect("cert");
+        std::fs::write(certs.join(format!("{name}.crt")), c.cert.pem()).expect("write");
+        std::fs::write(
+            certs.join(format!("{name}.key")),
+            c.key_pair.serialize_pem(),
+        )
+        .expect("write");
+    }
+    let backend = Backend::start("a");
+    let yaml = config_yaml(
+        &format!(
+            "listen:\n  - {{ addr: \"127.0.0.1:{{port}}\", tls: true }}\n  - {{ addr: \"127.0.0.1:{plain}\", redirect_https: true }}\nadmin: {{ addr: \"127.0.0.1:{{admin}}\" }}\nstate: false\ntls:\n  certs: \"{}\"\n  default_cert: platform\n  acme:\n    directory: \"{}\"\n    email: ops@example.com\n    storage: \"{{dir}}/acme\"\n    ca_file: \"{}\"\n",
+            certs.display(),
+            pebble.directory,
+            pebble.ca_pem.display()
+        ),
+        &[("a", backend.url())],
+        "domains:\n  map:\n    shop.example.com: shop\n    blocked.example.com: blocked\n    files.example.com: files\n    \"*.example.org\": org\n",
+    );
+    let gw = Gateway::start(&yaml);
+    let certs_now = || gw.admin("GET", "/v1/certs", None, None).json();
+    let acme_cert = |host: &str| {
+        certs_now()["certs"].as_array().and_then(|all| {
+            all.iter()
+                .find(|c| c["name"] == host && c["source"] == "acme")
+                .cloned()
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(60), || acme_cert("shop.example.com")
+            .is_some()),
+        "no certificate for shop.example.com: {}\n{}",
+        certs_now(),
+        gw.log()
+    );
+    let issued = acme_cert("shop.example.com").expect("issued");
+    assert_eq!(issued["sans"], serde_json::json!(["shop.example.com"]));
+    let issuer = issuer_for(gw.port, "shop.example.com").expect("handshake");
+    assert!(issuer.starts_with("Pebble Intermediate CA"), "{issuer}");
+    assert_eq!(
+        issuer_for(gw.port, "files.example.com").as_deref(),
+        Some("rcgen self signed cert")
+    );
+    // The refused order is visible, with its error, and backs off.
+    assert!(eventually(Duration::from_secs(30), || {
+        certs_now()["acme"]["hosts"]["blocked.example.com"]["state"] == "failed"
+    }));
+    let view = certs_now();
+    let blocked = &view["acme"]["hosts"]["blocked.example.com"];
+    assert!(
+        blocked["last_error"]
+            .as_str()
+            .is_some_and(|e| !e.is_empty()),
+        "{view}"
+    );
+    assert!(blocked["retry_at"].as_u64().is_some(), "{view}");
+    assert!(acme_counter(&gw, "failed") >= 1);
+    // Only hosts the gateway serves, exactly, and that no file covers.
+    let hosts = view["acme"]["hosts"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    let mut names: Vec<&String> = hosts.keys().collect();
+    names.sort();
+    assert_eq!(names, ["blocked.example.com", "shop.example.com"], "{view}");
+    // A domain added through the admin API gets one too.
+    let r = gw.admin(
+        "PUT",
+        "/v1/domains/new.example.com",
+        Some("{\"tenant\":\"new\"}"),
+        None,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        eventually(Duration::from_secs(30), || acme_cert("new.example.com")
+            .is_some()),
+        "{}",
+        certs_now()
+    );
+    // Renewed at two thirds of its 24 s life (16 s), served at once.
+    let first = issued["not_before"].as_i64().unwrap_or(0);
+    assert!(
+        eventually(Duration::from_secs(40), || {
+            acme_cert("shop.example.com")
+                .and_then(|c| c["not_before"].as_i64())
+                .is_some_and(|t| t > first)
+        }),
+        "not renewed: {}",
+        certs_now()
+    );
+    assert!(acme_counter(&gw, "issued") >= 3);
+    // The plain listener still redirects everything else.
+    let r = send_raw(
+        plain,
+        b"GET / HTTP/1.1\r\nHost: shop.example.com\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 308);
+}
