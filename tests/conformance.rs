@@ -628,3 +628,27 @@ fn a_413_reaches_a_client_still_uploading() {
     let _ = uploader.join();
     assert_eq!(shard.count(), 0);
 }
+
+// RFC 9112 §9.3: an HTTP/1.0 request without keep-alive, or one that says
+// `Connection: close`, is the connection's last — shardgate's own answers
+// (refusals) included, not only proxied ones.
+#[test]
+fn a_refusal_to_an_http_10_or_closing_request_closes_the_connection() {
+    let shard = Backend::start("a");
+    let gw = Gateway::start(&config(&[("a", shard.url())], ""));
+    for raw in [
+        &b"GET / HTTP/1.0\r\n\r\n"[..],
+        b"GET / HTTP/1.0\r\nHost: nowhere.example\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: nowhere.example\r\nConnection: close\r\n\r\n",
+    ] {
+        let mut conn = TcpStream::connect(("127.0.0.1", gw.port)).expect("connect");
+        conn.set_read_timeout(Some(Duration::from_secs(3)))
+            .expect("timeout");
+        conn.write_all(raw).expect("write");
+        let mut out = Vec::new();
+        let read = conn.read_to_end(&mut out);
+        let text = String::from_utf8_lossy(&out);
+        assert!(read.is_ok(), "not closed after the answer: {text}");
+        assert!(text.starts_with("HTTP/1.1 4"), "{text}");
+    }
+}

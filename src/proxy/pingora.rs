@@ -82,7 +82,11 @@ impl ProxyHttp for Gateway {
                 .map(|_| ()),
         };
         let limits = &self.control.config.limits;
-        session.set_keepalive(Some(limits.keepalive_timeout.as_secs().max(1)));
+        // Our idle limit, for a connection the request lets stay open (an
+        // HTTP/1.0 request or `Connection: close` turned it off already).
+        if session.get_keepalive().is_some() {
+            session.set_keepalive(Some(limits.keepalive_timeout.as_secs().max(1)));
+        }
         session.set_write_timeout(Some(limits.send_timeout));
         match outcome {
             Ok(()) => {
