@@ -128,3 +128,44 @@ fn show_messages() {
         }
     }
 }
+
+#[test]
+fn the_tls_section_is_checked_field_by_field() {
+    let dir = tempfile::tempdir().expect("dir");
+    let base = "shards: [{ id: a, url: \"http://127.0.0.1:9\" }]\ndomains: { fallback_suffix: .localhost }\n";
+    let errors = |yaml: String| match shardgate::config::Config::parse(&yaml, None) {
+        Ok(_) => String::new(),
+        Err(e) => e.to_string(),
+    };
+    let e = errors(format!(
+        "listen: [{{ addr: \"127.0.0.1:1\", tls: true }}]\n{base}"
+    ));
+    assert!(e.contains("tls"), "tls: true without the section: {e}");
+    let e = errors(format!(
+        "listen: [{{ addr: \"127.0.0.1:1\", tls: true }}]\n{base}tls: {{ certs: \"{}\", default_cert: nope, alpn: [h3] }}\n",
+        dir.path().display()
+    ));
+    assert!(
+        e.contains("tls.default_cert") && e.contains("tls.alpn[0]"),
+        "{e}"
+    );
+    let e = errors(format!(
+        "listen: [{{ addr: \"127.0.0.1:1\", tls: true, redirect_https: true }}]\n{base}tls: {{ certs: /no/such/dir, handshake_timeout_ms: 0, acme: {{ directory: \"http://x\" }} }}\n"
+    ));
+    for field in [
+        "listen[0].redirect_https",
+        "tls.certs",
+        "tls.handshake_timeout_ms",
+        "tls.acme.directory",
+        "tls.acme.storage",
+    ] {
+        assert!(e.contains(field), "{field} not named: {e}");
+    }
+    assert_eq!(
+        errors(format!(
+            "listen: [{{ addr: \"127.0.0.1:1\", tls: true }}, {{ addr: \"127.0.0.1:2\", redirect_https: true }}]\n{base}tls: {{ certs: \"{}\", unknown_sni: refuse }}\n",
+            dir.path().display()
+        )),
+        ""
+    );
+}
