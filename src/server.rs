@@ -144,7 +144,14 @@ impl Builder {
         let mut http = pingora_proxy::http_proxy(&server.configuration, wrap(gateway));
         let mut h2 = pingora::protocols::http::v2::server::default_h2_options();
         h2.max_concurrent_streams(control.edge.config.h2_max_concurrent_streams);
+        // The head limits HTTP/1 has, for HTTP/2's decoded header list.
+        h2.max_header_list_size(limits.max_header_bytes.min(u32::MAX as usize) as u32);
         http.h2_options = Some(h2);
+        // An HTTP/2 connection with no stream open closes as an idle
+        // HTTP/1 one does.
+        let mut options = pingora::apps::HttpServerOptions::default();
+        options.h2_idle_timeout = Some(limits.keepalive_timeout);
+        http.server_options = Some(options);
         let roles = crate::tls::Roles::new(&control)?;
         let proxy = HeadGuard::new(
             http,

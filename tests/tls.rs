@@ -232,7 +232,7 @@ fn certificates_added_replaced_removed_or_broken_are_picked_up_without_a_restart
     let ca = Ca::new();
     let certs = tempfile::tempdir().expect("dir");
     let dir = certs.path();
-    ca.issue(dir, "platform", &["platform.test"]);
+    let platform = ca.issue(dir, "platform", &["platform.test"]);
     let backend = Backend::start("a");
     let (gw, _) = edge(&backend, dir, "  default_cert: platform\n", "");
     let served = |sni: &str| handshake(gw.port, Some(sni), &ca, &[]).map(|h| h.leaf).ok();
@@ -511,4 +511,29 @@ fn each_http2_stream_counts_in_the_cap_and_streams_per_connection_are_limited() 
     );
     assert!(errored <= 4, "{text}");
     assert_eq!(count("4xx") + errored, 9, "{text}");
+}
+
+#[test]
+fn a_redirect_listener_routes_nothing_but_challenges_it_does_not_hold() {
+    let ca = Ca::new();
+    let certs = tempfile::tempdir().expect("dir");
+    ca.issue(certs.path(), "platform", &["platform.test"]);
+    let backend = Backend::start("a");
+    let (_gw, plain) = edge(
+        &backend,
+        certs.path(),
+        "  default_cert: platform\n",
+        ", redirect_https: true",
+    );
+    // A WebSocket handshake, a body, HTTP/1.0: all 308, none reaches the shard.
+    for raw in [
+        &b"GET /ws HTTP/1.1\r\nHost: shop.apps.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"[..],
+        b"POST /form HTTP/1.1\r\nHost: shop.apps.test\r\nContent-Length: 5\r\n\r\nhello",
+        b"GET /old HTTP/1.0\r\nHost: shop.apps.test\r\n\r\n",
+    ] {
+        let all = raw_exchange(plain, raw);
+        assert!(all.starts_with("HTTP/1.1 308"), "{all}");
+        assert_eq!(all.matches("HTTP/1.1").count(), 1, "{all}");
+    }
+    assert_eq!(backend.requests().len(), 0);
 }

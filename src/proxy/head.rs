@@ -287,7 +287,11 @@ where
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
         let role = match &self.edge {
-            Some((roles, _)) => roles.of(&stream).cloned(),
+            Some((roles, _)) => match roles.of(&stream) {
+                Ok(role) => role.cloned(),
+                // Never serve a TLS listener's connection as plain HTTP.
+                Err(()) => return None,
+            },
             None => None,
         };
         let stream = match role.as_ref().and_then(|r| r.tls.as_ref()) {
@@ -342,20 +346,22 @@ where
             });
             ahead = rest.split_off(used);
             buf.unsplit(rest);
-            if let (false, Some((_, edge)), false) =
-                (tls, &self.edge, matches!(body, Framing::UntilClose))
-            {
+            if let (false, Some((_, edge))) = (tls, &self.edge) {
                 if let Some(answer) = edge_answer(&buf[..head.len], redirect, edge) {
-                    // A request with a body is not read on: the
-                    // connection closes after the answer.
-                    let more = bodiless && !*shutdown.borrow();
-                    if stream.write_all(&answer).await.is_err()
-                        || stream.flush().await.is_err()
-                        || !more
-                    {
-                        return None;
+                    // A request with a body (or a protocol switch) is not
+                    // read on: the connection closes after the answer.
+                    let more = bodiless && !answer.close && !*shutdown.borrow();
+                    let sent = async {
+                        stream.write_all(&answer.bytes).await?;
+                        stream.flush().await
+                    };
+                    let sent = tokio::time::timeout(self.limits.keepalive_timeout, sent).await;
+                    if matches!(sent, Ok(Ok(()))) && more {
+                        continue;
                     }
-                    continue;
+                    let _ = tokio::time::timeout(Duration::from_secs(1), stream.shutdown()).await;
+                    linger(&mut stream).await;
+                    return None;
                 }
             }
             let mut planned = None;

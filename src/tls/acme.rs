@@ -203,15 +203,21 @@ impl AcmeService {
         for token in &tokens {
             self.edge.withdraw_challenge(token);
         }
-        let result = match result {
-            Ok((chain, key)) => save(storage, host, &chain, &key),
-            Err(e) => Err(e),
-        };
+        let result = result.and_then(|(chain, key)| save(storage, host, &chain, &key));
+        // Served, or a failure (with its backoff): a certificate issued but
+        // not served must not be ordered again every second.
+        let result = result.and_then(|()| {
+            let store = self.edge.store.as_ref().ok_or("no certificate store")?;
+            store.reload();
+            match store.covering(host) {
+                Some(c) if c.source == Source::Acme && c.expires > unix_now() as i64 => Ok(()),
+                _ => Err(format!(
+                    "the certificate issued for {host} is not served (see GET /v1/certs errors)"
+                )),
+            }
+        });
         match result {
             Ok(()) => {
-                if let Some(store) = &self.edge.store {
-                    store.reload();
-                }
                 board.issued.fetch_add(1, Ordering::Relaxed);
                 log::info!("ACME: certificate for {host} issued and served");
                 board.set(

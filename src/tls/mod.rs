@@ -156,24 +156,34 @@ impl Roles {
         Ok(Roles { by_addr, all_plain })
     }
 
-    /// The role of the listener `stream` was accepted on.
-    pub fn of(&self, stream: &Stream) -> Option<&Role> {
+    /// The role of the listener `stream` was accepted on: `Ok(None)` when
+    /// every listener is plain, `Err` when roles differ and the
+    /// connection's listener is not found (it is then dropped, not served
+    /// as plain HTTP).
+    pub fn of(&self, stream: &Stream) -> Result<Option<&Role>, ()> {
         if self.all_plain {
-            return None;
+            return Ok(None);
         }
         let local = stream
             .get_socket_digest()
-            .and_then(|d| d.local_addr().and_then(|a| a.as_inet()).copied())?;
+            .and_then(|d| d.local_addr().and_then(|a| a.as_inet()).copied())
+            .ok_or(())?;
         let mut found = None;
         for (addr, role) in &self.by_addr {
             if *addr == local {
-                return Some(role);
+                return Ok(Some(role));
             }
             if addr.port() == local.port() && addr.ip().is_unspecified() {
                 found = Some(role);
             }
         }
-        found
+        match found {
+            Some(role) => Ok(Some(role)),
+            None => {
+                log::error!("a connection on {local} matches no listener: dropped");
+                Err(())
+            }
+        }
     }
 }
 

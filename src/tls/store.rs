@@ -134,16 +134,29 @@ impl CertStore {
                 }
                 let key = crt.with_extension("key");
                 let stamp = stamp_of(&crt, &key);
-                let loaded = match seen.remove(&crt) {
-                    Some((old, loaded)) if old == stamp => loaded,
-                    _ => {
+                let (stamp, loaded) = match seen.remove(&crt) {
+                    Some((old, loaded)) if old == stamp => (stamp, loaded),
+                    previous => {
                         changed = true;
                         report.parsed += 1;
-                        let loaded = load_pair(&crt, &key, *source).map(Arc::new);
-                        if let Err(e) = &loaded {
-                            log::warn!("certificate `{}` skipped: {e}", crt.display());
+                        match (load_pair(&crt, &key, *source), previous) {
+                            (Ok(loaded), _) => (stamp, Ok(Arc::new(loaded))),
+                            // A pair caught half replaced (or broken by
+                            // its replacement) keeps serving what it
+                            // served; it is read again next time.
+                            (Err(e), Some((old_stamp, Ok(served)))) => {
+                                log::warn!("certificate `{}` not reloaded, the previous one still serves: {e}", crt.display());
+                                report.errors.push(BadFile {
+                                    file: crt.display().to_string(),
+                                    error: format!("{e} (the previous certificate still serves)"),
+                                });
+                                (old_stamp, Ok(served))
+                            }
+                            (Err(e), _) => {
+                                log::warn!("certificate `{}` skipped: {e}", crt.display());
+                                (stamp, Err(e))
+                            }
                         }
-                        loaded
                     }
                 };
                 now_seen.insert(crt, (stamp, loaded));

@@ -8,29 +8,45 @@ use pingora::protocols::http::date::get_cached_date;
 /// Where ACME's HTTP-01 validation looks (RFC 8555 §8.3).
 const CHALLENGE_PREFIX: &str = "/.well-known/acme-challenge/";
 
+/// What the edge answers, and whether the connection closes after it.
+pub struct EdgeAnswer {
+    pub bytes: Vec<u8>,
+    pub close: bool,
+}
+
 /// The answer to a request head on a plain listener, if the edge answers
 /// it: the key authorization of a pending challenge, else (when
 /// `redirect` names the https port) a 308 to the same host and target
-/// over https. `None`: route it as usual.
-pub fn edge_answer(head: &[u8], redirect: Option<u16>, edge: &Edge) -> Option<Vec<u8>> {
+/// over https — for every request, a WebSocket handshake or a head that
+/// does not parse included (400). `None`: route it as usual (no redirect
+/// on this listener, or a challenge shardgate does not hold: the tenant's
+/// app may run its own ACME).
+pub fn edge_answer(head: &[u8], redirect: Option<u16>, edge: &Edge) -> Option<EdgeAnswer> {
     if redirect.is_none() && !edge.challenges_pending() {
         return None;
     }
-    let mut fields = [httparse::EMPTY_HEADER; 128];
+    // `limits.max_headers` is at most 256.
+    let mut fields = [httparse::EMPTY_HEADER; 256];
     let mut req = httparse::Request::new(&mut fields);
-    req.parse(head).ok()?;
-    let target = req.path?;
-    let head_only = req.method == Some("HEAD");
+    let (target, head_only, close) = match req.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {
+            let close = closes(req.version, req.headers);
+            (req.path.unwrap_or(""), req.method == Some("HEAD"), close)
+        }
+        _ if redirect.is_some() => return Some(bad_host(false)),
+        _ => return None,
+    };
     if let Some(token) = target.strip_prefix(CHALLENGE_PREFIX) {
         if let Some(key_auth) = edge.challenge(token) {
-            return Some(answer(
+            let bytes = answer(
                 200,
                 &[("content-type", "text/plain")],
                 &key_auth,
                 head_only,
-            ));
+                close,
+            );
+            return Some(EdgeAnswer { bytes, close });
         }
-        // Not ours: a tenant's app may answer its own challenges.
         return None;
     }
     let port = redirect?;
@@ -43,10 +59,20 @@ pub fn edge_answer(head: &[u8], redirect: Option<u16>, edge: &Edge) -> Option<Ve
         (Some(h), None) => std::str::from_utf8(h).ok(),
         _ => None,
     };
-    // An absolute-form target carries its own authority.
-    let (host, path) = match target.split_once("://") {
-        Some((_, rest)) => {
-            let at = rest.find('/').unwrap_or(rest.len());
+    // An absolute-form target (RFC 9112 §3.2.2) carries its own authority;
+    // an origin-form one (`/…`) never does, whatever its query holds.
+    let lower = target.get(..8).unwrap_or(target).to_ascii_lowercase();
+    let scheme_len = if lower.starts_with("http://") {
+        Some(7)
+    } else if lower.starts_with("https://") {
+        Some(8)
+    } else {
+        None
+    };
+    let (host, path) = match scheme_len {
+        Some(n) => {
+            let rest = &target[n..];
+            let at = rest.find(['/', '?']).unwrap_or(rest.len());
             (Some(&rest[..at]), &rest[at..])
         }
         None => (host, target),
@@ -54,25 +80,65 @@ pub fn edge_answer(head: &[u8], redirect: Option<u16>, edge: &Edge) -> Option<Ve
     let name = host
         .and_then(|h| http::uri::Authority::try_from(h).ok())
         .filter(|a| !a.as_str().contains('@'))
-        .map(|a| a.host().to_string());
+        .map(|a| a.host().to_ascii_lowercase());
     let Some(name) = name.filter(|n| !n.is_empty()) else {
-        return Some(answer(
-            400,
-            &[("content-type", "application/json")],
-            "{\"error\":\"invalid-host\"}",
-            head_only,
-        ));
+        return Some(bad_host(head_only));
     };
-    let path = if path.starts_with('/') { path } else { "/" };
+    let path = match path.chars().next() {
+        Some('/') => path.to_string(),
+        Some('?') => format!("/{path}"),
+        _ => "/".to_string(),
+    };
     let location = match port {
         443 => format!("https://{name}{path}"),
         p => format!("https://{name}:{p}{path}"),
     };
-    Some(answer(308, &[("location", &location)], "", head_only))
+    let bytes = answer(308, &[("location", &location)], "", head_only, close);
+    Some(EdgeAnswer { bytes, close })
+}
+
+/// A 400 for a request without a usable host; the connection closes.
+fn bad_host(head_only: bool) -> EdgeAnswer {
+    let body = "{\"error\":\"invalid-host\"}";
+    EdgeAnswer {
+        bytes: answer(
+            400,
+            &[("content-type", "application/json")],
+            body,
+            head_only,
+            true,
+        ),
+        close: true,
+    }
+}
+
+/// Whether the request makes its connection's last answer: HTTP/1.0
+/// without `keep-alive`, or `Connection: close`.
+fn closes(version: Option<u8>, headers: &[httparse::Header<'_>]) -> bool {
+    let mut keep_alive = false;
+    for h in headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+    {
+        for token in h.value.split(|b| *b == b',') {
+            let token = token.trim_ascii();
+            if token.eq_ignore_ascii_case(b"close") {
+                return true;
+            }
+            keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+        }
+    }
+    version == Some(0) && !keep_alive
 }
 
 /// An HTTP/1.1 answer with `Date`, `Content-Length` and `fields`.
-fn answer(status: u16, fields: &[(&str, &str)], body: &str, head_only: bool) -> Vec<u8> {
+fn answer(
+    status: u16,
+    fields: &[(&str, &str)],
+    body: &str,
+    head_only: bool,
+    close: bool,
+) -> Vec<u8> {
     let reason = http::StatusCode::from_u16(status)
         .ok()
         .and_then(|s| s.canonical_reason())
@@ -80,6 +146,9 @@ fn answer(status: u16, fields: &[(&str, &str)], body: &str, head_only: bool) -> 
     let mut out = format!("HTTP/1.1 {status} {reason}\r\n");
     for (name, value) in fields {
         out.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if close {
+        out.push_str("connection: close\r\n");
     }
     out.push_str(&format!(
         "content-length: {}\r\ncache-control: no-store\r\ndate: {}\r\n\r\n",
@@ -99,15 +168,15 @@ mod tests {
 
     fn edge() -> Edge {
         let config = Config::parse(
-            "listen: [{addr: 127.0.0.1:8080}]\nshards: [{id: a, url: http://127.0.0.1:9}]\n",
+            "listen: [{addr: 127.0.0.1:8080}]\nshards: [{id: a, url: http://127.0.0.1:9}]\ndomains: {fallback_suffix: .localhost}\n",
             None,
         )
         .expect("config");
         Edge::new(&config)
     }
 
-    fn text(bytes: Option<Vec<u8>>) -> String {
-        String::from_utf8(bytes.expect("an answer")).expect("utf-8")
+    fn text(answer: Option<EdgeAnswer>) -> String {
+        String::from_utf8(answer.expect("an answer").bytes).expect("utf-8")
     }
 
     #[test]
