@@ -290,7 +290,7 @@ where
             Some((roles, _)) => match roles.of(&stream) {
                 Ok(role) => role.cloned(),
                 // Never serve a TLS listener's connection as plain HTTP.
-                Err(()) => return None,
+                Err(_) => return None,
             },
             None => None,
         };

@@ -310,7 +310,7 @@ impl AcmeService {
 fn orderable(host: &str) -> bool {
     host.len() <= 253
         && host.contains('.')
-        && host.parse::<std::net::IpAddr>().is_ok() == false
+        && host.parse::<std::net::IpAddr>().is_err()
         && host.split('.').all(|label| {
             !label.is_empty()
                 && label.len() <= 63

@@ -160,14 +160,14 @@ impl Roles {
     /// every listener is plain, `Err` when roles differ and the
     /// connection's listener is not found (it is then dropped, not served
     /// as plain HTTP).
-    pub fn of(&self, stream: &Stream) -> Result<Option<&Role>, ()> {
+    pub fn of(&self, stream: &Stream) -> Result<Option<&Role>, Unmatched> {
         if self.all_plain {
             return Ok(None);
         }
         let local = stream
             .get_socket_digest()
             .and_then(|d| d.local_addr().and_then(|a| a.as_inet()).copied())
-            .ok_or(())?;
+            .ok_or(Unmatched)?;
         let mut found = None;
         for (addr, role) in &self.by_addr {
             if *addr == local {
@@ -181,11 +181,15 @@ impl Roles {
             Some(role) => Ok(Some(role)),
             None => {
                 log::error!("a connection on {local} matches no listener: dropped");
-                Err(())
+                Err(Unmatched)
             }
         }
     }
 }
+
+/// A connection whose listener is not known.
+#[derive(Debug)]
+pub struct Unmatched;
 
 /// The TLS handshake of a listener: its rustls configuration (ALPN,
 /// session tickets, certificates) and deadline.

@@ -87,13 +87,16 @@ struct Table {
 /// A pair's size and modification times: unchanged means not parsed again.
 type Stamp = (u64, Option<SystemTime>, u64, Option<SystemTime>);
 
+/// Per `.crt` path: its stamp and what parsing it gave.
+type Seen = HashMap<PathBuf, (Stamp, Result<Arc<Loaded>, String>)>;
+
 /// The certificate store (see the module documentation).
 pub struct CertStore {
     dirs: Vec<(PathBuf, Source)>,
     default_name: Option<String>,
     table: ArcSwap<Table>,
     /// Per `.crt` path: its stamp and what parsing it gave.
-    seen: Mutex<HashMap<PathBuf, (Stamp, Result<Arc<Loaded>, String>)>>,
+    seen: Mutex<Seen>,
 }
 
 impl CertStore {
@@ -176,11 +179,7 @@ impl CertStore {
 
     /// The index over what `seen` holds; the errors of the directories
     /// (`errors`) and of the files are kept with it.
-    fn index(
-        &self,
-        seen: &HashMap<PathBuf, (Stamp, Result<Arc<Loaded>, String>)>,
-        errors: &mut Vec<BadFile>,
-    ) -> Table {
+    fn index(&self, seen: &Seen, errors: &mut Vec<BadFile>) -> Table {
         let mut table = Table::default();
         let mut paths: Vec<_> = seen.iter().collect();
         paths.sort_by(|a, b| a.0.cmp(b.0));
