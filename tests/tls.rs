@@ -58,10 +58,9 @@ struct Handshake {
 }
 
 /// A handshake with `sni` (`None`: no SNI, as a client dialing an IP),
-/// trusting `ca`, offering `alpn`.
-fn handshake(port: u16, sni: Option<&str>, ca: &Ca, alpn: &[&[u8]]) -> Result<Handshake, String> {
+/// offering `alpn`, taking any certificate (the tests compare it).
+fn handshake(port: u16, sni: Option<&str>, alpn: &[&[u8]]) -> Result<Handshake, String> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let _ = ca;
     // Whatever is served is what the test checks: no name verification.
     let mut client = rustls::ClientConfig::builder()
         .dangerous()
@@ -92,49 +91,6 @@ fn handshake(port: u16, sni: Option<&str>, ca: &Ca, alpn: &[&[u8]]) -> Result<Ha
         let alpn = conn.alpn_protocol().map(|p| p.to_vec());
         Ok(Handshake { leaf, alpn, stream })
     })
-}
-
-/// Takes any certificate: the tests compare the one served.
-#[derive(Debug)]
-struct AnyCert;
-
-impl rustls::client::danger::ServerCertVerifier for AnyCert {
-    fn verify_server_cert(
-        &self,
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &[rustls::pki_types::CertificateDer<'_>],
-        _: &rustls::pki_types::ServerName<'_>,
-        _: &[u8],
-        _: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        let algs = rustls::crypto::ring::default_provider().signature_verification_algorithms;
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &algs)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        let algs = rustls::crypto::ring::default_provider().signature_verification_algorithms;
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &algs)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        rustls::crypto::ring::default_provider()
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
 }
 
 /// One HTTP/1.1 request over a handshake; the whole response as text.
@@ -178,7 +134,7 @@ fn sni_serves_the_exact_name_then_the_wildcard_then_the_default() {
     );
     let backend = Backend::start("a");
     let (gw, _) = edge(&backend, certs.path(), "  default_cert: platform\n", "");
-    let served = |sni: Option<&str>| handshake(gw.port, sni, &ca, &[]).map(|h| h.leaf);
+    let served = |sni: Option<&str>| handshake(gw.port, sni, &[]).map(|h| h.leaf);
     assert_eq!(served(Some("shop.apps.test")).as_ref(), Ok(&exact));
     assert_eq!(served(Some("SHOP.example.com")).as_ref(), Ok(&exact));
     assert_eq!(served(Some("blog.apps.test")).as_ref(), Ok(&wildcard));
@@ -187,7 +143,7 @@ fn sni_serves_the_exact_name_then_the_wildcard_then_the_default() {
     assert_eq!(served(Some("unknown.test")).as_ref(), Ok(&platform));
     assert_eq!(served(None).as_ref(), Ok(&platform), "no SNI: the default");
     // The request goes through, with X-Forwarded-Proto: https.
-    let h = handshake(gw.port, Some("shop.apps.test"), &ca, &[b"http/1.1"]).expect("handshake");
+    let h = handshake(gw.port, Some("shop.apps.test"), &[b"http/1.1"]).expect("handshake");
     assert_eq!(h.alpn.as_deref(), Some(&b"http/1.1"[..]));
     let text = https_get(h, "shop.apps.test", "/x");
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
@@ -205,25 +161,20 @@ fn unknown_names_are_refused_when_asked() {
     let backend = Backend::start("a");
     let (gw, _) = edge(&backend, certs.path(), "  unknown_sni: refuse\n", "");
     assert_eq!(
-        handshake(gw.port, Some("shop.apps.test"), &ca, &[])
+        handshake(gw.port, Some("shop.apps.test"), &[])
             .map(|h| h.leaf)
             .ok(),
         Some(shop)
     );
-    assert!(handshake(gw.port, Some("other.test"), &ca, &[]).is_err());
-    assert!(handshake(gw.port, None, &ca, &[]).is_err());
-    let metrics = send_raw(
-        gw.admin_port,
-        b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
-    )
-    .text();
+    assert!(handshake(gw.port, Some("other.test"), &[]).is_err());
+    assert!(handshake(gw.port, None, &[]).is_err());
+    let metrics = metrics_text(gw.admin_port);
     // The two refused (a client that drops a finished handshake before
     // the server reads its Finished counts too).
-    let failed: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("shardgate_tls_handshake_failures_total{reason=\"error\"} "))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
+    let failed = metric_value(
+        &metrics,
+        "shardgate_tls_handshake_failures_total{reason=\"error\"}",
+    );
     assert!(failed >= 2, "{metrics}");
 }
 
@@ -235,7 +186,7 @@ fn certificates_added_replaced_removed_or_broken_are_picked_up_without_a_restart
     let platform = ca.issue(dir, "platform", &["platform.test"]);
     let backend = Backend::start("a");
     let (gw, _) = edge(&backend, dir, "  default_cert: platform\n", "");
-    let served = |sni: &str| handshake(gw.port, Some(sni), &ca, &[]).map(|h| h.leaf).ok();
+    let served = |sni: &str| handshake(gw.port, Some(sni), &[]).map(|h| h.leaf).ok();
     let listed = || gw.admin("GET", "/v1/certs", None, None).json();
     // Added: served within 5 s, without a reload call.
     let added = ca.issue(dir, "shop", &["shop.apps.test"]);
@@ -334,11 +285,7 @@ fn a_client_that_stalls_its_handshake_is_dropped_at_the_deadline() {
     let since = Instant::now();
     let _ = half.read(&mut buf);
     assert!(since.elapsed() < Duration::from_secs(3));
-    let metrics = send_raw(
-        gw.admin_port,
-        b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
-    )
-    .text();
+    let metrics = metrics_text(gw.admin_port);
     assert!(
         metrics.contains("shardgate_tls_handshake_failures_total{reason=\"timeout\"} 2"),
         "{metrics}"
@@ -424,8 +371,7 @@ fn http2_routes_forwards_and_refuses_as_http1_does() {
     let ca_file = ca.pem_file(certs.path());
     let backend = Backend::start("a");
     let (gw, _) = edge(&backend, certs.path(), "  default_cert: apps\n", "");
-    let h =
-        handshake(gw.port, Some("shop.apps.test"), &ca, &[b"h2", b"http/1.1"]).expect("handshake");
+    let h = handshake(gw.port, Some("shop.apps.test"), &[b"h2", b"http/1.1"]).expect("handshake");
     assert_eq!(h.alpn.as_deref(), Some(&b"h2"[..]), "h2 is preferred");
     let (status, version, body) = curl_h2(gw.port, "shop.apps.test", "/p?q=1", &ca_file);
     assert_eq!((status.as_str(), version.as_str()), ("200", "2"), "{body}");

@@ -1051,3 +1051,75 @@ impl Drop for Blackhole {
         }
     }
 }
+
+/// A TLS client verifier that takes any certificate: TLS tests compare
+/// the certificate served instead of validating it.
+#[derive(Debug)]
+pub struct AnyCert;
+
+impl tokio_rustls::rustls::client::danger::ServerCertVerifier for AnyCert {
+    fn verify_server_cert(
+        &self,
+        _: &tokio_rustls::rustls::pki_types::CertificateDer<'_>,
+        _: &[tokio_rustls::rustls::pki_types::CertificateDer<'_>],
+        _: &tokio_rustls::rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: tokio_rustls::rustls::pki_types::UnixTime,
+    ) -> Result<tokio_rustls::rustls::client::danger::ServerCertVerified, tokio_rustls::rustls::Error>
+    {
+        Ok(tokio_rustls::rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &tokio_rustls::rustls::pki_types::CertificateDer<'_>,
+        dss: &tokio_rustls::rustls::DigitallySignedStruct,
+    ) -> Result<
+        tokio_rustls::rustls::client::danger::HandshakeSignatureValid,
+        tokio_rustls::rustls::Error,
+    > {
+        let algs = tokio_rustls::rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms;
+        tokio_rustls::rustls::crypto::verify_tls12_signature(message, cert, dss, &algs)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &tokio_rustls::rustls::pki_types::CertificateDer<'_>,
+        dss: &tokio_rustls::rustls::DigitallySignedStruct,
+    ) -> Result<
+        tokio_rustls::rustls::client::danger::HandshakeSignatureValid,
+        tokio_rustls::rustls::Error,
+    > {
+        let algs = tokio_rustls::rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms;
+        tokio_rustls::rustls::crypto::verify_tls13_signature(message, cert, dss, &algs)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<tokio_rustls::rustls::SignatureScheme> {
+        tokio_rustls::rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// The admin listener's Prometheus text.
+pub fn metrics_text(admin_port: u16) -> String {
+    send_raw(
+        admin_port,
+        b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .text()
+}
+
+/// A counter's value in Prometheus text (`name` with its labels), 0 if
+/// absent.
+pub fn metric_value(text: &str, name: &str) -> u64 {
+    let prefix = format!("{name} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
