@@ -261,3 +261,73 @@ fn acme_orders_validates_serves_and_renews_certificates_for_served_hosts_only() 
     );
     assert_eq!(r.status, 308);
 }
+
+/// Cluster mode: three nodes on one Redis. Only `b` and `c` can reach the
+/// ACME server, and Pebble validates through `a`'s plain listener only, so
+/// every certificate is ordered by `b` or `c`, validated by `a` answering a
+/// challenge it never published, and served by `a` without ordering it.
+#[test]
+fn in_a_cluster_one_node_orders_each_certificate_and_every_node_serves_it() {
+    let scratch = tempfile::tempdir().expect("dir");
+    let redis = Redis::start();
+    let plain_a = free_port();
+    let pebble = Pebble::start(scratch.path(), plain_a, 3600, &["blocked.example.com"]);
+    let backend = Backend::start("a");
+    let node = |id: &str, plain: u16, directory: &str| {
+        Gateway::start(&config_yaml(
+            &format!(
+                "listen:\n  - {{ addr: \"127.0.0.1:{{port}}\", tls: true }}\n  - {{ addr: \"127.0.0.1:{plain}\", redirect_https: true }}\nadmin: {{ addr: \"127.0.0.1:{{admin}}\" }}\nstate: false\ncluster: {{ redis: \"{}\", node_id: {id}, key_prefix: \"acme{}:\" }}\ntls:\n  acme:\n    directory: \"{directory}\"\n    storage: \"{{dir}}/acme\"\n    ca_file: \"{}\"\n",
+                redis.url(),
+                std::process::id(),
+                pebble.ca_pem.display()
+            ),
+            &[("a", backend.url())],
+            "domains:\n  map:\n    shop.example.com: shop\n    blog.example.com: blog\n    blocked.example.com: blocked\n",
+        ))
+    };
+    // `a`'s directory is a port nobody listens on: it can never order.
+    let a = node("gw-a", plain_a, "https://127.0.0.1:9/dir");
+    let b = node("gw-b", free_port(), &pebble.directory);
+    let c = node("gw-c", free_port(), &pebble.directory);
+    let hosts = ["shop.example.com", "blog.example.com"];
+    for gw in [&a, &b, &c] {
+        for host in hosts {
+            assert!(
+                eventually(Duration::from_secs(60), || issuer_for(gw.port, host)
+                    .is_some_and(|i| i.starts_with("Pebble Intermediate CA"))),
+                "{host} not served by Pebble's certificate on {}: {}\n{}",
+                gw.port,
+                gw.admin("GET", "/v1/certs", None, None).text(),
+                gw.log()
+            );
+        }
+    }
+    // The blocked name fails once, and its backoff holds for both nodes
+    // that could order it.
+    for gw in [&b, &c] {
+        assert!(
+            eventually(Duration::from_secs(30), || {
+                gw.admin("GET", "/v1/certs", None, None).json()["acme"]["hosts"]
+                    ["blocked.example.com"]["state"]
+                    == "failed"
+            }),
+            "{}",
+            gw.admin("GET", "/v1/certs", None, None).text()
+        );
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let total = |result: &str| acme_counter(&b, result) + acme_counter(&c, result);
+    assert_eq!(total("issued"), hosts.len() as u64, "one order per host");
+    assert_eq!(total("failed"), 1, "the backoff is shared");
+    assert_eq!(acme_counter(&a, "issued") + acme_counter(&a, "failed"), 0);
+    // `a` installed what it got under its own storage, as served by it.
+    let listed = a.admin("GET", "/v1/certs", None, None).json();
+    for host in hosts {
+        assert!(
+            listed["certs"].as_array().is_some_and(|all| all
+                .iter()
+                .any(|cert| cert["name"] == host && cert["source"] == "acme")),
+            "{listed}"
+        );
+    }
+}

@@ -5,82 +5,10 @@
 mod common;
 
 use common::*;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const TOKEN: &str = "cluster-admin-token";
-
-/// A `redis-server` of our own, killed on drop.
-struct Redis {
-    port: u16,
-    child: Child,
-    _dir: tempfile::TempDir,
-    extra: Vec<String>,
-}
-
-impl Redis {
-    fn start() -> Redis {
-        Redis::on(free_port(), &[])
-    }
-
-    fn on(port: u16, extra: &[&str]) -> Redis {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let child = spawn_redis(port, dir.path(), &extra);
-        Redis {
-            port,
-            child,
-            _dir: dir,
-            extra,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// Starts again on the same port (empty: nothing was saved).
-    fn restart(&mut self) {
-        self.kill9();
-        self.child = spawn_redis(self.port, self._dir.path(), &self.extra);
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
-
-fn spawn_redis(port: u16, dir: &std::path::Path, extra: &[String]) -> Child {
-    let child = Command::new("redis-server")
-        .arg("--port")
-        .arg(port.to_string())
-        .arg("--bind")
-        .arg("127.0.0.1")
-        .arg("--save")
-        .arg("")
-        .arg("--appendonly")
-        .arg("no")
-        .arg("--dir")
-        .arg(dir)
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("redis-server (scripts/prereqs.sh installs it)");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "redis-server did not listen");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child
-}
 
 /// Three masters, no replicas, slots spread by `redis-cli --cluster create`.
 struct RedisCluster {

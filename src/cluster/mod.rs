@@ -11,8 +11,10 @@
 //! `{prefix}caps:{<node>}` a node's live admissions per capped tenant,
 //! `{prefix}nodes` heartbeats, `{prefix}{state}` and `{prefix}{state}:v`
 //! the shared runtime state and its version, `{prefix}{state}:regions`
-//! region assignments.
+//! region assignments; `{prefix}acme:…` ACME's orders, challenges and
+//! certificates (see [`acme`]).
 
+pub mod acme;
 mod conn;
 mod service;
 mod shared;

@@ -11,10 +11,17 @@
 //! the certificate is served as soon as it is issued. Nothing is ordered
 //! for a host the domain map does not hold, nor for wildcards or IPs.
 //!
+//! In cluster mode (see `crate::cluster::acme`) the nodes take turns: one
+//! orders at a time under a lock in Redis, its challenges are published
+//! there for every node's plain listener, and the certificate it gets is
+//! stored there and installed by every node; a failed order's backoff and
+//! `orders_per_hour` hold for the whole cluster.
+//!
 //! The client is instant-acme (see `Cargo.toml` for why).
 
 use super::store::Source;
 use super::Edge;
+use crate::cluster::acme::{AcmeRedis, Failure as SharedFailure, LOCK_TTL};
 use crate::control::Control;
 use async_trait::async_trait;
 use instant_acme::{
@@ -34,6 +41,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// The first wait after a failed order; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_secs(60);
 const MAX_BACKOFF: Duration = Duration::from_secs(6 * 3600);
+/// How long one order may take (the cluster lock outlives it).
+const ORDER_TIMEOUT: Duration = Duration::from_secs(120);
+const _: () = assert!(LOCK_TTL.as_secs() > ORDER_TIMEOUT.as_secs() + 10);
+/// Cluster mode: how long a published challenge is given to reach every
+/// node (each reads them every 500 ms) before the CA is told to validate.
+const SHARED_CHALLENGE_WAIT: Duration = Duration::from_millis(1500);
 
 /// Where ACME stands for one host, as `GET /v1/certs` shows it.
 #[derive(Clone, Debug, Serialize)]
@@ -97,16 +110,27 @@ impl BackgroundService for AcmeService {
             return;
         };
         let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut shared = self.control.config.cluster.clone().map(AcmeRedis::new);
         let mut account = None;
         let mut account_retry = Instant::now();
         let mut account_backoff = Duration::from_secs(5);
         let mut started: VecDeque<Instant> = VecDeque::new();
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        // In cluster mode the tick also reads other nodes' challenges: the
+        // ordering node waits `SHARED_CHALLENGE_WAIT` for them to see its own.
+        let every = if shared.is_some() {
+            Duration::from_millis(500)
+        } else {
+            Duration::from_secs(1)
+        };
+        let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = shutdown.changed() => return,
+            }
+            if let Some(redis) = &mut shared {
+                self.receive(redis, &config.storage).await;
             }
             let Some(host) = self.due_host(Instant::now()) else {
                 continue;
@@ -140,17 +164,103 @@ impl BackgroundService for AcmeService {
             if started.len() >= config.orders_per_hour as usize {
                 continue;
             }
-            started.push_back(now);
-            self.order_one(acct, &host, &config.storage).await;
+            let Some(redis) = &mut shared else {
+                started.push_back(now);
+                self.order_one(acct, &host, &config.storage, None).await;
+                continue;
+            };
+            // One node orders at a time; what it finds may have changed
+            // while another node held the lock.
+            if !redis.lock().await {
+                continue;
+            }
+            self.receive(redis, &config.storage).await;
+            if self.due(&host, Instant::now())
+                && self.shared_backoff_over(redis, &host).await
+                && redis.count_order(config.orders_per_hour, unix_now()).await
+            {
+                started.push_back(now);
+                self.order_one(acct, &host, &config.storage, Some(redis))
+                    .await;
+            }
+            redis.unlock().await;
         }
     }
 }
 
 impl AcmeService {
+    /// Cluster mode: takes the challenges and certificates other nodes
+    /// shared. A certificate is installed under `storage/certs` (so it
+    /// survives Redis being away) unless the one there is as new.
+    async fn receive(&self, redis: &mut AcmeRedis, storage: &Path) {
+        if let Some(challenges) = redis.challenges().await {
+            self.edge.set_shared_challenges(challenges);
+        }
+        let Some(certs) = redis.new_certs().await else {
+            return;
+        };
+        let Some(store) = self.edge.store.as_ref() else {
+            return;
+        };
+        let dir = storage.join("certs");
+        let issued_at = |chain: &[u8], key: &[u8], host: &str| {
+            super::store::certified_key(chain, key, host, Source::Acme)
+                .map(|(_, info)| info.not_before)
+        };
+        let mut installed = 0;
+        for cert in certs {
+            let theirs = match issued_at(cert.chain.as_bytes(), cert.key.as_bytes(), &cert.host) {
+                Ok(t) => t,
+                Err(e) => {
+                    log::warn!("ACME: certificate for {} from Redis: {e}", cert.host);
+                    continue;
+                }
+            };
+            let crt = std::fs::read(dir.join(format!("{}.crt", cert.host)));
+            let key = std::fs::read(dir.join(format!("{}.key", cert.host)));
+            let ours = match (crt, key) {
+                (Ok(crt), Ok(key)) => issued_at(&crt, &key, &cert.host).ok(),
+                _ => None,
+            };
+            if ours.is_some_and(|t| t >= theirs) {
+                continue;
+            }
+            match save(storage, &cert.host, &cert.chain, &cert.key) {
+                Ok(()) => installed += 1,
+                Err(e) => log::warn!("ACME: certificate for {} from Redis: {e}", cert.host),
+            }
+        }
+        if installed > 0 {
+            log::info!("ACME: {installed} certificate(s) from other nodes installed");
+            store.reload();
+        }
+    }
+
+    /// Cluster mode: whether the backoff of the last failed order for
+    /// `host` (by any node) is over; the board shows it either way.
+    async fn shared_backoff_over(&self, redis: &mut AcmeRedis, host: &str) -> bool {
+        let Some(failure) = redis.failure(host).await else {
+            return true;
+        };
+        let now = unix_now();
+        let waiting = failure.retry_at > now;
+        self.edge.acme.set(
+            host,
+            HostStatus {
+                state: "failed",
+                failures: failure.failures,
+                last_error: Some(failure.last_error),
+                retry_at: Some(failure.retry_at),
+                retry_instant: waiting
+                    .then(|| Instant::now() + Duration::from_secs(failure.retry_at - now)),
+            },
+        );
+        !waiting
+    }
+
     /// The first host that needs a certificate now, if any; hosts ACME no
     /// longer serves leave the board.
     fn due_host(&self, now: Instant) -> Option<String> {
-        let store = self.edge.store.as_ref()?;
         let wanted: Vec<String> = self
             .control
             .domains
@@ -164,22 +274,34 @@ impl AcmeService {
             .hosts
             .lock()
             .retain(|h, _| wanted.iter().any(|w| w == h));
-        let unix_now = unix_now();
-        wanted.into_iter().find(|host| {
-            let fresh = match store.covering(host) {
-                Some(c) if c.source == Source::File => true,
-                Some(c) => {
-                    let life = (c.expires - c.not_before).max(0);
-                    (unix_now as i64) < c.not_before + life * 2 / 3
-                }
-                None => false,
-            };
-            !fresh && !self.edge.acme.waiting(host, now)
-        })
+        wanted.into_iter().find(|host| self.due(host, now))
+    }
+
+    /// Whether `host` needs a certificate now: none covers it, or ACME's
+    /// is past two thirds of its life, and it is not backing off.
+    fn due(&self, host: &str, now: Instant) -> bool {
+        let Some(store) = self.edge.store.as_ref() else {
+            return false;
+        };
+        let fresh = match store.covering(host) {
+            Some(c) if c.source == Source::File => true,
+            Some(c) => {
+                let life = (c.expires - c.not_before).max(0);
+                (unix_now() as i64) < c.not_before + life * 2 / 3
+            }
+            None => false,
+        };
+        !fresh && !self.edge.acme.waiting(host, now)
     }
 
     /// Orders, validates and installs a certificate for `host`.
-    async fn order_one(&self, account: &Account, host: &str, storage: &Path) {
+    async fn order_one(
+        &self,
+        account: &Account,
+        host: &str,
+        storage: &Path,
+        mut shared: Option<&mut AcmeRedis>,
+    ) {
         let board = &self.edge.acme;
         let failures = board.hosts.lock().get(host).map_or(0, |s| s.failures);
         board.set(
@@ -195,15 +317,34 @@ impl AcmeService {
         log::info!("ACME: ordering a certificate for {host}");
         let mut tokens = Vec::new();
         let result = tokio::time::timeout(
-            Duration::from_secs(120),
-            self.issue(account, host, &mut tokens),
+            ORDER_TIMEOUT,
+            self.issue(account, host, &mut tokens, shared.as_deref_mut()),
         )
         .await
         .unwrap_or_else(|_| Err("the order did not finish within 120 s".to_string()));
         for token in &tokens {
             self.edge.withdraw_challenge(token);
+            if let Some(redis) = shared.as_deref_mut() {
+                redis.withdraw_challenge(token).await;
+            }
         }
-        let result = result.and_then(|(chain, key)| save(storage, host, &chain, &key));
+        // Other nodes get the certificate through Redis (read back from
+        // disk: `save` checked it).
+        let result = match (result, shared.as_deref_mut()) {
+            (Ok((chain, key)), Some(redis)) => {
+                let saved = save(storage, host, &chain, &key);
+                if saved.is_ok() && !redis.put_cert(host, &chain, &key).await {
+                    log::warn!("ACME: the certificate for {host} could not be shared through Redis; other nodes order it again");
+                }
+                saved.map(|()| None)
+            }
+            (Ok(pair), None) => Ok(Some(pair)),
+            (Err(e), _) => Err(e),
+        };
+        let result = result.and_then(|pair| match pair {
+            Some((chain, key)) => save(storage, host, &chain, &key),
+            None => Ok(()),
+        });
         // Served, or a failure (with its backoff): a certificate issued but
         // not served must not be ordered again every second.
         let result = result.and_then(|()| {
@@ -218,6 +359,9 @@ impl AcmeService {
         });
         match result {
             Ok(()) => {
+                if let Some(redis) = shared {
+                    redis.clear_failure(host).await;
+                }
                 board.issued.fetch_add(1, Ordering::Relaxed);
                 log::info!("ACME: certificate for {host} issued and served");
                 board.set(
@@ -237,6 +381,14 @@ impl AcmeService {
                     .saturating_mul(1 << failures.min(16))
                     .min(MAX_BACKOFF);
                 log::warn!("ACME: order for {host} failed ({e}); next try in {wait:?}");
+                if let Some(redis) = shared {
+                    let failure = SharedFailure {
+                        failures: failures + 1,
+                        last_error: e.clone(),
+                        retry_at: unix_now() + wait.as_secs(),
+                    };
+                    redis.set_failure(host, &failure, wait).await;
+                }
                 board.set(
                     host,
                     HostStatus {
@@ -258,6 +410,7 @@ impl AcmeService {
         account: &Account,
         host: &str,
         tokens: &mut Vec<String>,
+        mut shared: Option<&mut AcmeRedis>,
     ) -> Result<(String, String), String> {
         let ids = [Identifier::Dns(host.to_string())];
         let mut order = account
@@ -276,8 +429,15 @@ impl AcmeService {
                 .challenge(ChallengeType::Http01)
                 .ok_or("the ACME server offers no HTTP-01 challenge")?;
             let key_auth = challenge.key_authorization().as_str().to_string();
-            self.edge.publish_challenge(&challenge.token, key_auth);
+            self.edge.publish_challenge(&challenge.token, key_auth.clone());
             tokens.push(challenge.token.clone());
+            if let Some(redis) = shared.as_deref_mut() {
+                // The CA may ask any node: wait until they have all read it.
+                if !redis.publish_challenge(&challenge.token, &key_auth).await {
+                    return Err("the challenge could not be shared through Redis".to_string());
+                }
+                tokio::time::sleep(SHARED_CHALLENGE_WAIT).await;
+            }
             challenge
                 .set_ready()
                 .await

@@ -34,6 +34,9 @@ pub struct Edge {
     pub store: Option<Arc<CertStore>>,
     /// HTTP-01: token → key authorization, for the plain listeners.
     challenges: RwLock<HashMap<String, String>>,
+    /// In cluster mode, the challenges other nodes published (read from
+    /// Redis by the ACME service).
+    shared_challenges: RwLock<HashMap<String, String>>,
     /// Whether any challenge is pending (read per request, without a lock).
     pending: AtomicBool,
     /// ACME's view of each host (for `GET /v1/certs`).
@@ -59,6 +62,7 @@ impl Edge {
             config: tls,
             store,
             challenges: RwLock::new(HashMap::new()),
+            shared_challenges: RwLock::new(HashMap::new()),
             pending: AtomicBool::new(false),
             acme: acme::Board::default(),
         }
@@ -66,7 +70,10 @@ impl Edge {
 
     /// The key authorization for an HTTP-01 `token`, if one is pending.
     pub fn challenge(&self, token: &str) -> Option<String> {
-        self.challenges.read().get(token).cloned()
+        if let Some(answer) = self.challenges.read().get(token) {
+            return Some(answer.clone());
+        }
+        self.shared_challenges.read().get(token).cloned()
     }
 
     /// Whether any HTTP-01 challenge is waiting to be answered.
@@ -84,7 +91,17 @@ impl Edge {
     pub fn withdraw_challenge(&self, token: &str) {
         let mut map = self.challenges.write();
         map.remove(token);
-        self.pending.store(!map.is_empty(), Ordering::Relaxed);
+        let others = !self.shared_challenges.read().is_empty();
+        self.pending.store(others || !map.is_empty(), Ordering::Relaxed);
+    }
+
+    /// Replaces the challenges other nodes published (cluster mode).
+    pub fn set_shared_challenges(&self, shared: HashMap<String, String>) {
+        let map = self.challenges.read();
+        let mut others = self.shared_challenges.write();
+        self.pending
+            .store(!shared.is_empty() || !map.is_empty(), Ordering::Relaxed);
+        *others = shared;
     }
 }
 

@@ -1123,3 +1123,75 @@ pub fn metric_value(text: &str, name: &str) -> u64 {
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
 }
+
+/// A `redis-server` of our own, killed on drop.
+pub struct Redis {
+    pub port: u16,
+    child: Child,
+    _dir: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+impl Redis {
+    pub fn start() -> Redis {
+        Redis::on(free_port(), &[])
+    }
+
+    pub fn on(port: u16, extra: &[&str]) -> Redis {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let child = spawn_redis(port, dir.path(), &extra);
+        Redis {
+            port,
+            child,
+            _dir: dir,
+            extra,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts again on the same port (empty: nothing was saved).
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.child = spawn_redis(self.port, self._dir.path(), &self.extra);
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub fn spawn_redis(port: u16, dir: &std::path::Path, extra: &[String]) -> Child {
+    let child = Command::new("redis-server")
+        .arg("--port")
+        .arg(port.to_string())
+        .arg("--bind")
+        .arg("127.0.0.1")
+        .arg("--save")
+        .arg("")
+        .arg("--appendonly")
+        .arg("no")
+        .arg("--dir")
+        .arg(dir)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server (scripts/prereqs.sh installs it)");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}

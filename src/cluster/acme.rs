@@ -1,0 +1,293 @@
+//! ACME in cluster mode: what the nodes share through Redis so that one
+//! node orders at a time and every node serves what any of them got.
+//!
+//! - `{prefix}acme:lock`: the node ordering now (expires on its own if the
+//!   node dies mid-order).
+//! - `{prefix}acme:challenges`: HTTP-01 token → key authorization, so the
+//!   CA's validation may reach any node's plain listener.
+//! - `{prefix}acme:certs`: host → stamp of its latest certificate, and
+//!   `{prefix}acme:certs:v`, bumped on every new one, so a node reads the
+//!   index only when it changed; `{prefix}acme:cert:{<host>}` the chain and
+//!   key (a hash, fields `crt` and `key`).
+//! - `{prefix}acme:fail:{<host>}`: the last failed order (its backoff holds
+//!   for the whole cluster).
+//! - `{prefix}acme:orders:<hour>`: orders started in that hour, for
+//!   `orders_per_hour` across the cluster.
+//!
+//! Each command names one key, so a Redis Cluster needs no cross-slot
+//! command. While Redis is unreachable nothing is ordered; certificates
+//! already received stay on disk and keep being served.
+
+use super::conn::{Conn, TIMEOUT};
+use crate::config::ClusterConfig;
+use redis::{Cmd, FromRedisValue, Script};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// How long the ordering lock lasts: longer than an order may take.
+pub const LOCK_TTL: Duration = Duration::from_secs(150);
+/// How long a published challenge lives if its node dies before
+/// withdrawing it.
+const CHALLENGE_TTL: Duration = Duration::from_secs(600);
+
+const UNLOCK_LUA: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+";
+
+/// A certificate another node stored.
+pub struct Stored {
+    pub host: String,
+    pub chain: String,
+    pub key: String,
+}
+
+/// A failed order, as every node sees it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Failure {
+    pub failures: u32,
+    pub last_error: String,
+    /// Unix seconds: no node orders for the host before.
+    pub retry_at: u64,
+}
+
+/// This node's side of the shared ACME state.
+pub struct AcmeRedis {
+    config: ClusterConfig,
+    conn: Option<Conn>,
+    retry_at: Instant,
+    /// `certs:v` when the index was last read.
+    version: Option<i64>,
+    /// host → stamp of the certificate this node has.
+    have: HashMap<String, String>,
+    unlock: Script,
+    /// The last error, logged once until Redis answers again.
+    down: bool,
+}
+
+impl AcmeRedis {
+    pub fn new(config: ClusterConfig) -> Self {
+        AcmeRedis {
+            config,
+            conn: None,
+            retry_at: Instant::now(),
+            version: None,
+            have: HashMap::new(),
+            unlock: Script::new(UNLOCK_LUA),
+            down: false,
+        }
+    }
+
+    fn key(&self, suffix: &str) -> String {
+        format!("{}acme:{suffix}", self.config.key_prefix)
+    }
+
+    async fn connection(&mut self) -> Option<Conn> {
+        if let Some(conn) = &self.conn {
+            return Some(conn.clone());
+        }
+        if Instant::now() < self.retry_at {
+            return None;
+        }
+        match tokio::time::timeout(TIMEOUT, Conn::open(&self.config.redis)).await {
+            Ok(Ok(conn)) => {
+                self.conn = Some(conn.clone());
+                Some(conn)
+            }
+            Ok(Err(e)) => self.unreachable(&e),
+            Err(_) => self.unreachable(&"connect timed out"),
+        }
+    }
+
+    fn unreachable<T>(&mut self, e: &dyn std::fmt::Display) -> Option<T> {
+        if !self.down {
+            log::warn!("ACME: Redis unreachable ({e}); no orders until it answers");
+        }
+        self.down = true;
+        self.conn = None;
+        self.version = None;
+        self.retry_at = Instant::now() + Duration::from_secs(1);
+        None
+    }
+
+    async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> Option<T> {
+        let mut conn = self.connection().await?;
+        match tokio::time::timeout(TIMEOUT, cmd.query_async::<T>(&mut conn)).await {
+            Ok(Ok(v)) => {
+                if self.down {
+                    log::info!("ACME: Redis reachable again");
+                    self.down = false;
+                }
+                Some(v)
+            }
+            Ok(Err(e)) => {
+                if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+                    return self.unreachable(&e);
+                }
+                log::warn!("ACME: Redis: {e}");
+                None
+            }
+            Err(_) => self.unreachable(&"timed out"),
+        }
+    }
+
+    /// The challenges every node has published.
+    pub async fn challenges(&mut self) -> Option<HashMap<String, String>> {
+        let cmd = redis::cmd("HGETALL").arg(self.key("challenges")).to_owned();
+        self.query(&cmd).await
+    }
+
+    pub async fn publish_challenge(&mut self, token: &str, key_authorization: &str) -> bool {
+        let key = self.key("challenges");
+        let set = redis::cmd("HSET")
+            .arg(&key)
+            .arg(token)
+            .arg(key_authorization)
+            .to_owned();
+        let expire = redis::cmd("PEXPIRE")
+            .arg(&key)
+            .arg(CHALLENGE_TTL.as_millis() as u64)
+            .to_owned();
+        self.query::<i64>(&set).await.is_some() && self.query::<i64>(&expire).await.is_some()
+    }
+
+    pub async fn withdraw_challenge(&mut self, token: &str) {
+        let cmd = redis::cmd("HDEL")
+            .arg(self.key("challenges"))
+            .arg(token)
+            .to_owned();
+        let _ = self.query::<i64>(&cmd).await;
+    }
+
+    /// Certificates stored by other nodes since the last call (all of them
+    /// on the first); `None` while Redis cannot be read.
+    pub async fn new_certs(&mut self) -> Option<Vec<Stored>> {
+        let version_cmd = redis::cmd("GET").arg(self.key("certs:v")).to_owned();
+        let version: Option<i64> = self.query(&version_cmd).await?;
+        let version = version.unwrap_or(0);
+        if self.version == Some(version) {
+            return Some(Vec::new());
+        }
+        let index_cmd = redis::cmd("HGETALL").arg(self.key("certs")).to_owned();
+        let index: HashMap<String, String> = self.query(&index_cmd).await?;
+        let mut out = Vec::new();
+        for (host, stamp) in index {
+            if self.have.get(&host) == Some(&stamp) {
+                continue;
+            }
+            let cmd = redis::cmd("HMGET")
+                .arg(self.key(&format!("cert:{{{host}}}")))
+                .arg("crt")
+                .arg("key")
+                .to_owned();
+            let (Some(chain), Some(key)) = self.query::<(Option<String>, Option<String>)>(&cmd).await?
+            else {
+                continue;
+            };
+            self.have.insert(host.clone(), stamp);
+            out.push(Stored { host, chain, key });
+        }
+        self.version = Some(version);
+        Some(out)
+    }
+
+    /// Stores a certificate this node got, for the others.
+    pub async fn put_cert(&mut self, host: &str, chain: &str, key: &str) -> bool {
+        let stamp = format!(
+            "{}:{}",
+            self.config.node_id,
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis())
+        );
+        let cert = redis::cmd("HSET")
+            .arg(self.key(&format!("cert:{{{host}}}")))
+            .arg("crt")
+            .arg(chain)
+            .arg("key")
+            .arg(key)
+            .to_owned();
+        let index = redis::cmd("HSET")
+            .arg(self.key("certs"))
+            .arg(host)
+            .arg(&stamp)
+            .to_owned();
+        let bump = redis::cmd("INCR").arg(self.key("certs:v")).to_owned();
+        let stored = self.query::<i64>(&cert).await.is_some()
+            && self.query::<i64>(&index).await.is_some()
+            && self.query::<i64>(&bump).await.is_some();
+        if stored {
+            self.have.insert(host.to_string(), stamp);
+        }
+        stored
+    }
+
+    /// Takes the ordering lock; `false` if another node holds it or Redis
+    /// cannot be reached.
+    pub async fn lock(&mut self) -> bool {
+        let cmd = redis::cmd("SET")
+            .arg(self.key("lock"))
+            .arg(&self.config.node_id)
+            .arg("NX")
+            .arg("PX")
+            .arg(LOCK_TTL.as_millis() as u64)
+            .to_owned();
+        self.query::<Option<String>>(&cmd).await.flatten().is_some()
+    }
+
+    pub async fn unlock(&mut self) {
+        let Some(mut conn) = self.connection().await else {
+            return;
+        };
+        let mut invocation = self.unlock.key(self.key("lock"));
+        invocation.arg(&self.config.node_id);
+        let _ = tokio::time::timeout(TIMEOUT, invocation.invoke_async::<i64>(&mut conn)).await;
+    }
+
+    /// The last failed order for `host`, if one is remembered.
+    pub async fn failure(&mut self, host: &str) -> Option<Failure> {
+        let cmd = redis::cmd("GET")
+            .arg(self.key(&format!("fail:{{{host}}}")))
+            .to_owned();
+        let json: Option<String> = self.query(&cmd).await?;
+        serde_json::from_str(&json?).ok()
+    }
+
+    /// Remembers a failed order until well past its retry time (the count
+    /// of failures in a row sets the next backoff).
+    pub async fn set_failure(&mut self, host: &str, failure: &Failure, wait: Duration) {
+        let Ok(json) = serde_json::to_string(failure) else {
+            return;
+        };
+        let cmd = redis::cmd("SET")
+            .arg(self.key(&format!("fail:{{{host}}}")))
+            .arg(json)
+            .arg("PX")
+            .arg((wait * 2 + Duration::from_secs(3600)).as_millis() as u64)
+            .to_owned();
+        let _ = self.query::<()>(&cmd).await;
+    }
+
+    pub async fn clear_failure(&mut self, host: &str) {
+        let cmd = redis::cmd("DEL")
+            .arg(self.key(&format!("fail:{{{host}}}")))
+            .to_owned();
+        let _ = self.query::<i64>(&cmd).await;
+    }
+
+    /// Counts an order against `per_hour` for the whole cluster (a window
+    /// per clock hour); `false` when the hour's orders are spent.
+    pub async fn count_order(&mut self, per_hour: u32, unix_now: u64) -> bool {
+        let key = self.key(&format!("orders:{}", unix_now / 3600));
+        let incr = redis::cmd("INCR").arg(&key).to_owned();
+        let Some(n) = self.query::<i64>(&incr).await else {
+            return false;
+        };
+        if n == 1 {
+            let expire = redis::cmd("EXPIRE").arg(&key).arg(7200).to_owned();
+            let _ = self.query::<i64>(&expire).await;
+        }
+        n <= i64::from(per_hour)
+    }
+}
