@@ -93,6 +93,8 @@ enum Exchanged {
     Closed(u16),
     /// A retry was routed to an `https` shard: Pingora's path takes it.
     HandOver,
+    /// The shard switched protocols (a WebSocket): the tunnel starts.
+    Upgraded(upstream::Upstream),
 }
 
 /// How a request is exchanged with its shard.
@@ -187,6 +189,19 @@ impl FastPath {
                         .exchange(&mut client, ahead, request, &how, &mut ctx, &mut held)
                         .await
                     {
+                        Exchanged::Upgraded(upstream) => {
+                            match self.open_tunnel(&mut client, ahead, upstream, &ctx).await {
+                                Some(upstream) => {
+                                    let log = tunnel::TunnelLog {
+                                        client: client_addr,
+                                        target,
+                                    };
+                                    self.spawn_tunnel(client, upstream, ctx, log);
+                                    return Outcome::Served(None);
+                                }
+                                None => 101,
+                            }
+                        }
                         Exchanged::Done(status, _) | Exchanged::Closed(status) => status,
                         Exchanged::HandOver => match held {
                             Some(buf) => return Outcome::NotMine(client, buf, Some(Box::new(ctx))),
@@ -208,6 +223,8 @@ impl FastPath {
                 {
                     Exchanged::Done(status, keep) => (status, keep),
                     Exchanged::Closed(status) => (status, false),
+                    // Only a WebSocket handshake is answered with a tunnel.
+                    Exchanged::Upgraded(_) => (101, false),
                     Exchanged::HandOver => {
                         drop(head);
                         return Outcome::NotMine(client, buf, Some(Box::new(ctx)));
@@ -260,7 +277,7 @@ impl FastPath {
                 Ok(upstream) if how.websocket && upstream.parsed.status == 101 => {
                     drop(request);
                     *held = None;
-                    return self.tunnel(client, ahead, upstream, ctx).await;
+                    return Exchanged::Upgraded(upstream);
                 }
                 // A handshake refused: an ordinary response, then close.
                 Ok(upstream) => {

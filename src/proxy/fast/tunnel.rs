@@ -1,34 +1,53 @@
 //! The WebSocket tunnel: after the shard's 101, bytes flow both ways until
 //! either side closes, each direction on its own, holding no copy buffer
 //! while idle.
+//!
+//! A tunnel may stay open for hours, mostly idle, so it runs in a task of
+//! its own that holds only what it needs: the two sockets, the admission,
+//! the stall timer and what the access log line says when it ends. The
+//! accept task — Pingora's and shardgate's request-serving state — ends as
+//! soon as the tunnel starts. A plain client connection is moved out of
+//! Pingora's stream (which keeps a write buffer and timing fields for its
+//! whole life) onto a bare socket.
 
 use super::response::response_head;
 use super::upstream::Upstream;
-use super::{Exchanged, FastPath};
+use super::{FastPath, OrEmpty};
 use crate::proxy::ctx::RequestCtx;
+use crate::proxy::Gateway;
 use bytes::BytesMut;
+use pingora::protocols::l4::socket::SocketAddr;
+use pingora::protocols::l4::stream::Stream as L4Stream;
 use pingora::protocols::Stream;
 use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 
 /// The copy buffers of a WebSocket tunnel, each way.
 const TUNNEL_BUFFER: usize = 2048;
 
+/// What the access log line of a tunnel says when it ends.
+pub(super) struct TunnelLog {
+    pub client: Option<SocketAddr>,
+    pub target: String,
+}
+
 impl FastPath {
-    /// A WebSocket's 101 goes to the client, then bytes flow both ways
-    /// until either side closes; the admission is held all along.
-    /// `early`: what the client sent after its handshake, before the 101
-    /// (read while the shard was awaited): tunnel data, sent on first.
-    pub(super) async fn tunnel(
+    /// A WebSocket's 101 goes to the client (with what the shard sent
+    /// after it), then what the client sent after its handshake, before
+    /// the 101 (`early`, read while the shard was awaited), goes to the
+    /// shard. The shard's socket, unless either side failed.
+    pub(super) async fn open_tunnel(
         &self,
         client: &mut Stream,
         early: &mut BytesMut,
         upstream: Upstream,
         ctx: &RequestCtx,
-    ) -> Exchanged {
+    ) -> Option<TcpStream> {
         let Upstream {
             mut conn,
             buf,
@@ -40,42 +59,120 @@ impl FastPath {
         out.extend_from_slice(&buf[parsed.head_len..]);
         drop(buf);
         if !self.send(client, &out).await {
-            return Exchanged::Closed(101);
+            return None;
         }
         drop(out);
         if !early.is_empty() {
             let early = std::mem::take(early);
             if !self.send(&mut conn, &early).await {
-                return Exchanged::Closed(101);
+                return None;
             }
         }
-        // Until either side closes (or fails): a WebSocket does not
-        // half-close, and a client that keeps its end open after the
-        // shard's close would otherwise hold the admission forever. Each
-        // direction moves on its own: a side slow to read holds back only
-        // what is sent to it, for at most `limits.send_timeout_ms`.
-        let mut legs = [Leg::default(), Leg::default()];
-        let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
-        poll_fn(|cx| {
-            if legs[0].poll_move(&mut **client, &mut conn, cx).is_ready()
-                || legs[1].poll_move(&mut conn, &mut **client, cx).is_ready()
-            {
-                return Poll::Ready(());
-            }
-            let Some(since) = legs.iter().filter_map(|leg| leg.stalled).min() else {
-                timer = None;
-                return Poll::Pending;
-            };
-            let deadline = since + self.send_timeout;
-            let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-            if timer.deadline() != deadline {
-                timer.as_mut().reset(deadline);
-            }
-            timer.as_mut().poll(cx)
-        })
-        .await;
-        Exchanged::Closed(101)
+        Some(conn)
     }
+
+    /// Runs the tunnel in a task of its own (see the module documentation);
+    /// the admission in `ctx` is held until it ends, then the request is
+    /// finished (metrics, access log) as any other.
+    pub(super) fn spawn_tunnel(
+        &self,
+        client: Stream,
+        upstream: TcpStream,
+        ctx: RequestCtx,
+        log: TunnelLog,
+    ) {
+        let gateway = self.gateway.clone();
+        let send_timeout = self.send_timeout;
+        match bare(client) {
+            Ok(Ok(client)) => {
+                tokio::spawn(run_tunnel(gateway, client, upstream, ctx, log, send_timeout));
+            }
+            Err(client) => {
+                tokio::spawn(run_tunnel(gateway, client, upstream, ctx, log, send_timeout));
+            }
+            Ok(Err(e)) => {
+                log::warn!("tunnel: the client socket could not be registered ({e})");
+                let mut ctx = ctx;
+                gateway.finish(&mut ctx, &OrEmpty(log.client.as_ref()), "GET", &log.target, 101);
+            }
+        }
+    }
+}
+
+async fn run_tunnel<C: AsyncRead + AsyncWrite + Unpin>(
+    gateway: Gateway,
+    mut client: C,
+    mut upstream: TcpStream,
+    mut ctx: RequestCtx,
+    log: TunnelLog,
+    send_timeout: Duration,
+) {
+    relay(&mut client, &mut upstream, send_timeout).await;
+    drop((client, upstream));
+    gateway.finish(
+        &mut ctx,
+        &OrEmpty(log.client.as_ref()),
+        "GET",
+        &log.target,
+        101,
+    );
+}
+
+/// Bytes flow both ways until either side closes (or fails): a WebSocket
+/// does not half-close, and a client that keeps its end open after the
+/// shard's close would otherwise hold the admission forever. Each
+/// direction moves on its own: a side slow to read holds back only what
+/// is sent to it, for at most `send_timeout`.
+async fn relay<A, B>(a: &mut A, b: &mut B, send_timeout: Duration)
+where
+    A: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    B: AsyncRead + AsyncWrite + Unpin + ?Sized,
+{
+    let mut legs = [Leg::default(), Leg::default()];
+    let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    poll_fn(|cx| {
+        if legs[0].poll_move(a, b, cx).is_ready() || legs[1].poll_move(b, a, cx).is_ready() {
+            return Poll::Ready(());
+        }
+        let Some(since) = legs.iter().filter_map(|leg| leg.stalled).min() else {
+            timer = None;
+            return Poll::Pending;
+        };
+        let deadline = since + send_timeout;
+        let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if timer.deadline() != deadline {
+            timer.as_mut().reset(deadline);
+        }
+        timer.as_mut().poll(cx)
+    })
+    .await
+}
+
+/// A plain client connection as a bare socket (`Ok`), or the stream as it
+/// is (`Err`: TLS, or anything but Pingora's TCP stream). The descriptor
+/// is duplicated, Pingora's stream dropped (deregistering and closing its
+/// own), and the copy registered anew; the socket never closes meanwhile.
+/// Its write buffer is empty: the 101 was flushed.
+fn bare(client: Stream) -> Result<io::Result<TcpStream>, Stream> {
+    use std::os::fd::{AsRawFd, BorrowedFd};
+    let copy = match (*client).as_any().downcast_ref::<L4Stream>() {
+        // SAFETY: the descriptor stays open while `l4` lives; it is only
+        // borrowed here to be duplicated.
+        Some(l4) => unsafe { BorrowedFd::borrow_raw(l4.as_raw_fd()) }.try_clone_to_owned(),
+        None => return Err(client),
+    };
+    let copy = match copy {
+        Ok(copy) => copy,
+        Err(e) => {
+            log::debug!("tunnel: the client socket stays in Pingora's stream ({e})");
+            return Err(client);
+        }
+    };
+    drop(client);
+    let socket = std::net::TcpStream::from(copy);
+    Ok(socket
+        .set_nonblocking(true)
+        .and_then(|()| TcpStream::from_std(socket)))
 }
 
 /// One direction of a WebSocket tunnel: what was read from one side and
