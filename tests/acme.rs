@@ -320,6 +320,34 @@ fn in_a_cluster_one_node_orders_each_certificate_and_every_node_serves_it() {
     assert_eq!(total("issued"), hosts.len() as u64, "one order per host");
     assert_eq!(total("failed"), 1, "the backoff is shared");
     assert_eq!(acme_counter(&a, "issued") + acme_counter(&a, "failed"), 0);
+    // An entry in Redis naming a path, or a certificate for other names
+    // than its host, is never installed.
+    let prefix = format!("acme{}:acme:", std::process::id());
+    let stray = rcgen::generate_simple_self_signed(vec!["other.example.net".to_string()])
+        .expect("cert");
+    for host in ["../../escape", "stray.example.com"] {
+        let redis_cli = |args: &[&str]| {
+            let status = Command::new("redis-cli")
+                .args(["-p", &redis.port.to_string()])
+                .args(args)
+                .stdout(Stdio::null())
+                .status()
+                .expect("redis-cli");
+            assert!(status.success());
+        };
+        let (crt, key) = (stray.cert.pem(), stray.key_pair.serialize_pem());
+        let cert_key = format!("{prefix}cert:{{{host}}}");
+        redis_cli(&["HSET", &cert_key, "crt", &crt, "key", &key]);
+        redis_cli(&["HSET", &format!("{prefix}certs"), host, "x:1"]);
+        redis_cli(&["INCR", &format!("{prefix}certs:v")]);
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    for gw in [&a, &b, &c] {
+        let storage = gw.dir.path().join("acme");
+        assert!(!gw.dir.path().join("escape.crt").exists());
+        assert!(!storage.join("escape.crt").exists());
+        assert!(!storage.join("certs").join("stray.example.com.crt").exists());
+    }
     // `a` installed what it got under its own storage, as served by it.
     let listed = a.admin("GET", "/v1/certs", None, None).json();
     for host in hosts {

@@ -3,8 +3,9 @@
 //!
 //! - `{prefix}acme:lock`: the node ordering now (expires on its own if the
 //!   node dies mid-order).
-//! - `{prefix}acme:challenges`: HTTP-01 token → key authorization, so the
-//!   CA's validation may reach any node's plain listener.
+//! - `{prefix}acme:challenges`: HTTP-01 token → `<expiry ms>|<key
+//!   authorization>`, so the CA's validation may reach any node's plain
+//!   listener.
 //! - `{prefix}acme:certs`: host → stamp of its latest certificate, and
 //!   `{prefix}acme:certs:v`, bumped on every new one, so a node reads the
 //!   index only when it changed; `{prefix}acme:cert:{<host>}` the chain and
@@ -25,14 +26,21 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-/// How long the ordering lock lasts: longer than an order may take.
-pub const LOCK_TTL: Duration = Duration::from_secs(150);
+/// How long the ordering lock lasts: well past what an order may take
+/// (the holder also checks it still holds it before publishing).
+pub const LOCK_TTL: Duration = Duration::from_secs(300);
 /// How long a published challenge lives if its node dies before
 /// withdrawing it.
 const CHALLENGE_TTL: Duration = Duration::from_secs(600);
 
 const UNLOCK_LUA: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+";
+
+/// Extends the lock if this holder still holds it.
+const EXTEND_LUA: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
 ";
 
@@ -52,6 +60,12 @@ pub struct Failure {
     pub retry_at: u64,
 }
 
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// This node's side of the shared ACME state.
 pub struct AcmeRedis {
     config: ClusterConfig,
@@ -62,6 +76,10 @@ pub struct AcmeRedis {
     /// host → stamp of the certificate this node has.
     have: HashMap<String, String>,
     unlock: Script,
+    extend: Script,
+    /// This holder's lock value: the node, the process and when it was
+    /// taken (two processes with one `node_id` never free each other's).
+    token: String,
     /// The last error, logged once until Redis answers again.
     down: bool,
 }
@@ -75,6 +93,8 @@ impl AcmeRedis {
             version: None,
             have: HashMap::new(),
             unlock: Script::new(UNLOCK_LUA),
+            extend: Script::new(EXTEND_LUA),
+            token: String::new(),
             down: false,
         }
     }
@@ -132,24 +152,36 @@ impl AcmeRedis {
         }
     }
 
-    /// The challenges every node has published.
+    /// The challenges every node has published (expired ones are
+    /// dropped: a node that died mid-order never withdrew its own).
     pub async fn challenges(&mut self) -> Option<HashMap<String, String>> {
-        let cmd = redis::cmd("HGETALL").arg(self.key("challenges")).to_owned();
-        self.query(&cmd).await
+        let key = self.key("challenges");
+        let cmd = redis::cmd("HGETALL").arg(&key).to_owned();
+        let all: HashMap<String, String> = self.query(&cmd).await?;
+        let now = wall_ms();
+        let mut live = HashMap::new();
+        for (token, value) in all {
+            match value.split_once('|') {
+                Some((until, answer)) if until.parse::<u64>().is_ok_and(|t| t > now) => {
+                    live.insert(token, answer.to_string());
+                }
+                _ => {
+                    let drop = redis::cmd("HDEL").arg(&key).arg(&token).to_owned();
+                    let _ = self.query::<i64>(&drop).await;
+                }
+            }
+        }
+        Some(live)
     }
 
     pub async fn publish_challenge(&mut self, token: &str, key_authorization: &str) -> bool {
-        let key = self.key("challenges");
+        let until = wall_ms() + CHALLENGE_TTL.as_millis() as u64;
         let set = redis::cmd("HSET")
-            .arg(&key)
+            .arg(self.key("challenges"))
             .arg(token)
-            .arg(key_authorization)
+            .arg(format!("{until}|{key_authorization}"))
             .to_owned();
-        let expire = redis::cmd("PEXPIRE")
-            .arg(&key)
-            .arg(CHALLENGE_TTL.as_millis() as u64)
-            .to_owned();
-        self.query::<i64>(&set).await.is_some() && self.query::<i64>(&expire).await.is_some()
+        self.query::<i64>(&set).await.is_some()
     }
 
     pub async fn withdraw_challenge(&mut self, token: &str) {
@@ -161,7 +193,8 @@ impl AcmeRedis {
     }
 
     /// Certificates stored by other nodes since the last call (all of them
-    /// on the first); `None` while Redis cannot be read.
+    /// on the first); `None` while Redis cannot be read. What a failure
+    /// midway leaves unread is read on a later call.
     pub async fn new_certs(&mut self) -> Option<Vec<Stored>> {
         let version_cmd = redis::cmd("GET").arg(self.key("certs:v")).to_owned();
         let version: Option<i64> = self.query(&version_cmd).await?;
@@ -181,12 +214,14 @@ impl AcmeRedis {
                 .arg("crt")
                 .arg("key")
                 .to_owned();
-            let (Some(chain), Some(key)) = self.query::<(Option<String>, Option<String>)>(&cmd).await?
-            else {
-                continue;
+            let Some(pair) = self.query::<(Option<String>, Option<String>)>(&cmd).await else {
+                // Read again from the index next time.
+                return Some(out);
             };
             self.have.insert(host.clone(), stamp);
-            out.push(Stored { host, chain, key });
+            if let (Some(chain), Some(key)) = pair {
+                out.push(Stored { host, chain, key });
+            }
         }
         self.version = Some(version);
         Some(out)
@@ -194,13 +229,7 @@ impl AcmeRedis {
 
     /// Stores a certificate this node got, for the others.
     pub async fn put_cert(&mut self, host: &str, chain: &str, key: &str) -> bool {
-        let stamp = format!(
-            "{}:{}",
-            self.config.node_id,
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis())
-        );
+        let stamp = format!("{}:{}", self.config.node_id, wall_ms());
         let cert = redis::cmd("HSET")
             .arg(self.key(&format!("cert:{{{host}}}")))
             .arg("crt")
@@ -226,9 +255,15 @@ impl AcmeRedis {
     /// Takes the ordering lock; `false` if another node holds it or Redis
     /// cannot be reached.
     pub async fn lock(&mut self) -> bool {
+        self.token = format!(
+            "{}:{}:{}",
+            self.config.node_id,
+            std::process::id(),
+            wall_ms()
+        );
         let cmd = redis::cmd("SET")
             .arg(self.key("lock"))
-            .arg(&self.config.node_id)
+            .arg(&self.token)
             .arg("NX")
             .arg("PX")
             .arg(LOCK_TTL.as_millis() as u64)
@@ -241,17 +276,39 @@ impl AcmeRedis {
             return;
         };
         let mut invocation = self.unlock.key(self.key("lock"));
-        invocation.arg(&self.config.node_id);
+        invocation.arg(&self.token);
         let _ = tokio::time::timeout(TIMEOUT, invocation.invoke_async::<i64>(&mut conn)).await;
     }
 
-    /// The last failed order for `host`, if one is remembered.
-    pub async fn failure(&mut self, host: &str) -> Option<Failure> {
+    /// Whether this node still holds the lock (extended for another
+    /// [`LOCK_TTL`] if so).
+    pub async fn still_locked(&mut self) -> bool {
+        let Some(mut conn) = self.connection().await else {
+            return false;
+        };
+        let mut invocation = self.extend.key(self.key("lock"));
+        invocation
+            .arg(&self.token)
+            .arg(LOCK_TTL.as_millis() as u64);
+        matches!(
+            tokio::time::timeout(TIMEOUT, invocation.invoke_async::<i64>(&mut conn)).await,
+            Ok(Ok(1))
+        )
+    }
+
+    /// The last failed order for `host`, if one is remembered; `Err` if
+    /// Redis could not say.
+    pub async fn failure(&mut self, host: &str) -> Result<Option<Failure>, ()> {
         let cmd = redis::cmd("GET")
             .arg(self.key(&format!("fail:{{{host}}}")))
             .to_owned();
-        let json: Option<String> = self.query(&cmd).await?;
-        serde_json::from_str(&json?).ok()
+        let json: Option<String> = self.query(&cmd).await.ok_or(())?;
+        match json {
+            None => Ok(None),
+            Some(json) => serde_json::from_str(&json).map(Some).map_err(|e| {
+                log::warn!("ACME: the failure recorded in Redis for {host} does not parse: {e}");
+            }),
+        }
     }
 
     /// Remembers a failed order until well past its retry time (the count

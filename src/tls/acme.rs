@@ -44,9 +44,14 @@ const MAX_BACKOFF: Duration = Duration::from_secs(6 * 3600);
 /// How long one order may take (the cluster lock outlives it).
 const ORDER_TIMEOUT: Duration = Duration::from_secs(120);
 const _: () = assert!(LOCK_TTL.as_secs() > ORDER_TIMEOUT.as_secs() + 10);
-/// Cluster mode: how long a published challenge is given to reach every
-/// node (each reads them every 500 ms) before the CA is told to validate.
+/// Cluster mode: how often each node reads the challenges in Redis (in a
+/// task of its own, so an order or a slow CA never delays it), and how long
+/// a published one is given to reach every node before the CA is told to
+/// validate.
+const SHARED_CHALLENGE_POLL: Duration = Duration::from_millis(500);
 const SHARED_CHALLENGE_WAIT: Duration = Duration::from_millis(1500);
+/// How long loading or creating the account may take.
+const ACCOUNT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Where ACME stands for one host, as `GET /v1/certs` shows it.
 #[derive(Clone, Debug, Serialize)]
@@ -60,6 +65,18 @@ pub struct HostStatus {
     pub retry_at: Option<u64>,
     #[serde(skip)]
     retry_instant: Option<Instant>,
+}
+
+impl HostStatus {
+    fn issued() -> Self {
+        HostStatus {
+            state: "issued",
+            failures: 0,
+            last_error: None,
+            retry_at: None,
+            retry_instant: None,
+        }
+    }
 }
 
 /// What ACME is doing, for the admin API and the metrics.
@@ -115,14 +132,14 @@ impl BackgroundService for AcmeService {
         let mut account_retry = Instant::now();
         let mut account_backoff = Duration::from_secs(5);
         let mut started: VecDeque<Instant> = VecDeque::new();
-        // In cluster mode the tick also reads other nodes' challenges: the
-        // ordering node waits `SHARED_CHALLENGE_WAIT` for them to see its own.
-        let every = if shared.is_some() {
-            Duration::from_millis(500)
-        } else {
-            Duration::from_secs(1)
-        };
-        let mut tick = tokio::time::interval(every);
+        if let Some(cluster) = self.control.config.cluster.clone() {
+            tokio::spawn(read_shared_challenges(
+                AcmeRedis::new(cluster),
+                Arc::clone(&self.edge),
+                shutdown.clone(),
+            ));
+        }
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -139,7 +156,10 @@ impl BackgroundService for AcmeService {
                 if Instant::now() < account_retry {
                     continue;
                 }
-                match load_account(&config).await {
+                let loaded = tokio::time::timeout(ACCOUNT_TIMEOUT, load_account(&config))
+                    .await
+                    .unwrap_or_else(|_| Err("the ACME server did not answer in time".to_string()));
+                match loaded {
                     Ok(a) => {
                         *self.edge.acme.account_error.lock() = None;
                         account = Some(a);
@@ -189,13 +209,11 @@ impl BackgroundService for AcmeService {
 }
 
 impl AcmeService {
-    /// Cluster mode: takes the challenges and certificates other nodes
-    /// shared. A certificate is installed under `storage/certs` (so it
-    /// survives Redis being away) unless the one there is as new.
+    /// Cluster mode: takes the certificates other nodes shared. One is
+    /// installed under `storage/certs` (so it survives Redis being away)
+    /// if its host is one ACME may order for, it covers exactly that host,
+    /// and the one there is older.
     async fn receive(&self, redis: &mut AcmeRedis, storage: &Path) {
-        if let Some(challenges) = redis.challenges().await {
-            self.edge.set_shared_challenges(challenges);
-        }
         let Some(certs) = redis.new_certs().await else {
             return;
         };
@@ -204,13 +222,25 @@ impl AcmeService {
         };
         let dir = storage.join("certs");
         let issued_at = |chain: &[u8], key: &[u8], host: &str| {
-            super::store::certified_key(chain, key, host, Source::Acme)
-                .map(|(_, info)| info.not_before)
+            super::store::certified_key(chain, key, host, Source::Acme).map(|(_, info)| info)
         };
         let mut installed = 0;
         for cert in certs {
+            // The host names a file: nothing but a DNS name gets there.
+            if !orderable(&cert.host) {
+                log::warn!("ACME: a certificate in Redis names no orderable host: {:?}", cert.host);
+                continue;
+            }
             let theirs = match issued_at(cert.chain.as_bytes(), cert.key.as_bytes(), &cert.host) {
-                Ok(t) => t,
+                Ok(info) if info.sans == [cert.host.as_str()] => info.not_before,
+                Ok(info) => {
+                    log::warn!(
+                        "ACME: the certificate in Redis for {} covers {:?}: not installed",
+                        cert.host,
+                        info.sans
+                    );
+                    continue;
+                }
                 Err(e) => {
                     log::warn!("ACME: certificate for {} from Redis: {e}", cert.host);
                     continue;
@@ -219,14 +249,17 @@ impl AcmeService {
             let crt = std::fs::read(dir.join(format!("{}.crt", cert.host)));
             let key = std::fs::read(dir.join(format!("{}.key", cert.host)));
             let ours = match (crt, key) {
-                (Ok(crt), Ok(key)) => issued_at(&crt, &key, &cert.host).ok(),
+                (Ok(crt), Ok(key)) => issued_at(&crt, &key, &cert.host).ok().map(|i| i.not_before),
                 _ => None,
             };
             if ours.is_some_and(|t| t >= theirs) {
                 continue;
             }
             match save(storage, &cert.host, &cert.chain, &cert.key) {
-                Ok(()) => installed += 1,
+                Ok(()) => {
+                    installed += 1;
+                    self.edge.acme.set(&cert.host, HostStatus::issued());
+                }
                 Err(e) => log::warn!("ACME: certificate for {} from Redis: {e}", cert.host),
             }
         }
@@ -239,8 +272,11 @@ impl AcmeService {
     /// Cluster mode: whether the backoff of the last failed order for
     /// `host` (by any node) is over; the board shows it either way.
     async fn shared_backoff_over(&self, redis: &mut AcmeRedis, host: &str) -> bool {
-        let Some(failure) = redis.failure(host).await else {
-            return true;
+        let failure = match redis.failure(host).await {
+            Ok(Some(failure)) => failure,
+            Ok(None) => return true,
+            // Unknown: wait rather than risk ordering in another's backoff.
+            Err(()) => return false,
         };
         let now = unix_now();
         let waiting = failure.retry_at > now;
@@ -333,6 +369,9 @@ impl AcmeService {
         let result = match (result, shared.as_deref_mut()) {
             (Ok((chain, key)), Some(redis)) => {
                 let saved = save(storage, host, &chain, &key);
+                if !redis.still_locked().await {
+                    log::warn!("ACME: the ordering lock expired during the order for {host}; another node may have ordered it too");
+                }
                 if saved.is_ok() && !redis.put_cert(host, &chain, &key).await {
                     log::warn!("ACME: the certificate for {host} could not be shared through Redis; other nodes order it again");
                 }
@@ -364,16 +403,7 @@ impl AcmeService {
                 }
                 board.issued.fetch_add(1, Ordering::Relaxed);
                 log::info!("ACME: certificate for {host} issued and served");
-                board.set(
-                    host,
-                    HostStatus {
-                        state: "issued",
-                        failures: 0,
-                        last_error: None,
-                        retry_at: None,
-                        retry_instant: None,
-                    },
-                );
+                board.set(host, HostStatus::issued());
             }
             Err(e) => {
                 board.failed.fetch_add(1, Ordering::Relaxed);
@@ -462,6 +492,21 @@ impl AcmeService {
             .await
             .map_err(|e| format!("certificate: {e}"))?;
         Ok((chain, key))
+    }
+}
+
+/// Cluster mode: keeps the edge's copy of every node's challenges fresh.
+async fn read_shared_challenges(mut redis: AcmeRedis, edge: Arc<Edge>, mut stop: ShutdownWatch) {
+    let mut tick = tokio::time::interval(SHARED_CHALLENGE_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        if let Some(challenges) = redis.challenges().await {
+            edge.set_shared_challenges(challenges);
+        }
     }
 }
 
