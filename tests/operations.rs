@@ -751,3 +751,100 @@ fn a_tokenless_admin_on_a_public_address_refuses_to_start() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("admin.addr"));
 }
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn ws_open(port: u16) -> Ws {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut req = format!("ws://127.0.0.1:{port}/socket")
+        .into_client_request()
+        .expect("request");
+    req.headers_mut()
+        .insert("host", "t.localhost".parse().expect("host"));
+    let (ws, resp) = tokio_tungstenite::connect_async(req)
+        .await
+        .expect("websocket handshake");
+    assert_eq!(resp.status(), 101);
+    ws
+}
+
+/// Whether `ws` still echoes (the backend answers `ws:` + the message).
+async fn ws_echoes(ws: &mut Ws, text: &str) -> bool {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    if ws.send(Message::Text(text.into())).await.is_err() {
+        return false;
+    }
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), ws.next()).await,
+        Ok(Some(Ok(Message::Text(t)))) if t == format!("ws:{text}")
+    )
+}
+
+/// How long until `ws` ends (closed or failed), if within `within`.
+async fn ws_ends_within(ws: &mut Ws, within: Duration) -> Option<Duration> {
+    use futures_util::StreamExt;
+    let started = Instant::now();
+    let ended = tokio::time::timeout(within, async {
+        while let Some(Ok(_)) = ws.next().await {}
+    })
+    .await;
+    ended.ok().map(|()| started.elapsed())
+}
+
+#[test]
+fn sigterm_leaves_open_websockets_working_through_the_grace_period_then_closes_them() {
+    let backend = WsBackend::start("ws");
+    let mut gw = start(&[("ws", backend.url())], "");
+    let mut ws = runtime().block_on(ws_open(gw.port));
+    assert!(runtime().block_on(ws_echoes(&mut ws, "before")));
+    gw.signal("TERM");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        runtime().block_on(ws_echoes(&mut ws, "during")),
+        "the tunnel still works in the grace period"
+    );
+    // Closed when the runtime ends: grace 1 s + shutdown timeout 5 s.
+    let ended = runtime().block_on(ws_ends_within(&mut ws, Duration::from_secs(15)));
+    assert!(ended.is_some(), "the tunnel was never closed");
+    assert!(gw.wait_exit(Duration::from_secs(15)));
+}
+
+#[test]
+fn an_upgrade_leaves_old_websockets_to_the_old_process_until_it_exits() {
+    let backend = WsBackend::start("ws");
+    let mut old = start(&[("ws", backend.url())], "");
+    let port = old.port;
+    let mut before = runtime().block_on(ws_open(port));
+    let log = std::fs::File::create(old.dir.path().join("new.log")).expect("log");
+    let new = std::process::Command::new(env!("CARGO_BIN_EXE_shardgate"))
+        .args(["-u", "-c"])
+        .arg(&old.config_path)
+        .env("SHARDGATE_TEST_TOKEN", TOKEN)
+        .stderr(log)
+        .spawn()
+        .expect("new process");
+    // Killed however the test ends.
+    struct Reap(std::process::Child);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _new = Reap(new);
+    std::thread::sleep(Duration::from_millis(500));
+    old.signal("QUIT");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        runtime().block_on(ws_echoes(&mut before, "old")),
+        "the old process's tunnel still works after the handover"
+    );
+    // Closed when the old process ends (grace 1 s + shutdown timeout 5 s).
+    assert!(runtime().block_on(ws_ends_within(&mut before, Duration::from_secs(15))).is_some());
+    assert!(old.wait_exit(Duration::from_secs(15)));
+    // The new process took the listener: new sockets work.
+    let mut after = runtime().block_on(ws_open(port));
+    assert!(runtime().block_on(ws_echoes(&mut after, "new")));
+}

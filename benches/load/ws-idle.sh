@@ -26,6 +26,8 @@
 #   REOPEN=1         0: skip opening K sockets a second time
 #   ROUNDS=1         rounds (every proxy once per round; medians if > 1)
 #   CONCURRENCY=100  upgrades in flight while opening
+#   SOURCES=8        client source addresses 127.0.0.2.. (so K=50000 does not
+#                    run out of ephemeral ports to one proxy port)
 #   PROXIES="shardgate nginx haproxy"
 #   KEEP=0           1: keep the temporary directory (configs, logs)
 # Ports: backend 18201-18204 (control 18200), shardgate 18180 (admin
@@ -48,6 +50,7 @@ IDLE=${IDLE:-3}
 SETTLE=${SETTLE:-5}
 ROUNDS=${ROUNDS:-1}
 CONCURRENCY=${CONCURRENCY:-100}
+SOURCES=${SOURCES:-8}
 PROXIES=${PROXIES:-"shardgate nginx haproxy"}
 for v in K WS_HOSTS ROUNDS CONCURRENCY; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer (got '${!v}')"
@@ -71,7 +74,7 @@ cd "$root"
 # Each proxied socket costs the proxy two descriptors.
 need=$((2 * K + 2048))
 if (($(ulimit -n) < need)); then
-  ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+  ulimit -n "$need" 2>/dev/null || ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 fi
 (($(ulimit -n) >= need)) ||
   die "ulimit -n is $(ulimit -n) (hard limit $(ulimit -Hn)): K=$K needs at least $need; lower K or raise the hard limit"
@@ -101,7 +104,7 @@ write_shardgate_conf "$SG_WORK/shardgate.yaml" "$SG_PORT" "$SG_ADMIN" "${backend
 write_nginx_proxy_conf "$SG_WORK/nginx.conf" ws "$NGINX_PORT" $((K + 1024)) "${backend_ports[@]}"
 write_haproxy_conf "$SG_WORK/haproxy.cfg" "$HAPROXY_PORT" $((K + 1024)) "${backend_ports[@]}"
 
-printf 'round\tproxy\tcount\topened\tfailed\tstill_open\trss_before_kib\trss_open_kib\trss_closed_kib\trss_settled_kib\trss_reopen_kib\treopened\tpeak_rss_kib\n' >"$results"
+printf 'round\tproxy\tcount\topened\tfailed\tstill_open\trss_before_kib\trss_open_kib\trss_closed_kib\trss_settled_kib\trss_reopen_kib\treopened\tpeak_rss_kib\tpss_before_kib\tpss_open_kib\tidle_cpu_ticks\tidle_s\n' >"$results"
 
 probe() { # ROUND PROXY
   local round=$1 proxy=$2 port fam=() rc=0 line
@@ -117,7 +120,7 @@ probe() { # ROUND PROXY
   spawn ws-client TERM taskset -c 1 python3 "$here/ws_idle.py" client \
     --target "127.0.0.1:$port" --control "127.0.0.1:$CONTROL" --pids "${fam[*]}" \
     --count "$K" --hosts "$WS_HOSTS" --warmup "$WARMUP" --idle "$IDLE" --settle "$SETTLE" \
-    --concurrency "$CONCURRENCY" "${extra[@]}"
+    --concurrency "$CONCURRENCY" --sources "$SOURCES" "${extra[@]}"
   local cpid=$SPAWNED
   wait "$cpid" || rc=$?
   stop "$cpid"
@@ -135,19 +138,22 @@ probe() { # ROUND PROXY
   fi
   local kv r_count r_opened r_failed r_still_open r_rss_before_kib r_rss_open_kib \
     r_rss_closed_kib r_rss_settled_kib r_open_s \
-    r_rss_reopen_kib=0 r_reopened=0 r_fds_before r_fds_open r_fds_settled r_backend_left_after_close
+    r_rss_reopen_kib=0 r_reopened=0 r_fds_before r_fds_open r_fds_settled r_backend_left_after_close \
+    r_pss_before_kib=0 r_pss_open_kib=0 r_idle_cpu_ticks=0 r_idle_s=0
   for kv in ${line#RESULT }; do
     case ${kv%%=*} in
       count | opened | failed | still_open | rss_before_kib | rss_open_kib | rss_closed_kib | \
         rss_settled_kib | open_s | rss_reopen_kib | reopened | \
-        fds_before | fds_open | fds_settled | backend_left_after_close)
+        fds_before | fds_open | fds_settled | backend_left_after_close | \
+        pss_before_kib | pss_open_kib | idle_cpu_ticks | idle_s)
         printf -v "r_${kv%%=*}" '%s' "${kv#*=}"
         ;;
     esac
   done
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$proxy" "$r_count" "$r_opened" \
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$proxy" "$r_count" "$r_opened" \
     "$r_failed" "$r_still_open" "$r_rss_before_kib" "$r_rss_open_kib" "$r_rss_closed_kib" \
-    "$r_rss_settled_kib" "$r_rss_reopen_kib" "$r_reopened" "$hwm" >>"$results"
+    "$r_rss_settled_kib" "$r_rss_reopen_kib" "$r_reopened" "$hwm" \
+    "$r_pss_before_kib" "$r_pss_open_kib" "$r_idle_cpu_ticks" "$r_idle_s" >>"$results"
   awk -v r="$round" -v R="$ROUNDS" -v p="$proxy" -v k="$r_count" -v o="$r_opened" -v f="$r_failed" \
     -v s="$r_still_open" -v b="$r_rss_before_kib" -v op="$r_rss_open_kib" -v c="$r_rss_closed_kib" \
     -v st="$r_rss_settled_kib" -v ot="$r_open_s" -v settle="$SETTLE" -v ro="$r_rss_reopen_kib" \
@@ -156,6 +162,9 @@ probe() { # ROUND PROXY
         r, R, p, o, k, ot, f, s, b / 1024, op / 1024, c / 1024, settle, st / 1024
       if (rn > 0) printf ", reopened %.1f", ro / 1024
       printf ";  %.2f KiB/conn\n", (op - b) / (o > 0 ? o : 1)
+    }'
+  awk -v p="$r_pss_before_kib" -v q="$r_pss_open_kib" -v o="$r_opened" -v t="$r_idle_cpu_ticks" -v s="$r_idle_s" 'BEGIN {
+      printf "           PSS: %.2f KiB/conn; CPU while idle: %d ticks in %.1f s\n", (q - p) / (o > 0 ? o : 1), t, s
     }'
   echo "           proxy descriptors: before $r_fds_before, open $r_fds_open, +${SETTLE} s $r_fds_settled;" \
     "upstream sockets still open at the backend after the close: $r_backend_left_after_close"
@@ -182,10 +191,13 @@ settle = sys.argv[2]
 order = ["shardgate", "nginx", "haproxy"]
 by = {}
 for r in rows:
-    r = {k: (v if k == "proxy" else int(v)) for k, v in r.items()}
+    r = {k: (v if k == "proxy" else int(v) if v.lstrip("-").isdigit() else float(v))
+         for k, v in r.items()}
     n = max(r["opened"], 1)
     grown = r["rss_open_kib"] - r["rss_before_kib"]
     r["per_conn"] = grown / n
+    r["pss_per_conn"] = (r["pss_open_kib"] - r["pss_before_kib"]) / n
+    r["idle_ticks_per_s"] = r["idle_cpu_ticks"] / r["idle_s"] if r["idle_s"] else None
     r["returned"] = 100 * (r["rss_open_kib"] - r["rss_settled_kib"]) / grown if grown > 0 else None
     r["per_conn_reopen"] = ((r["rss_reopen_kib"] - r["rss_settled_kib"]) / r["reopened"]
                             if r["reopened"] else None)
@@ -209,7 +221,8 @@ def verdict(pct):
 
 ngx = statistics.median([r["per_conn"] for r in by["nginx"]]) if "nginx" in by else None
 head = ["proxy", "sockets", "RSS before", "RSS open", "KiB/conn", "vs nginx",
-        "RSS closed", f"RSS +{settle} s", "memory returned", "KiB/conn reopen", "peak RSS"]
+        "RSS closed", f"RSS +{settle} s", "memory returned", "KiB/conn reopen", "peak RSS",
+        "PSS KiB/conn", "idle CPU ticks/s"]
 table = [head]
 for p in [p for p in order if p in by]:
     rs = by[p]
@@ -227,6 +240,8 @@ for p in [p for p in order if p in by]:
         verdict(statistics.median([r["returned"] for r in rs]) if all(r["returned"] is not None for r in rs) else None),
         spread(col("per_conn_reopen"), "{:.2f}"),
         spread([v / 1024 for v in col("peak_rss_kib")], "{:.1f}"),
+        spread(col("pss_per_conn"), "{:.2f}"),
+        spread(col("idle_ticks_per_s"), "{:.2f}"),
     ])
 widths = [max(len(row[i]) for row in table) for i in range(len(head))]
 for row in table:
@@ -238,5 +253,7 @@ RSS in MiB (VmRSS, nginx: master + worker summed; peak: VmHWM). KiB/conn =
 Memory returned = (RSS open - RSS +{settle} s) / (RSS open - RSS before):
 yes >= 90 %, partly >= 50 %, no < 50 %. KiB/conn reopen = (RSS with K open
 a second time - RSS +{settle} s) / K: near 0 = memory kept after the close is
-reused, near KiB/conn = it is not.""")
+reused, near KiB/conn = it is not. PSS KiB/conn: the same from PSS
+(smaps_rollup; shared pages split). Idle CPU: the proxy's clock ticks per
+second while the K sockets sit idle.""")
 PY

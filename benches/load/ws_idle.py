@@ -140,6 +140,30 @@ def rss_kib(pids):
     return total
 
 
+def pss_kib(pids):
+    """Proportional set size: shared pages split among their users."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+def cpu_ticks(pids):
+    """User + system clock ticks the proxy's processes have used."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total
+
+
 def fds(pids):
     """Open descriptors of the proxy (a socket it never closed shows here)."""
     return sum(len(os.listdir(f"/proc/{pid}/fd")) for pid in pids)
@@ -164,8 +188,15 @@ async def wait_backend(host, port, want, timeout):
         await asyncio.sleep(0.05)
 
 
+SOURCES = 0
+
+
 async def open_ws(host, port, i, hosts):
-    reader, writer = await asyncio.open_connection(host, port)
+    # Spread over SOURCES loopback source addresses (127.0.0.2, ...) so
+    # that tens of thousands of sockets to one port do not run out of
+    # ephemeral ports.
+    local = (f"127.0.0.{2 + i % SOURCES}", 0) if SOURCES and host == "127.0.0.1" else None
+    reader, writer = await asyncio.open_connection(host, port, local_addr=local)
     key = base64.b64encode(os.urandom(16))
     writer.write(
         b"GET /ws HTTP/1.1\r\nHost: tenant-%d.localhost\r\nUpgrade: websocket\r\n"
@@ -221,6 +252,7 @@ async def client(args):
             print(f"warm-up: {len(errors)} failed, e.g. {errors[0]}", file=sys.stderr)
 
     out["rss_before_kib"] = rss_kib(pids)
+    out["pss_before_kib"] = pss_kib(pids)
     out["fds_before"] = fds(pids)
     t0 = time.monotonic()
     socks, errors = await open_many(host, port, args.count, args.hosts, args.concurrency)
@@ -231,8 +263,14 @@ async def client(args):
         print(f"{len(errors)} of {args.count} upgrades failed, e.g. {errors[0]}", file=sys.stderr)
     held = await wait_backend(chost, cport, len(socks), 30)
     out["backend_held"] = held
+    await asyncio.sleep(1)  # the last handshakes' work is over
+    ticks = cpu_ticks(pids)
+    t_idle = time.monotonic()
     await asyncio.sleep(args.idle)  # the measured idle period
+    out["idle_cpu_ticks"] = cpu_ticks(pids) - ticks
+    out["idle_s"] = round(time.monotonic() - t_idle, 2)
     out["rss_open_kib"] = rss_kib(pids)
+    out["pss_open_kib"] = pss_kib(pids)
     out["fds_open"] = fds(pids)
     out["still_open"] = sum(not r.at_eof() for r, _ in socks)
     out["backend_held_after_idle"] = await backend_count(chost, cport)
@@ -291,6 +329,8 @@ def main():
     c.add_argument("--idle", type=float, default=3, help="seconds idle before measuring")
     c.add_argument("--settle", type=float, default=5,
                    help="seconds after closing before the last measurement")
+    c.add_argument("--sources", type=int, default=8,
+                   help="loopback source addresses to spread over (127.0.0.2, ...; 0: none)")
     c.add_argument("--no-reopen", dest="reopen", action="store_false",
                    help="skip opening K sockets a second time after the close")
     args = ap.parse_args()
@@ -300,6 +340,8 @@ def main():
         except KeyboardInterrupt:
             pass
         return 0
+    global SOURCES
+    SOURCES = args.sources
     return asyncio.run(client(args))
 
 

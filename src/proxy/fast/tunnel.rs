@@ -27,8 +27,12 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-/// The copy buffers of a WebSocket tunnel, each way.
-const TUNNEL_BUFFER: usize = 2048;
+/// The copy buffer of a WebSocket tunnel, each way: allocated for a read
+/// and dropped once its bytes are written. It starts at the smallest size
+/// and doubles while reads fill it (large messages move in few reads),
+/// halving again when they do not.
+const TUNNEL_BUFFER_MIN: usize = 2048;
+const TUNNEL_BUFFER_MAX: usize = 64 * 1024;
 
 /// What the access log line of a tunnel says when it ends.
 pub(super) struct TunnelLog {
@@ -99,7 +103,7 @@ impl FastPath {
     }
 }
 
-async fn run_tunnel<C: AsyncRead + AsyncWrite + Unpin>(
+async fn run_tunnel<C: Side>(
     gateway: Gateway,
     mut client: C,
     mut upstream: TcpStream,
@@ -123,11 +127,7 @@ async fn run_tunnel<C: AsyncRead + AsyncWrite + Unpin>(
 /// shard's close would otherwise hold the admission forever. Each
 /// direction moves on its own: a side slow to read holds back only what
 /// is sent to it, for at most `send_timeout`.
-async fn relay<A, B>(a: &mut A, b: &mut B, send_timeout: Duration)
-where
-    A: AsyncRead + AsyncWrite + Unpin + ?Sized,
-    B: AsyncRead + AsyncWrite + Unpin + ?Sized,
-{
+async fn relay<A: Side, B: Side>(a: &mut A, b: &mut B, send_timeout: Duration) {
     let mut legs = [Leg::default(), Leg::default()];
     let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
     poll_fn(|cx| {
@@ -146,6 +146,30 @@ where
         timer.as_mut().poll(cx)
     })
     .await
+}
+
+/// One end of a tunnel: a stream that can wait until it is readable
+/// without a buffer.
+trait Side: AsyncRead + AsyncWrite + Unpin {
+    /// Ready when a read would find bytes (or the end, or an error).
+    fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+}
+
+impl Side for TcpStream {
+    /// The reactor's readiness: no system call.
+    fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_read_ready(cx)
+    }
+}
+
+impl Side for Stream {
+    /// An empty read: it completes when the socket is readable, or at once
+    /// on a stream that cannot wait that way (the read after it then
+    /// waits, with its buffer).
+    fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut probe = ReadBuf::new(&mut []);
+        Pin::new(&mut **self).poll_read(cx, &mut probe)
+    }
 }
 
 /// A plain client connection as a bare socket (`Ok`), or the stream as it
@@ -177,25 +201,37 @@ fn bare(client: Stream) -> Result<io::Result<TcpStream>, Stream> {
 
 /// One direction of a WebSocket tunnel: what was read from one side and
 /// is being written to the other (nothing while idle).
-#[derive(Default)]
 struct Leg {
     pending: Vec<u8>,
     written: usize,
     /// Since when the write has been waiting without progress.
     stalled: Option<tokio::time::Instant>,
+    /// The next read's buffer size.
+    size: usize,
+    /// The last read did not fill its buffer: the socket is likely empty,
+    /// so the next read first waits for it without a buffer.
+    drained: bool,
+}
+
+impl Default for Leg {
+    fn default() -> Self {
+        Leg {
+            pending: Vec::new(),
+            written: 0,
+            stalled: None,
+            size: TUNNEL_BUFFER_MIN,
+            drained: true,
+        }
+    }
 }
 
 impl Leg {
     /// Moves bytes from `from` to `to` until one of them has to wait.
     /// Ready: this direction ended (closed or failed).
-    fn poll_move<R, W>(&mut self, from: &mut R, to: &mut W, cx: &mut Context<'_>) -> Poll<()>
-    where
-        R: AsyncRead + Unpin + ?Sized,
-        W: AsyncWrite + Unpin + ?Sized,
-    {
+    fn poll_move<R: Side, W: Side>(&mut self, from: &mut R, to: &mut W, cx: &mut Context<'_>) -> Poll<()> {
         loop {
             if self.pending.is_empty() {
-                match ready!(poll_read_lazily(from, cx)) {
+                match ready!(self.poll_read(from, cx)) {
                     Ok(bytes) if !bytes.is_empty() => {
                         self.pending = bytes;
                         self.written = 0;
@@ -227,23 +263,31 @@ impl Leg {
         self.stalled.get_or_insert_with(tokio::time::Instant::now);
         Poll::Pending
     }
-}
 
-/// Reads what `io` has, without holding a buffer while it waits: an empty
-/// read first (it completes when the socket is readable, or at once on a
-/// stream that cannot wait that way), then a read into a fresh buffer
-/// that is dropped again if nothing is there after all. An idle tunnel
-/// therefore holds no copy buffers. Empty: the stream ended.
-fn poll_read_lazily<R: AsyncRead + Unpin + ?Sized>(
-    io: &mut R,
-    cx: &mut Context<'_>,
-) -> Poll<io::Result<Vec<u8>>> {
-    let mut probe = ReadBuf::new(&mut []);
-    ready!(Pin::new(&mut *io).poll_read(cx, &mut probe))?;
-    let mut bytes = vec![0u8; TUNNEL_BUFFER];
-    let mut buf = ReadBuf::new(&mut bytes);
-    ready!(Pin::new(&mut *io).poll_read(cx, &mut buf))?;
-    let n = buf.filled().len();
-    bytes.truncate(n);
-    Poll::Ready(Ok(bytes))
+    /// Reads what `from` has, without holding a buffer while it waits: if
+    /// the socket is likely empty, it first waits until it is readable,
+    /// then reads into a fresh buffer that is dropped again if nothing is
+    /// there after all. An idle tunnel therefore holds no copy buffers.
+    /// Empty: the stream ended.
+    fn poll_read<R: Side>(&mut self, from: &mut R, cx: &mut Context<'_>) -> Poll<io::Result<Vec<u8>>> {
+        if self.drained {
+            ready!(from.poll_readable(cx))?;
+        }
+        let mut bytes = vec![0u8; self.size];
+        let mut buf = ReadBuf::new(&mut bytes);
+        let polled = Pin::new(&mut *from).poll_read(cx, &mut buf);
+        if polled.is_pending() {
+            self.drained = true;
+        }
+        ready!(polled)?;
+        let n = buf.filled().len();
+        self.drained = n < self.size;
+        if n == self.size {
+            self.size = (self.size * 2).min(TUNNEL_BUFFER_MAX);
+        } else if n < self.size / 4 {
+            self.size = (self.size / 2).max(TUNNEL_BUFFER_MIN);
+        }
+        bytes.truncate(n);
+        Poll::Ready(Ok(bytes))
+    }
 }
