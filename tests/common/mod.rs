@@ -566,6 +566,17 @@ impl Gateway {
             .replace("{admin}", &admin_port.to_string())
             .replace("{dir}", &dir.path().display().to_string());
         let text = without_fast_path_if_asked(text);
+        // Never the default state file (/var/lib/shardgate/state.json):
+        // gateways of tests running side by side would read each other's
+        // drains and buckets.
+        let text = if text.contains("state:") {
+            text
+        } else {
+            format!(
+                "{text}state: {{ path: \"{}/state.json\" }}\n",
+                dir.path().display()
+            )
+        };
         let has_admin = yaml.contains("{admin}");
         let config_path = dir.path().join("shardgate.yaml");
         std::fs::write(&config_path, text).expect("write config");
