@@ -515,6 +515,105 @@ Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n
     );
 }
 
+const WS_HANDSHAKE: &[u8] = b"GET /ws HTTP/1.1\r\nHost: acme.localhost\r\nConnection: Upgrade\r\n\
+Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n";
+
+/// A shard that switches protocols and then runs `then` on the socket.
+fn switching_shard<F, Fut>(then: F) -> ScriptedShard
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let then = Arc::new(then);
+    ScriptedShard::serve(move |mut stream| {
+        let then = Arc::clone(&then);
+        async move {
+            use tokio::io::AsyncWriteExt;
+            let mut pending = Vec::new();
+            if next_head(&mut stream, &mut pending).await.is_none() {
+                return;
+            }
+            let switched = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
+            if stream.write_all(switched).await.is_ok() {
+                then(stream).await;
+            }
+        }
+    })
+}
+
+/// Opens a tunnel through `gw`: the 101's status line (its head is read).
+fn open_tunnel(gw: &Gateway) -> (TcpStream, BufReader<TcpStream>, String) {
+    let (mut stream, mut reader) = connect(gw);
+    stream.write_all(WS_HANDSHAKE).expect("handshake");
+    let status = line(&mut reader);
+    while !line(&mut reader).is_empty() {}
+    (stream, reader, status)
+}
+
+#[test]
+fn a_tunnel_side_that_closes_still_hears_the_other_sides_last_words() {
+    // The client sends its last bytes and closes its sending half; the
+    // shard answers only once it has read to the end. The end is passed
+    // on (a write shutdown), and the answer still reaches the client.
+    if !common::fast_path_on() {
+        eprintln!(
+            "skipped: fast transport only (Pingora's WebSocket tunnel ends both \
+             directions when either side closes; see the README)"
+        );
+        return;
+    }
+    let shard = switching_shard(|stream| async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut rd, mut wr) = stream.into_split();
+        let mut heard = Vec::new();
+        if rd.read_to_end(&mut heard).await.is_err() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut answer = b"bye:".to_vec();
+        answer.extend_from_slice(&heard);
+        let _ = wr.write_all(&answer).await;
+    });
+    let gw = gateway(&shard);
+    let (mut stream, mut reader, status) = open_tunnel(&gw);
+    assert!(status.starts_with("HTTP/1.1 101"), "{status}");
+    stream.write_all(b"last words").expect("send");
+    stream
+        .shutdown(std::net::Shutdown::Write)
+        .expect("half-close");
+    let mut rest = Vec::new();
+    reader.read_to_end(&mut rest).expect("read to the end");
+    assert_eq!(String::from_utf8_lossy(&rest), "bye:last words");
+}
+
+#[test]
+fn a_tunnel_whose_shard_left_frees_its_admission_even_if_the_client_stays() {
+    // The shard closes; the client is told (its read ends) but keeps its
+    // own end open and silent. The admission goes with the shard's close
+    // (DESIGN: held until either side closes), not with the client.
+    let shard = switching_shard(|stream| async move { drop(stream) });
+    let gw = Gateway::start(&config_yaml(
+        "listen: [{ addr: \"127.0.0.1:{port}\" }]\nadmin: { addr: \"127.0.0.1:{admin}\" }\nstate: false\n",
+        &[("raw", shard.url())],
+        "limits: { connection_cap: 1 }\n",
+    ));
+    let (_stream, mut reader, status) = open_tunnel(&gw);
+    assert!(status.starts_with("HTTP/1.1 101"), "{status}");
+    let mut rest = Vec::new();
+    let told = std::time::Instant::now();
+    reader.read_to_end(&mut rest).expect("the end is passed on");
+    assert!(
+        told.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        told.elapsed()
+    );
+    let freed = common::eventually(Duration::from_secs(10), || {
+        let (_s, _r, status) = open_tunnel(&gw);
+        status.starts_with("HTTP/1.1 101")
+    });
+    assert!(freed, "the silent client still holds the only slot");
+}
+
 #[test]
 fn a_101_nobody_asked_for_is_a_502() {
     // Neither a GET (the fast path) nor a POST (Pingora's path) that asked

@@ -786,10 +786,8 @@ async fn ws_echoes(ws: &mut Ws, text: &str) -> bool {
 async fn ws_ends_within(ws: &mut Ws, within: Duration) -> Option<Duration> {
     use futures_util::StreamExt;
     let started = Instant::now();
-    let ended = tokio::time::timeout(within, async {
-        while let Some(Ok(_)) = ws.next().await {}
-    })
-    .await;
+    let ended =
+        tokio::time::timeout(within, async { while let Some(Ok(_)) = ws.next().await {} }).await;
     ended.ok().map(|()| started.elapsed())
 }
 
@@ -800,14 +798,21 @@ fn sigterm_leaves_open_websockets_working_through_the_grace_period_then_closes_t
     let mut ws = runtime().block_on(ws_open(gw.port));
     assert!(runtime().block_on(ws_echoes(&mut ws, "before")));
     gw.signal("TERM");
+    let signalled = Instant::now();
     std::thread::sleep(Duration::from_millis(300));
     assert!(
         runtime().block_on(ws_echoes(&mut ws, "during")),
         "the tunnel still works in the grace period"
     );
-    // Closed when the runtime ends: grace 1 s + shutdown timeout 5 s.
+    // Closed when the runtime ends (grace 1 s + shutdown timeout 5 s),
+    // not when the signal came.
     let ended = runtime().block_on(ws_ends_within(&mut ws, Duration::from_secs(15)));
     assert!(ended.is_some(), "the tunnel was never closed");
+    assert!(
+        signalled.elapsed() >= Duration::from_secs(1),
+        "closed {:?} after SIGTERM, inside the grace period",
+        signalled.elapsed()
+    );
     assert!(gw.wait_exit(Duration::from_secs(15)));
 }
 
@@ -836,13 +841,22 @@ fn an_upgrade_leaves_old_websockets_to_the_old_process_until_it_exits() {
     let _new = Reap(new);
     std::thread::sleep(Duration::from_millis(500));
     old.signal("QUIT");
+    let signalled = Instant::now();
     std::thread::sleep(Duration::from_millis(300));
     assert!(
         runtime().block_on(ws_echoes(&mut before, "old")),
         "the old process's tunnel still works after the handover"
     );
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(
+        runtime().block_on(ws_echoes(&mut before, "still old")),
+        "the old process's tunnel still works a second after the handover"
+    );
     // Closed when the old process ends (grace 1 s + shutdown timeout 5 s).
-    assert!(runtime().block_on(ws_ends_within(&mut before, Duration::from_secs(15))).is_some());
+    assert!(runtime()
+        .block_on(ws_ends_within(&mut before, Duration::from_secs(15)))
+        .is_some());
+    assert!(signalled.elapsed() >= Duration::from_secs(1));
     assert!(old.wait_exit(Duration::from_secs(15)));
     // The new process took the listener: new sockets work.
     let mut after = runtime().block_on(ws_open(port));

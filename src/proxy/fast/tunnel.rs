@@ -1,6 +1,7 @@
-//! The WebSocket tunnel: after the shard's 101, bytes flow both ways until
-//! either side closes, each direction on its own, holding no copy buffer
-//! while idle.
+//! The WebSocket tunnel: after the shard's 101, bytes flow both ways, each
+//! direction on its own, holding no copy buffer while idle, until both
+//! sides have closed (a side's end is passed on as a write shutdown to the
+//! other), either fails, or the other side lingers past [`HALF_OPEN_IDLE`].
 //!
 //! A tunnel may stay open for hours, mostly idle, so it runs in a task of
 //! its own that holds only what it needs: the two sockets, the admission,
@@ -33,6 +34,19 @@ use tokio::net::TcpStream;
 /// halving again when they do not.
 const TUNNEL_BUFFER_MIN: usize = 2048;
 const TUNNEL_BUFFER_MAX: usize = 64 * 1024;
+
+/// Once one side has closed, how long the other may stay silent before
+/// the tunnel ends anyway (nginx's `lingering_timeout` is 5 s too): its
+/// last words (a WebSocket close frame) still go through, but a side that
+/// never closes does not hold the admission.
+const HALF_OPEN_IDLE: Duration = Duration::from_secs(5);
+
+/// TCP keep-alive on a tunnel's plain sockets: a peer that vanished
+/// without a FIN (a host powered off, a NAT entry expired) is found out
+/// within about two minutes of silence, and its admission freed; an idle
+/// tunnel has no timer of its own.
+const TUNNEL_KEEPALIVE: (Duration, Duration, usize) =
+    (Duration::from_secs(60), Duration::from_secs(10), 6);
 
 /// What the access log line of a tunnel says when it ends.
 pub(super) struct TunnelLog {
@@ -85,60 +99,124 @@ impl FastPath {
         ctx: RequestCtx,
         log: TunnelLog,
     ) {
-        let gateway = self.gateway.clone();
+        let done = Finish {
+            gateway: self.gateway.clone(),
+            ctx,
+            log,
+        };
         let send_timeout = self.send_timeout;
+        keep_alive(&upstream);
         match bare(client) {
             Ok(Ok(client)) => {
-                tokio::spawn(run_tunnel(gateway, client, upstream, ctx, log, send_timeout));
+                keep_alive(&client);
+                tokio::spawn(run_tunnel(client, upstream, done, send_timeout));
             }
             Err(client) => {
-                tokio::spawn(run_tunnel(gateway, client, upstream, ctx, log, send_timeout));
+                tokio::spawn(run_tunnel(client, upstream, done, send_timeout));
             }
             Ok(Err(e)) => {
                 log::warn!("tunnel: the client socket could not be registered ({e})");
-                let mut ctx = ctx;
-                gateway.finish(&mut ctx, &OrEmpty(log.client.as_ref()), "GET", &log.target, 101);
+                drop(done);
             }
         }
     }
 }
 
-async fn run_tunnel<C: Side>(
+/// Finishes a tunnel's request (duration, admission, access log line)
+/// exactly once, however the tunnel ends: also when the runtime drops its
+/// task at the end of a graceful shutdown.
+struct Finish {
     gateway: Gateway,
-    mut client: C,
-    mut upstream: TcpStream,
-    mut ctx: RequestCtx,
+    ctx: RequestCtx,
     log: TunnelLog,
-    send_timeout: Duration,
-) {
-    relay(&mut client, &mut upstream, send_timeout).await;
-    drop((client, upstream));
-    gateway.finish(
-        &mut ctx,
-        &OrEmpty(log.client.as_ref()),
-        "GET",
-        &log.target,
-        101,
-    );
 }
 
-/// Bytes flow both ways until either side closes (or fails): a WebSocket
-/// does not half-close, and a client that keeps its end open after the
-/// shard's close would otherwise hold the admission forever. Each
-/// direction moves on its own: a side slow to read holds back only what
-/// is sent to it, for at most `send_timeout`.
-async fn relay<A: Side, B: Side>(a: &mut A, b: &mut B, send_timeout: Duration) {
+impl Drop for Finish {
+    fn drop(&mut self) {
+        let client = OrEmpty(self.log.client.as_ref());
+        self.gateway
+            .finish(&mut self.ctx, &client, "GET", &self.log.target, 101);
+    }
+}
+
+fn keep_alive(socket: &TcpStream) {
+    let (idle, interval, count) = TUNNEL_KEEPALIVE;
+    let ka = pingora::protocols::l4::ext::TcpKeepalive {
+        idle,
+        interval,
+        count,
+        user_timeout: Duration::ZERO,
+    };
+    if let Err(e) = pingora::protocols::l4::ext::set_tcp_keepalive(socket, &ka) {
+        log::debug!("tunnel: no TCP keep-alive ({e})");
+    }
+}
+
+async fn run_tunnel<C: Side>(
+    mut client: C,
+    mut upstream: TcpStream,
+    done: Finish,
+    send_timeout: Duration,
+) {
+    let mut done = done;
+    // DESIGN §1.3: the admission is held until either side closes; the
+    // other side's last words may still follow.
+    relay(&mut client, &mut upstream, send_timeout, || {
+        done.ctx.admission = None;
+    })
+    .await;
+    drop((client, upstream));
+    drop(done);
+}
+
+/// Bytes flow both ways, each direction on its own: a side slow to read
+/// holds back only what is sent to it, for at most `send_timeout`. A
+/// side's end is passed on (a write shutdown to the other side) and the
+/// other direction goes on until it ends too, or stays silent for
+/// [`HALF_OPEN_IDLE`]. A failure on either side ends both. `closed` runs
+/// once, when the first side closes.
+async fn relay<A: Side, B: Side>(
+    a: &mut A,
+    b: &mut B,
+    send_timeout: Duration,
+    mut closed: impl FnMut(),
+) {
     let mut legs = [Leg::default(), Leg::default()];
     let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    // Once one direction has ended: when the other last moved.
+    let mut half_open: Option<tokio::time::Instant> = None;
     poll_fn(|cx| {
-        if legs[0].poll_move(a, b, cx).is_ready() || legs[1].poll_move(b, a, cx).is_ready() {
-            return Poll::Ready(());
+        for (i, polled) in [legs[0].poll_move(a, b, cx), legs[1].poll_move(b, a, cx)]
+            .into_iter()
+            .enumerate()
+        {
+            match polled {
+                Poll::Ready(End::Failed) => return Poll::Ready(()),
+                Poll::Ready(End::Closed) if legs[1 - i].ended => return Poll::Ready(()),
+                Poll::Ready(End::Closed) => closed(),
+                Poll::Pending => {}
+            }
         }
-        let Some(since) = legs.iter().filter_map(|leg| leg.stalled).min() else {
+        if legs.iter().any(|leg| leg.ended) {
+            let other = legs.iter_mut().find(|leg| !leg.ended);
+            if let Some(leg) = other {
+                if std::mem::take(&mut leg.moved) || half_open.is_none() {
+                    half_open = Some(tokio::time::Instant::now());
+                }
+            }
+        }
+        let stalled = legs.iter().filter_map(|leg| leg.stalled).min();
+        let deadline = [
+            stalled.map(|since| since + send_timeout),
+            half_open.map(|since| since + HALF_OPEN_IDLE),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let Some(deadline) = deadline else {
             timer = None;
             return Poll::Pending;
         };
-        let deadline = since + send_timeout;
         let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
         if timer.deadline() != deadline {
             timer.as_mut().reset(deadline);
@@ -146,6 +224,15 @@ async fn relay<A: Side, B: Side>(a: &mut A, b: &mut B, send_timeout: Duration) {
         timer.as_mut().poll(cx)
     })
     .await
+}
+
+/// How one direction of a tunnel ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// Its reader closed and the writer was shut down after the last byte.
+    Closed,
+    /// A read or write failed.
+    Failed,
 }
 
 /// One end of a tunnel: a stream that can wait until it is readable
@@ -211,6 +298,13 @@ struct Leg {
     /// The last read did not fill its buffer: the socket is likely empty,
     /// so the next read first waits for it without a buffer.
     drained: bool,
+    /// The reader closed: the writer is being (or has been) shut down.
+    closing: bool,
+    /// Done: closed and shut down. Never polled again.
+    ended: bool,
+    /// Bytes moved since the relay last looked (only read once the other
+    /// direction has ended).
+    moved: bool,
 }
 
 impl Default for Leg {
@@ -221,37 +315,65 @@ impl Default for Leg {
             stalled: None,
             size: TUNNEL_BUFFER_MIN,
             drained: true,
+            closing: false,
+            ended: false,
+            moved: false,
         }
     }
 }
 
 impl Leg {
     /// Moves bytes from `from` to `to` until one of them has to wait.
-    /// Ready: this direction ended (closed or failed).
-    fn poll_move<R: Side, W: Side>(&mut self, from: &mut R, to: &mut W, cx: &mut Context<'_>) -> Poll<()> {
+    /// Ready: this direction ended (once; an ended leg stays pending).
+    fn poll_move<R: Side, W: Side>(
+        &mut self,
+        from: &mut R,
+        to: &mut W,
+        cx: &mut Context<'_>,
+    ) -> Poll<End> {
+        if self.ended {
+            return Poll::Pending;
+        }
         loop {
+            if self.closing {
+                return match Pin::new(&mut *to).poll_shutdown(cx) {
+                    Poll::Ready(Ok(())) => {
+                        self.ended = true;
+                        self.stalled = None;
+                        Poll::Ready(End::Closed)
+                    }
+                    Poll::Ready(Err(_)) => Poll::Ready(End::Failed),
+                    Poll::Pending => self.wait(),
+                };
+            }
             if self.pending.is_empty() {
                 match ready!(self.poll_read(from, cx)) {
                     Ok(bytes) if !bytes.is_empty() => {
                         self.pending = bytes;
                         self.written = 0;
+                        self.moved = true;
                     }
-                    _ => return Poll::Ready(()),
+                    Ok(_) => {
+                        self.closing = true;
+                        continue;
+                    }
+                    Err(_) => return Poll::Ready(End::Failed),
                 }
             }
             while self.written < self.pending.len() {
                 match Pin::new(&mut *to).poll_write(cx, &self.pending[self.written..]) {
-                    Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(()),
+                    Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(End::Failed),
                     Poll::Ready(Ok(n)) => {
                         self.written += n;
                         self.stalled = None;
+                        self.moved = true;
                     }
                     Poll::Pending => return self.wait(),
                 }
             }
             match Pin::new(&mut *to).poll_flush(cx) {
                 Poll::Ready(Ok(())) => {}
-                Poll::Ready(Err(_)) => return Poll::Ready(()),
+                Poll::Ready(Err(_)) => return Poll::Ready(End::Failed),
                 Poll::Pending => return self.wait(),
             }
             self.pending = Vec::new();
@@ -259,7 +381,7 @@ impl Leg {
         }
     }
 
-    fn wait(&mut self) -> Poll<()> {
+    fn wait(&mut self) -> Poll<End> {
         self.stalled.get_or_insert_with(tokio::time::Instant::now);
         Poll::Pending
     }
@@ -269,25 +391,32 @@ impl Leg {
     /// then reads into a fresh buffer that is dropped again if nothing is
     /// there after all. An idle tunnel therefore holds no copy buffers.
     /// Empty: the stream ended.
-    fn poll_read<R: Side>(&mut self, from: &mut R, cx: &mut Context<'_>) -> Poll<io::Result<Vec<u8>>> {
+    fn poll_read<R: Side>(
+        &mut self,
+        from: &mut R,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<Vec<u8>>> {
         if self.drained {
             ready!(from.poll_readable(cx))?;
         }
-        let mut bytes = vec![0u8; self.size];
-        let mut buf = ReadBuf::new(&mut bytes);
+        // Not zeroed: a read fills what it reports, no more.
+        let mut bytes: Vec<u8> = Vec::with_capacity(self.size);
+        let mut buf = ReadBuf::uninit(&mut bytes.spare_capacity_mut()[..self.size]);
         let polled = Pin::new(&mut *from).poll_read(cx, &mut buf);
         if polled.is_pending() {
             self.drained = true;
         }
         ready!(polled)?;
         let n = buf.filled().len();
+        // SAFETY: `ReadBuf` counts as filled only bytes that were
+        // initialised, the first `n` of `bytes`' capacity.
+        unsafe { bytes.set_len(n) };
         self.drained = n < self.size;
         if n == self.size {
             self.size = (self.size * 2).min(TUNNEL_BUFFER_MAX);
         } else if n < self.size / 4 {
             self.size = (self.size / 2).max(TUNNEL_BUFFER_MIN);
         }
-        bytes.truncate(n);
         Poll::Ready(Ok(bytes))
     }
 }
