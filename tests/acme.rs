@@ -323,8 +323,8 @@ fn in_a_cluster_one_node_orders_each_certificate_and_every_node_serves_it() {
     // An entry in Redis naming a path, or a certificate for other names
     // than its host, is never installed.
     let prefix = format!("acme{}:acme:", std::process::id());
-    let stray = rcgen::generate_simple_self_signed(vec!["other.example.net".to_string()])
-        .expect("cert");
+    let stray =
+        rcgen::generate_simple_self_signed(vec!["other.example.net".to_string()]).expect("cert");
     for host in ["../../escape", "stray.example.com"] {
         let redis_cli = |args: &[&str]| {
             let status = Command::new("redis-cli")

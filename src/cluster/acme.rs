@@ -287,9 +287,7 @@ impl AcmeRedis {
             return false;
         };
         let mut invocation = self.extend.key(self.key("lock"));
-        invocation
-            .arg(&self.token)
-            .arg(LOCK_TTL.as_millis() as u64);
+        invocation.arg(&self.token).arg(LOCK_TTL.as_millis() as u64);
         matches!(
             tokio::time::timeout(TIMEOUT, invocation.invoke_async::<i64>(&mut conn)).await,
             Ok(Ok(1))

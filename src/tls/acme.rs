@@ -228,7 +228,10 @@ impl AcmeService {
         for cert in certs {
             // The host names a file: nothing but a DNS name gets there.
             if !orderable(&cert.host) {
-                log::warn!("ACME: a certificate in Redis names no orderable host: {:?}", cert.host);
+                log::warn!(
+                    "ACME: a certificate in Redis names no orderable host: {:?}",
+                    cert.host
+                );
                 continue;
             }
             let theirs = match issued_at(cert.chain.as_bytes(), cert.key.as_bytes(), &cert.host) {
@@ -459,7 +462,8 @@ impl AcmeService {
                 .challenge(ChallengeType::Http01)
                 .ok_or("the ACME server offers no HTTP-01 challenge")?;
             let key_auth = challenge.key_authorization().as_str().to_string();
-            self.edge.publish_challenge(&challenge.token, key_auth.clone());
+            self.edge
+                .publish_challenge(&challenge.token, key_auth.clone());
             tokens.push(challenge.token.clone());
             if let Some(redis) = shared.as_deref_mut() {
                 // The CA may ask any node: wait until they have all read it.

@@ -92,7 +92,8 @@ impl Edge {
         let mut map = self.challenges.write();
         map.remove(token);
         let others = !self.shared_challenges.read().is_empty();
-        self.pending.store(others || !map.is_empty(), Ordering::Relaxed);
+        self.pending
+            .store(others || !map.is_empty(), Ordering::Relaxed);
     }
 
     /// Replaces the challenges other nodes published (cluster mode).
