@@ -2,7 +2,8 @@
 # Installs what building and testing shardgate needs when it is missing:
 # cmake (Pingora's zlib-ng), a C toolchain, iptables (the blackholed-shard
 # tests), wrk (the fault tests under load), redis-server (cluster mode),
-# pebble (ACME), nghttp2-client and curl (HTTP/2). Debian/Ubuntu, as root;
+# pebble (ACME), nghttp2-client and curl (HTTP/2), chromium and
+# chromium-driver (the operator's page). Debian/Ubuntu, as root;
 # otherwise prints what to install.
 set -euo pipefail
 missing=()
@@ -15,6 +16,8 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server) # cluster-mod
 command -v pebble >/dev/null 2>&1 || missing+=(pebble)      # ACME tests: Pebble and pebble-challtestsrv
 command -v h2load >/dev/null 2>&1 || missing+=(nghttp2-client) # HTTP/2 tests: h2load, nghttp
 command -v curl >/dev/null 2>&1 || missing+=(curl)          # HTTP/2 tests: curl --http2
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # the operator's page in a real browser (tests/page.rs)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 [ "${#missing[@]}" -eq 0 ] && exit 0
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing: ${missing[*]}"

@@ -6,6 +6,7 @@
 //! applied: each request is validated whole before it changes anything.
 
 use crate::control::Control;
+use crate::limits::top;
 use crate::proxy::pipeline::routes::RoutePrefixes;
 use crate::routing::{RouteRequest, Shard, ShardId};
 use crate::state::{self, StateSnapshot};
@@ -18,6 +19,16 @@ use std::sync::Arc;
 
 /// Largest request body the admin API reads.
 pub const MAX_BODY: usize = 1024 * 1024;
+
+/// The operator's page, built into the binary (no build step, no CDN).
+const PAGE_HTML: &str = include_str!("ui/index.html");
+const PAGE_JS: &str = include_str!("ui/app.js");
+const PAGE_CSS: &str = include_str!("ui/app.css");
+/// Everything the admin listener serves may load only its own script and
+/// style and talk only to itself; no page may frame it.
+const PAGE_CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+    connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; \
+    frame-ancestors 'none'";
 
 pub struct AdminApi {
     control: Arc<Control>,
@@ -63,6 +74,14 @@ impl Reply {
 
     fn error(status: StatusCode, message: impl Into<String>) -> Reply {
         Reply::json(status, json!({ "error": message.into() }))
+    }
+
+    fn asset(body: &'static str, content_type: &'static str) -> Reply {
+        Reply {
+            status: StatusCode::OK,
+            body: body.as_bytes().to_vec(),
+            content_type,
+        }
     }
 
     fn text(status: StatusCode, body: String, content_type: &'static str) -> Reply {
@@ -340,12 +359,56 @@ impl AdminApi {
 
     fn metrics_json(&self) -> Value {
         let c = &self.control;
+        let failures: Vec<Value> = c
+            .metrics
+            .upstream_failures()
+            .into_iter()
+            .map(|((shard, kind), count)| json!({ "shard": shard, "kind": kind, "count": count }))
+            .collect();
+        let durations = c.metrics.durations();
         json!({
             "router": c.router.metrics(),
             "domains": c.domains.metrics(),
             "regions": c.regions.as_ref().map(|d| d.metrics()),
             "retries": c.metrics.retries(),
+            "upstream_failures": failures,
+            "request_duration_seconds": {
+                "buckets": durations.buckets,
+                "count": durations.count,
+                "sum": durations.sum,
+            },
         })
+    }
+
+    /// `GET /v1/tenants/top?by=refused&n=10`: the tenants refused most over
+    /// the last minute (`limits::top`); `n` is 1–[`top::CAPACITY`].
+    fn top_tenants(&self, query: Option<&str>) -> Reply {
+        let params = query_params(query);
+        let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        match get("by") {
+            None | Some("refused") => {}
+            Some(other) => {
+                return Reply::error(
+                    StatusCode::BAD_REQUEST,
+                    format!("by: unknown ranking `{other}` (known: refused)"),
+                )
+            }
+        }
+        let n = match get("n").map(str::parse::<usize>) {
+            None => 10,
+            Some(Ok(n)) if (1..=top::CAPACITY).contains(&n) => n,
+            Some(_) => {
+                return Reply::error(
+                    StatusCode::BAD_REQUEST,
+                    format!("n: must be an integer from 1 to {}", top::CAPACITY),
+                )
+            }
+        };
+        Reply::ok(json!({
+            "by": "refused",
+            "window_seconds": top::SLOT_MS * top::SLOTS as u64 / 1000,
+            "tenants": self.control.router.top_refused(n),
+        }))
     }
 
     fn route(&self, method: &Method, path: &str, query: Option<&str>, body: &[u8]) -> Reply {
@@ -431,6 +494,8 @@ impl AdminApi {
                 // directory here holds up no request.
                 Some(store) => Reply::ok(json!(store.reload())),
             },
+            (&Method::GET, ["v1", "tenants", "top"]) => self.top_tenants(query),
+            (&Method::GET, ["v1", "tenants", "denied"]) => Reply::ok(json!(c.router.denied())),
             (&Method::PUT, ["v1", "tenants", tenant, "deny"]) => {
                 c.deny(tenant);
                 Reply::ok(json!({ "denied": tenant }))
@@ -485,6 +550,14 @@ impl ServeHttp for AdminApi {
         let query = req.uri.query().map(str::to_string);
         let reply = match (&method, path.as_str()) {
             (&Method::GET, "/healthz") => Reply::text(StatusCode::OK, "ok\n".into(), "text/plain"),
+            // The operator's page (src/ui): static, no data in it; its
+            // script reads `/v1/` with the token.
+            (&Method::GET, "/") => Reply::asset(PAGE_HTML, "text/html; charset=utf-8"),
+            (&Method::GET, "/ui/app.js") => Reply::asset(PAGE_JS, "text/javascript; charset=utf-8"),
+            (&Method::GET, "/ui/app.css") => Reply::asset(PAGE_CSS, "text/css; charset=utf-8"),
+            (&Method::GET, "/ui/auth") => Reply::ok(json!({
+                "token_required": self.control.config.admin.token.is_some(),
+            })),
             (&Method::GET, "/metrics") => Reply::text(
                 StatusCode::OK,
                 crate::metrics::render(&self.registry),
@@ -506,7 +579,10 @@ impl ServeHttp for AdminApi {
             .status(reply.status)
             .header("content-type", reply.content_type)
             .header("content-length", reply.body.len().to_string())
-            .header("cache-control", "no-store");
+            .header("cache-control", "no-store")
+            .header("x-content-type-options", "nosniff")
+            .header("referrer-policy", "no-referrer")
+            .header("content-security-policy", PAGE_CSP);
         if reply.status == StatusCode::UNAUTHORIZED {
             builder = builder.header("www-authenticate", "Bearer");
         }

@@ -6,7 +6,7 @@
 
 use crate::control::Control;
 use crate::proxy::hooks::UpstreamFailure;
-use crate::routing::counters::{StripedCounter, StripedHistogram};
+use crate::routing::counters::{HistogramView, StripedCounter, StripedHistogram};
 use crate::routing::Decision;
 use crate::tls::store::Source;
 use parking_lot::Mutex;
@@ -69,6 +69,16 @@ impl GatewayMetrics {
 
     pub fn request_finished(&self, seconds: f64) {
         self.durations.observe(seconds);
+    }
+
+    /// Failed attempts so far, by `(shard, kind)`.
+    pub fn upstream_failures(&self) -> BTreeMap<(String, &'static str), u64> {
+        self.failures.lock().clone()
+    }
+
+    /// Request durations so far (`shardgate_request_duration_seconds`).
+    pub fn durations(&self) -> HistogramView {
+        self.durations.view()
     }
 }
 

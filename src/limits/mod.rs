@@ -7,6 +7,7 @@ mod admission;
 mod bucket;
 mod deny;
 mod tenants;
+pub mod top;
 
 pub use admission::AdmissionGuard;
 pub use bucket::{RateRule, TokenBucket};
@@ -14,6 +15,7 @@ pub use deny::DenyList;
 pub use tenants::{
     TenantBuckets, TenantEntry, TenantState, TenantTable, FORGETTABLE_BOUND, SWEEP_FLOOR,
 };
+pub use top::{TopRefused, TopTenant};
 
 use crate::cluster::{Mode, Shared, SharedSlot};
 use compact_str::CompactString;

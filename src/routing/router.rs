@@ -18,7 +18,7 @@ use super::shard::{Membership, Shard, ShardEntry, ShardId, ShardSet, ShardStatus
 use super::snapshot::{RouteBucketSnapshot, RouterSnapshot, ShardSnapshot, TenantSnapshot, Tokens};
 use crate::limits::{
     AdmissionGuard, DenyList, Limits, Spend, TenantBuckets, TenantEntry, TenantState, TenantTable,
-    TokenBucket, Verdict,
+    TokenBucket, TopRefused, TopTenant, Verdict,
 };
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
@@ -142,6 +142,8 @@ struct Counters {
     acquires: StripedCounter,
     decisions: [StripedCounter; 7],
     last_route: LastDuration,
+    /// The tenants refused most over the last minute (bounded).
+    refused: TopRefused,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -221,6 +223,7 @@ impl Router {
                 acquires: StripedCounter::new(),
                 decisions: std::array::from_fn(|_| StripedCounter::new()),
                 last_route: LastDuration::new(),
+                refused: TopRefused::default(),
             },
         }
     }
@@ -238,6 +241,12 @@ impl Router {
     /// Lifts a denial; returns whether the tenant was denied.
     pub fn undeny(&self, tenant: &str) -> bool {
         self.edit_membership(|m| Arc::make_mut(&mut m.denied).allow(tenant))
+    }
+
+    /// The `n` tenants refused (rate-limited or capped) most over the last
+    /// minute, most refused first.
+    pub fn top_refused(&self, n: usize) -> Vec<TopTenant> {
+        self.counters.refused.top(n, self.clock.now_ms())
     }
 
     /// The denied tenants, sorted.
@@ -278,9 +287,13 @@ impl Router {
         let counted = mode != Mode::Explain;
         let timed = counted && self.counters.last_route.sample();
         let started = if timed { self.clock.precise_ms() } else { 0.0 };
-        let result = self.decide_at(request, self.clock.now_ms(), mode);
+        let now = self.clock.now_ms();
+        let result = self.decide_at(request, now, mode);
         if counted {
             self.counters.decisions[result.decision.index()].incr();
+            self.counters
+                .refused
+                .record(request.tenant, result.decision, now);
         }
         if timed {
             let ended = self.clock.precise_ms();
