@@ -172,7 +172,12 @@ impl Builder {
             // default 64 KiB per connection was most of an idle
             // WebSocket's memory. TLS listeners are plain TCP to Pingora:
             // `HeadGuard` runs the handshake (crate::tls).
+            // TCP keep-alive on every client socket: a client that
+            // vanished from an idle WebSocket frees its slot.
+            let mut options = pingora::listeners::TcpSocketOptions::default();
+            options.tcp_keepalive = Some(crate::proxy::fast::tunnel::keepalive());
             let endpoint = ListenerConfig::tcp(listener.addr.to_string())
+                .tcp_socket_options(options)
                 .l4_buffer(L4BufferSettings::default().read(0));
             proxy.add_listener(endpoint);
         }

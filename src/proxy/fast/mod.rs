@@ -24,7 +24,7 @@
 
 mod request;
 mod response;
-mod tunnel;
+pub(crate) mod tunnel;
 mod upstream;
 
 #[cfg(any(test, feature = "fuzzing"))]

@@ -41,12 +41,22 @@ const TUNNEL_BUFFER_MAX: usize = 64 * 1024;
 /// never closes does not hold the admission.
 const HALF_OPEN_IDLE: Duration = Duration::from_secs(5);
 
-/// TCP keep-alive on a tunnel's plain sockets: a peer that vanished
+/// Once one side has closed (and its admission gone), how long the other
+/// may go on at most, silent or not (nginx's `lingering_time` is 30 s):
+/// a client that closes at once cannot keep a tunnel fed by its shard
+/// past the connection cap.
+const HALF_OPEN_MAX: Duration = Duration::from_secs(30);
+
+/// TCP keep-alive on a tunnel's sockets (clients get it from the
+/// listener, TLS or not): a peer that vanished
 /// without a FIN (a host powered off, a NAT entry expired) is found out
 /// within about two minutes of silence, and its admission freed; an idle
-/// tunnel has no timer of its own.
+/// tunnel has no timer of its own. The same bound holds bytes sent and
+/// never acknowledged (`TCP_USER_TIMEOUT`), which keep-alive probes do
+/// not cover.
 const TUNNEL_KEEPALIVE: (Duration, Duration, usize) =
     (Duration::from_secs(60), Duration::from_secs(10), 6);
+const TUNNEL_USER_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What the access log line of a tunnel says when it ends.
 pub(super) struct TunnelLog {
@@ -108,7 +118,6 @@ impl FastPath {
         keep_alive(&upstream);
         match bare(client) {
             Ok(Ok(client)) => {
-                keep_alive(&client);
                 tokio::spawn(run_tunnel(client, upstream, done, send_timeout));
             }
             Err(client) => {
@@ -139,26 +148,31 @@ impl Drop for Finish {
     }
 }
 
-fn keep_alive(socket: &TcpStream) {
+/// The keep-alive of every client socket (set by the listener, see
+/// `server.rs`) and of a tunnel's shard socket.
+pub(crate) fn keepalive() -> pingora::protocols::l4::ext::TcpKeepalive {
     let (idle, interval, count) = TUNNEL_KEEPALIVE;
-    let ka = pingora::protocols::l4::ext::TcpKeepalive {
+    pingora::protocols::l4::ext::TcpKeepalive {
         idle,
         interval,
         count,
-        user_timeout: Duration::ZERO,
-    };
-    if let Err(e) = pingora::protocols::l4::ext::set_tcp_keepalive(socket, &ka) {
+        #[cfg(target_os = "linux")]
+        user_timeout: TUNNEL_USER_TIMEOUT,
+    }
+}
+
+fn keep_alive(socket: &TcpStream) {
+    if let Err(e) = pingora::protocols::l4::ext::set_tcp_keepalive(socket, &keepalive()) {
         log::debug!("tunnel: no TCP keep-alive ({e})");
     }
 }
 
-async fn run_tunnel<C: Side>(
-    mut client: C,
-    mut upstream: TcpStream,
-    done: Finish,
-    send_timeout: Duration,
-) {
+async fn run_tunnel<C: Side>(client: C, upstream: TcpStream, done: Finish, send_timeout: Duration) {
     let mut done = done;
+    // Bound after `done`, so dropped before it on every path (also when
+    // the runtime drops this task at shutdown): the access line and the
+    // metrics come once the sockets are closed.
+    let (mut client, mut upstream) = (client, upstream);
     // DESIGN §1.3: the admission is held until either side closes; the
     // other side's last words may still follow.
     relay(&mut client, &mut upstream, send_timeout, || {
@@ -173,7 +187,9 @@ async fn run_tunnel<C: Side>(
 /// holds back only what is sent to it, for at most `send_timeout`. A
 /// side's end is passed on (a write shutdown to the other side) and the
 /// other direction goes on until it ends too, or stays silent for
-/// [`HALF_OPEN_IDLE`]. A failure on either side ends both. `closed` runs
+/// [`HALF_OPEN_IDLE`] (even while a write to it is slow: it closed its
+/// other half), or for [`HALF_OPEN_MAX`] in all. A failure on either side
+/// ends both. `closed` runs
 /// once, when the first side closes.
 async fn relay<A: Side, B: Side>(
     a: &mut A,
@@ -183,7 +199,9 @@ async fn relay<A: Side, B: Side>(
 ) {
     let mut legs = [Leg::default(), Leg::default()];
     let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
-    // Once one direction has ended: when the other last moved.
+    // Once one direction has ended: when it did, and when the other last
+    // moved.
+    let mut first_close: Option<tokio::time::Instant> = None;
     let mut half_open: Option<tokio::time::Instant> = None;
     poll_fn(|cx| {
         for (i, polled) in [legs[0].poll_move(a, b, cx), legs[1].poll_move(b, a, cx)]
@@ -201,7 +219,9 @@ async fn relay<A: Side, B: Side>(
             let other = legs.iter_mut().find(|leg| !leg.ended);
             if let Some(leg) = other {
                 if std::mem::take(&mut leg.moved) || half_open.is_none() {
-                    half_open = Some(tokio::time::Instant::now());
+                    let now = tokio::time::Instant::now();
+                    half_open = Some(now);
+                    first_close.get_or_insert(now);
                 }
             }
         }
@@ -209,6 +229,7 @@ async fn relay<A: Side, B: Side>(
         let deadline = [
             stalled.map(|since| since + send_timeout),
             half_open.map(|since| since + HALF_OPEN_IDLE),
+            first_close.map(|since| since + HALF_OPEN_MAX),
         ]
         .into_iter()
         .flatten()
@@ -401,12 +422,17 @@ impl Leg {
         }
         // Not zeroed: a read fills what it reports, no more.
         let mut bytes: Vec<u8> = Vec::with_capacity(self.size);
+        let start = bytes.as_ptr();
         let mut buf = ReadBuf::uninit(&mut bytes.spare_capacity_mut()[..self.size]);
         let polled = Pin::new(&mut *from).poll_read(cx, &mut buf);
         if polled.is_pending() {
             self.drained = true;
         }
         ready!(polled)?;
+        if buf.filled().as_ptr() != start {
+            // A reader that swapped the buffer: its bytes are not ours.
+            return Poll::Ready(Err(io::Error::other("the reader replaced its buffer")));
+        }
         let n = buf.filled().len();
         // SAFETY: `ReadBuf` counts as filled only bytes that were
         // initialised, the first `n` of `bytes`' capacity.
