@@ -103,6 +103,41 @@ fn redact(url: &str) -> String {
     }
 }
 
+/// Without a token, `/v1/` answers only what cannot come from a web page
+/// of another site: the `Host` must name the loopback (not a name an
+/// attacker's DNS points at 127.0.0.1: DNS rebinding), and a browser's
+/// `Sec-Fetch-Site` and `Origin`, when sent, must say the admin's own
+/// page. (With a token, a cross-site page cannot send the
+/// `Authorization` header without a CORS preflight, which is never
+/// granted.)
+fn from_this_machine_not_another_site(req: &pingora::http::RequestHeader) -> bool {
+    let header = |name: &str| {
+        req.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_ascii_lowercase)
+    };
+    let host = header("host").unwrap_or_default();
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host.as_str(),
+    };
+    let loopback = name == "localhost"
+        || name == "[::1]"
+        || name
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    let same_site = match header("sec-fetch-site").as_deref() {
+        None | Some("same-origin") | Some("none") => true,
+        Some(_) => false,
+    };
+    let same_origin = match header("origin") {
+        None => true,
+        Some(origin) => origin == format!("http://{host}"),
+    };
+    loopback && same_site && same_origin
+}
+
 /// Constant-time comparison: every byte of the longer input is visited.
 fn same_token(given: &[u8], expected: &[u8]) -> bool {
     let n = given.len().max(expected.len());
@@ -179,7 +214,9 @@ struct ShardBody {
 impl AdminApi {
     fn authorized(&self, session: &ServerSession) -> bool {
         let Some(token) = &self.control.config.admin.token else {
-            return true; // loopback only, checked by validation
+            // Loopback only (checked by validation), but a browser on this
+            // machine could still be made to call it by another site.
+            return from_this_machine_not_another_site(session.req_header());
         };
         let header = session
             .req_header()
@@ -609,6 +646,36 @@ mod tests {
         assert!(!same_token(b"secret!", b"secret"));
         assert!(!same_token(b"", b"secret"));
         assert!(!same_token(b"Secret", b"secret"));
+    }
+
+    #[test]
+    fn an_open_admin_answers_its_own_page_not_another_sites() {
+        let req = |headers: &[(&str, &str)]| {
+            let mut r =
+                pingora::http::RequestHeader::build("POST", b"/v1/shards", None).expect("request");
+            for (k, v) in headers {
+                r.insert_header(k.to_string(), v.to_string())
+                    .expect("header");
+            }
+            from_this_machine_not_another_site(&r)
+        };
+        assert!(req(&[("host", "127.0.0.1:9901")]));
+        assert!(req(&[
+            ("host", "localhost:9901"),
+            ("sec-fetch-site", "same-origin"),
+            ("origin", "http://localhost:9901")
+        ]));
+        assert!(req(&[("host", "[::1]:9901"), ("sec-fetch-site", "none")]));
+        assert!(!req(&[("host", "evil.example:9901")]), "DNS rebinding");
+        assert!(!req(&[
+            ("host", "127.0.0.1:9901"),
+            ("sec-fetch-site", "cross-site")
+        ]));
+        assert!(!req(&[
+            ("host", "127.0.0.1:9901"),
+            ("origin", "http://evil.example")
+        ]));
+        assert!(!req(&[]));
     }
 
     #[test]

@@ -210,6 +210,14 @@ impl Browser {
         eventually(within, || self.js(script, args.clone()) == json!(true))
     }
 
+    /// Waits up to `secs` until `script` returns true, else fails with `what`.
+    fn expect(&self, secs: u64, script: &str, args: Value, what: &str) {
+        assert!(
+            self.until(Duration::from_secs(secs), script, args),
+            "{what}"
+        );
+    }
+
     /// The browser's console and network errors so far (ChromeDriver's log).
     fn severe_logs(&self) -> Vec<String> {
         let logs = self
@@ -283,20 +291,44 @@ fn the_operators_page_shows_and_steers_a_live_gateway() {
         "the page did not ask for the token"
     );
     assert!(!browser.visible("#dashboard"));
+    browser.type_into("#token", "not-the-token");
+    browser.click("#login button[type=submit]");
+    browser.expect(5, "const e = document.querySelector('#login-error'); return !e.hidden && e.textContent.includes('not accepted');", json!([]), "a wrong token is not refused");
+    assert!(!browser.visible("#dashboard"));
+    // The browser logs the refused request (401) itself; nothing else.
+    let logs = browser.severe_logs();
+    assert!(logs.iter().all(|l| l.contains("401")), "{logs:?}");
+    browser.js("document.querySelector('#token').value = '';", json!([]));
     browser.type_into("#token", TOKEN);
     browser.click("#login button[type=submit]");
 
     // The configured shards, all up.
-    assert!(
-        browser.until(
-            Duration::from_secs(10),
-            "return ['a','b','c'].every(id => document.querySelector(`#shards tr[data-shard=\"${id}\"][data-state=up]`));",
-            json!([]),
-        ),
-        "the shards are not shown as up"
-    );
+    browser.expect(10, "return ['a','b','c'].every(id => document.querySelector(`#shards tr[data-shard=\"${id}\"][data-state=up]`));", json!([]), "the shards are not shown as up");
     let logs = browser.severe_logs();
     assert!(logs.is_empty(), "console errors after login: {logs:?}");
+    browser.expect(
+        5,
+        "return document.querySelector('#status').dataset.state === 'ok';",
+        json!([]),
+        "the status does not say live",
+    );
+    // Names from the network reach the page as text, never as markup.
+    let evil = r#"<img src=x onerror="window.pwned=1">"#;
+    let added = gw.admin(
+        "POST",
+        "/v1/shards",
+        Some(&json!({ "id": evil, "url": "http://127.0.0.1:1", "weight": 0 }).to_string()),
+        Some(TOKEN),
+    );
+    assert_eq!(added.status, 201, "{}", added.text());
+    browser.expect(6, "return [...document.querySelectorAll('#shards tr')].some(r => r.dataset.shard === arguments[0] && r.cells[0].textContent === arguments[0]);", json!([evil]), "the shard with markup in its id is not listed as text");
+    assert_eq!(
+        browser.js(
+            "return window.pwned === undefined && !document.querySelector('#shards img');",
+            json!([])
+        ),
+        json!(true)
+    );
 
     // Traffic: one tenant far over its rate limit, others within theirs.
     let port = gw.port;
@@ -323,25 +355,16 @@ fn the_operators_page_shows_and_steers_a_live_gateway() {
             }
         })
     };
-    assert!(
-        browser.until(
-            Duration::from_secs(15),
-            "const r = document.querySelector('#top tbody tr'); return !!r && r.dataset.tenant === 'hot';",
-            json!([]),
-        ),
-        "the rate-limited tenant is not at the top of the refused list"
-    );
+    browser.expect(15, "const r = document.querySelector('#top tbody tr'); return !!r && r.dataset.tenant === 'hot';", json!([]), "the rate-limited tenant is not at the top of the refused list");
 
     // A shard killed is shown down within a few seconds.
     let killed_at = Instant::now();
     shards[2].stop();
-    assert!(
-        browser.until(
-            Duration::from_secs(8),
-            "return !!document.querySelector('#shards tr[data-shard=\"c\"][data-state=down]');",
-            json!([]),
-        ),
-        "the killed shard is not shown down"
+    browser.expect(
+        8,
+        "return !!document.querySelector('#shards tr[data-shard=\"c\"][data-state=down]');",
+        json!([]),
+        "the killed shard is not shown down",
     );
     eprintln!(
         "shard shown down {:?} after it was killed",
@@ -356,13 +379,11 @@ fn the_operators_page_shows_and_steers_a_live_gateway() {
         json!([])
     ));
     browser.click("#confirm-ok");
-    assert!(
-        browser.until(
-            Duration::from_secs(6),
-            "return !!document.querySelector('#shards tr[data-shard=\"b\"][data-state=draining]');",
-            json!([]),
-        ),
-        "the drained shard is not shown draining"
+    browser.expect(
+        6,
+        "return !!document.querySelector('#shards tr[data-shard=\"b\"][data-state=draining]');",
+        json!([]),
+        "the drained shard is not shown draining",
     );
     let listed = gw.admin("GET", "/v1/shards", None, Some(TOKEN)).json();
     let b = listed
@@ -371,26 +392,44 @@ fn the_operators_page_shows_and_steers_a_live_gateway() {
         .cloned()
         .expect("shard b listed");
     assert_eq!(b["draining"], true, "{listed}");
-    assert!(
-        browser.until(
-            Duration::from_secs(5),
-            "return document.querySelector('#toast').textContent.includes('drain');",
-            json!([])
-        ),
-        "the result of the action is not shown"
+    browser.expect(
+        5,
+        "return document.querySelector('#toast').textContent.includes('shard b: drain — done');",
+        json!([]),
+        "the result of the action is not shown",
     );
 
     // The chart has data, and a screenshot under load is kept.
     std::thread::sleep(Duration::from_secs(3));
+    // The chart's legend gives the last interval's refusals per second.
     let drawn = browser.js(
-        "return document.querySelector('#legend [data-decision=\"rate-limited\"]').textContent;",
+        "return parseFloat(document.querySelector('#legend [data-decision=\"rate-limited\"]').textContent.split(' ')[1]);",
         json!([]),
     );
     assert!(
-        drawn
-            .as_str()
-            .is_some_and(|t| t.starts_with("rate-limited") && !t.contains("–")),
-        "{drawn}"
+        drawn.as_f64().is_some_and(|r| r > 10.0),
+        "rate-limited per second: {drawn}"
+    );
+    // Deny the hot tenant from its row; the API lists it, the page too.
+    browser.click("#top button[data-action=deny][data-tenant=hot]");
+    assert!(browser.until(
+        Duration::from_secs(5),
+        "return document.querySelector('#confirm').open;",
+        json!([])
+    ));
+    browser.click("#confirm-ok");
+    assert!(
+        eventually(Duration::from_secs(5), || gw
+            .admin("GET", "/v1/tenants/denied", None, Some(TOKEN))
+            .json()
+            == json!(["hot"])),
+        "the tenant was not denied"
+    );
+    browser.expect(
+        6,
+        "return !!document.querySelector('#denied-list [data-denied=hot]');",
+        json!([]),
+        "the denied tenant is not listed",
     );
     let shot = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/page-under-load.png");
     browser.screenshot(&shot);

@@ -144,18 +144,24 @@ impl TopRefused {
         slot.record(tenant, decision);
     }
 
-    /// The `n` tenants refused most in the window ending at `now_ms`, most
-    /// refused first (ties by tenant id).
+    /// The `n` tenants refused most in the window ending at `now_ms`,
+    /// ranked by the count each is sure to have (`refused - error`), so a
+    /// flood of one-off tenants does not outrank one refused steadily.
     pub fn top(&self, n: usize, now_ms: f64) -> Vec<TopTenant> {
         let now = epoch(now_ms);
-        let slots = self.slots.lock();
-        let live: Vec<&Slot> = slots
-            .iter()
-            .filter(|s| s.epoch + SLOTS as u64 > now && s.epoch <= now && !s.entries.is_empty())
-            .collect();
+        // Copied out under the lock (at most SLOTS × CAPACITY entries) and
+        // merged without it: refusals do not wait on a reader.
+        let live: Vec<(Vec<Entry>, u64)> = {
+            let slots = self.slots.lock();
+            slots
+                .iter()
+                .filter(|s| s.epoch + SLOTS as u64 > now && s.epoch <= now && !s.entries.is_empty())
+                .map(|s| (s.entries.clone(), s.floor()))
+                .collect()
+        };
         let mut merged: HashMap<&str, TopTenant> = HashMap::new();
-        for slot in &live {
-            for e in &slot.entries {
+        for (entries, _) in &live {
+            for e in entries {
                 let t = merged.entry(&e.tenant).or_insert_with(|| TopTenant {
                     tenant: e.tenant.to_string(),
                     refused: 0,
@@ -169,19 +175,25 @@ impl TopRefused {
                 t.capped += e.capped;
             }
         }
-        for t in merged.values_mut() {
-            for slot in &live {
-                if !slot.index.contains_key(t.tenant.as_str()) {
-                    let floor = slot.floor();
-                    t.refused += floor;
-                    t.error += floor;
-                }
-            }
-        }
-        let mut out: Vec<TopTenant> = merged.into_values().collect();
+        let mut out: Vec<TopTenant> = merged
+            .into_values()
+            .map(|mut t| {
+                // A slot that does not list the tenant may still have had
+                // up to its floor of it.
+                let missed: u64 = live
+                    .iter()
+                    .filter(|(entries, _)| !entries.iter().any(|e| *e.tenant == *t.tenant))
+                    .map(|(_, floor)| floor)
+                    .sum();
+                t.refused += missed;
+                t.error += missed;
+                t
+            })
+            .collect();
         out.sort_by(|a, b| {
-            b.refused
-                .cmp(&a.refused)
+            (b.refused - b.error)
+                .cmp(&(a.refused - a.error))
+                .then(b.refused.cmp(&a.refused))
                 .then_with(|| a.tenant.cmp(&b.tenant))
         });
         out.truncate(n);

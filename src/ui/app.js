@@ -46,7 +46,8 @@ function fmtSeconds(s) {
 
 // ---- the API ---------------------------------------------------------
 
-class Unauthorized extends Error {}
+class ApiError extends Error {}
+class Unauthorized extends ApiError {}
 
 async function api(method, path, body) {
   const headers = {};
@@ -60,7 +61,7 @@ async function api(method, path, body) {
   const text = await res.text();
   try { data = text ? JSON.parse(text) : null; } catch (_) { data = { error: text }; }
   if (res.status === 401) throw new Unauthorized((data && data.error) || "unauthorized");
-  if (!res.ok) throw new Error((data && data.error) || `${method} ${path}: HTTP ${res.status}`);
+  if (!res.ok) throw new ApiError((data && data.error) || `${method} ${path}: HTTP ${res.status}`);
   return data;
 }
 
@@ -145,11 +146,19 @@ async function refresh() {
       api("GET", "/v1/certs"),
     ]);
     const sample = { at: performance.now(), metrics, shards };
+    const prev = state.history[state.history.length - 1];
+    if (prev && (metrics.router.routes < prev.metrics.router.routes ||
+                 metrics.request_duration_seconds.count < prev.metrics.request_duration_seconds.count)) {
+      state.history = []; // the gateway restarted: its counters began again
+    }
     state.history.push(sample);
     if (state.history.length > HISTORY) state.history.shift();
     render({ shards, metrics, top, denied, cluster, certs });
     setStatus("ok", "live · " + new Date().toLocaleTimeString());
   } catch (e) {
+    if (!(e instanceof Unauthorized) && !(e instanceof ApiError)) {
+      console.error(e); // a fault of the page itself, not of the gateway
+    }
     if (e instanceof Unauthorized) {
       sessionStorage.removeItem(TOKEN_KEY);
       state.token = null;
@@ -337,8 +346,8 @@ function renderTop(top) {
   $("#top-window").textContent = `last ${top.window_seconds} s`;
   const rows = top.tenants.map((t) => el("tr", { "data-tenant": t.tenant },
     el("td", {}, t.tenant),
-    el("td", { class: "num", title: t.error ? `may over-count by ${t.error}` : null },
-      t.refused + (t.error ? ` ±${t.error}` : "")),
+    el("td", { class: "num", title: t.error ? `at least ${t.refused - t.error}, at most ${t.refused}` : null },
+      t.error ? `${t.refused - t.error}–${t.refused}` : t.refused),
     el("td", { class: "num wide" }, t.rate_limited),
     el("td", { class: "num wide" }, t.capped),
     el("td", {}, el("button", {
@@ -448,8 +457,8 @@ function confirmThen(text, label, action, done) {
   dialog.addEventListener("close", async () => {
     if (dialog.returnValue !== "ok") return;
     try {
-      await action();
-      toast(done + " — done");
+      const answer = await action();
+      toast(`${done} — done: ${JSON.stringify(answer)}`);
     } catch (e) {
       if (e instanceof Unauthorized) return showLogin("The token was refused: " + e.message);
       toast(`${done} failed: ${e.message}`, true);
