@@ -477,4 +477,20 @@ fn the_page_is_served_with_a_strict_policy_and_asks_no_token_on_an_open_loopback
         gw.admin("GET", "/v1/tenants/top?n=0", None, None).status,
         400
     );
+    // In a browser: no token asked, the shard shown, and the sections of
+    // what is not configured (cluster, TLS) hidden.
+    let Some(browser) = Browser::start() else {
+        return;
+    };
+    browser.goto(&format!("http://127.0.0.1:{}/", gw.admin_port));
+    browser.expect(
+        10,
+        "return !!document.querySelector('#shards tr[data-shard=a][data-state=up]');",
+        json!([]),
+        "the open page does not show the shard",
+    );
+    assert!(!browser.visible("#login"), "asked for a token nobody set");
+    assert!(!browser.visible("#cluster") && !browser.visible("#certs"));
+    let logs = browser.severe_logs();
+    assert!(logs.is_empty(), "console errors: {logs:?}");
 }
