@@ -184,6 +184,14 @@ fn query_params(query: Option<&str>) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The first value of query parameter `name`.
+fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    params
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
 fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, Reply> {
     serde_json::from_slice(body)
         .map_err(|e| Reply::error(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))
@@ -287,7 +295,7 @@ impl AdminApi {
 
     fn explain(&self, query: Option<&str>) -> Reply {
         let params = query_params(query);
-        let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        let get = |name: &str| param(&params, name);
         let Some(tenant) = get("tenant").filter(|t| !t.is_empty()) else {
             return Reply::error(StatusCode::BAD_REQUEST, "tenant: required");
         };
@@ -421,7 +429,7 @@ impl AdminApi {
     /// the last minute (`limits::top`); `n` is 1–[`top::CAPACITY`].
     fn top_tenants(&self, query: Option<&str>) -> Reply {
         let params = query_params(query);
-        let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        let get = |name: &str| param(&params, name);
         match get("by") {
             None | Some("refused") => {}
             Some(other) => {

@@ -9,7 +9,7 @@ mod common;
 
 use common::{config_yaml, eventually, free_port, Backend, Gateway};
 use serde_json::{json, Value};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -32,15 +32,13 @@ impl Drop for Browser {
 }
 
 /// One HTTP/1.1 exchange with ChromeDriver: the status and the JSON body
-/// (framed by `Content-Length`, or chunked; ChromeDriver keeps the
-/// connection open whatever the request says).
+/// (read by its framing: ChromeDriver keeps the connection open).
 fn http_json(
     port: u16,
     method: &str,
     path: &str,
     body: Option<&Value>,
 ) -> Result<(u16, Value), String> {
-    use std::io::BufRead;
     let mut stream = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
     stream.set_read_timeout(Some(Duration::from_secs(60))).ok();
     let body = body.map(|b| b.to_string()).unwrap_or_default();
@@ -52,50 +50,11 @@ fn http_json(
     stream
         .write_all(raw.as_bytes())
         .map_err(|e| e.to_string())?;
-    let mut reader = std::io::BufReader::new(stream);
-    let mut line = String::new();
-    reader.read_line(&mut line).map_err(|e| e.to_string())?;
-    let status = line
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("status line {line:?}"))?;
-    let (mut length, mut chunked) = (None, false);
-    loop {
-        line.clear();
-        reader.read_line(&mut line).map_err(|e| e.to_string())?;
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        let (name, value) = l.split_once(':').unwrap_or((l, ""));
-        match name.trim().to_ascii_lowercase().as_str() {
-            "content-length" => length = value.trim().parse::<usize>().ok(),
-            "transfer-encoding" => chunked = value.to_ascii_lowercase().contains("chunked"),
-            _ => {}
-        }
-    }
-    let mut body = Vec::new();
-    if chunked {
-        loop {
-            line.clear();
-            reader.read_line(&mut line).map_err(|e| e.to_string())?;
-            let n = usize::from_str_radix(line.trim().split(';').next().unwrap_or("0"), 16)
-                .map_err(|e| e.to_string())?;
-            let mut chunk = vec![0; n + 2];
-            reader.read_exact(&mut chunk).map_err(|e| e.to_string())?;
-            if n == 0 {
-                break;
-            }
-            body.extend_from_slice(&chunk[..n]);
-        }
-    } else {
-        body.resize(length.ok_or("no length")?, 0);
-        reader.read_exact(&mut body).map_err(|e| e.to_string())?;
-    }
-    let text = String::from_utf8_lossy(&body);
-    let value = serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
-    Ok((status, value))
+    let answer =
+        common::read_response(&mut std::io::BufReader::new(stream)).map_err(|e| e.to_string())?;
+    let value =
+        serde_json::from_slice(&answer.body).map_err(|e| format!("{e}: {}", answer.text()))?;
+    Ok((answer.status, value))
 }
 
 impl Browser {
