@@ -349,9 +349,21 @@ fn raw_exchange(port: u16, bytes: &[u8]) -> String {
 /// `curl` over HTTP/2 to the gateway's TLS port: (status, HTTP version,
 /// body).
 fn curl_h2(port: u16, host: &str, path: &str, ca: &Path) -> (String, String, String) {
+    curl_h2_with(port, host, path, ca, &[])
+}
+
+/// [`curl_h2`] with more of curl's arguments.
+fn curl_h2_with(
+    port: u16,
+    host: &str,
+    path: &str,
+    ca: &Path,
+    args: &[&str],
+) -> (String, String, String) {
     let out = Command::new("curl")
         .args(["-s", "--http2", "--max-time", "10", "--cacert"])
         .arg(ca)
+        .args(args)
         .args(["--resolve", &format!("{host}:{port}:127.0.0.1")])
         .args(["-w", "\n%{http_code} %{http_version}"])
         .arg(format!("https://{host}:{port}{path}"))
@@ -393,6 +405,84 @@ fn http2_routes_forwards_and_refuses_as_http1_does() {
     assert!(body.contains("denied"), "{body}");
     let (status, _, _) = curl_h2(gw.port, "other.apps.test", "/", &ca_file);
     assert_eq!(status, "200");
+}
+
+#[test]
+fn http2_streams_reach_shards_as_http1_requests_and_come_back_whole() {
+    let ca = Ca::new();
+    let certs = tempfile::tempdir().expect("dir");
+    ca.issue(certs.path(), "apps", &["*.apps.test"]);
+    let ca_file = ca.pem_file(certs.path());
+    let backend = Backend::with("a", |seen| match seen.uri.as_str() {
+        // No length: hyper sends it in chunks, which HTTP/2 must not carry.
+        "/chunked" => Reply::Stream {
+            chunks: vec![b"hello, ".to_vec(), vec![b'x'; 70_000], b"world".to_vec()],
+            gap: Duration::from_millis(30),
+        },
+        "/empty" => Reply::Full(204, Vec::new(), Vec::new()),
+        _ => Reply::ok("plain"),
+    });
+    let (gw, _) = edge(&backend, certs.path(), "  default_cert: apps\n", "");
+    let host = "shop.apps.test";
+    // A chunked body arrives as its content, larger than a stream's
+    // initial window (65 535 bytes) included.
+    let (status, version, body) = curl_h2(gw.port, host, "/chunked", &ca_file);
+    assert_eq!((status.as_str(), version.as_str()), ("200", "2"));
+    assert_eq!(
+        body.len(),
+        7 + 70_000 + 5,
+        "{}",
+        &body[..body.len().min(80)]
+    );
+    assert!(body.starts_with("hello, xx") && body.ends_with("xxworld"));
+    let (status, _, body) = curl_h2(gw.port, host, "/empty", &ca_file);
+    assert_eq!((status.as_str(), body.as_str()), ("204", ""));
+    let (status, _, body) = curl_h2_with(gw.port, host, "/head", &ca_file, &["-I"]);
+    assert_eq!(status, "200", "{body}");
+    assert_eq!(
+        backend
+            .requests()
+            .last()
+            .map(|s| s.method.clone())
+            .as_deref(),
+        Some("HEAD")
+    );
+    // Cookie fields (HTTP/2 may split them) are one field again (RFC 9113
+    // §8.2.3); a client's forwarding fields are not believed.
+    let (status, _, _) = curl_h2_with(
+        gw.port,
+        host,
+        "/fields",
+        &ca_file,
+        &[
+            "-H",
+            "Cookie: a=1",
+            "-H",
+            "Cookie: b=2",
+            "-H",
+            "X-Forwarded-For: 6.6.6.6",
+            "-H",
+            "X-Tenant-Id: evil",
+        ],
+    );
+    assert_eq!(status, "200");
+    let seen = backend.requests();
+    let last = seen.last().expect("forwarded");
+    assert_eq!(last.uri, "/fields");
+    assert_eq!(last.header_count("cookie"), 1, "{:?}", last.headers);
+    assert_eq!(last.header("cookie"), Some("a=1; b=2"));
+    assert_eq!(last.header("x-forwarded-for"), Some("127.0.0.1"));
+    assert_eq!(last.header("x-tenant-id"), Some("shop"));
+    assert_eq!(last.header("x-forwarded-proto"), Some("https"));
+    // A request with a body (Pingora's path) reaches the shard whole.
+    let (status, _, _) = curl_h2_with(gw.port, host, "/post", &ca_file, &["-d", "the body"]);
+    assert_eq!(status, "200");
+    let seen = backend.requests();
+    let last = seen.last().expect("forwarded");
+    assert_eq!(
+        (last.method.as_str(), last.body.as_slice()),
+        ("POST", &b"the body"[..])
+    );
 }
 
 #[test]

@@ -16,7 +16,7 @@
 #   bash benches/load/tls.sh [--build]
 #
 # Environment (defaults): SHARDGATE_BIN=target/release/shardgate, BUILD=0,
-# ROUNDS=3, SECS=8, CONNS=32, KEEP=0. Ports: backend 18301, shardgate 18443
+# ROUNDS=3, SECS=8, CONNS=32, CASES="full resumed https1 h2", KEEP=0. Ports: backend 18301, shardgate 18443
 # (admin 18490), nginx 18444; 127.0.0.1 only.
 set -euo pipefail
 
@@ -30,6 +30,7 @@ parse_args "$0" "$@"
 ROUNDS=${ROUNDS:-3}
 SECS=${SECS:-8}
 CONNS=${CONNS:-32}
+CASES=${CASES:-full resumed https1 h2}
 for t in nginx openssl wrk h2load taskset curl python3; do
   command -v "$t" >/dev/null || die "$t is needed (Debian: apt-get install nginx-light openssl wrk nghttp2-client curl python3)"
 done
@@ -141,7 +142,7 @@ measure() {
 
 for ((r = 1; r <= ROUNDS; r++)); do
   printf 'round %d\n' "$r"
-  for case in full resumed https1 h2; do
+  for case in $CASES; do
     if ((r % 2)); then order="shardgate nginx"; else order="nginx shardgate"; fi
     for kind in $order; do measure "$kind" "$case"; done
   done

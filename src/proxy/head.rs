@@ -9,6 +9,7 @@
 //! twice.
 
 use super::client::OneRequest;
+use super::fast::h2::H2Outcome;
 use super::fast::{FastPath, Outcome};
 use super::pipeline::answer::Refusal;
 use super::pipeline::edge::edge_answer;
@@ -21,6 +22,7 @@ use pingora::apps::{HttpServerApp, ServerApp};
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::{Stream, ALPN};
 use pingora::server::ShutdownWatch;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -310,7 +312,12 @@ where
                 Some(ALPN::H2) | Some(ALPN::Custom(_))
             )
         {
-            // HTTP/2 (and custom protocols) keep Pingora's own handling.
+            if !h2c && self.fast.is_some() && stream.selected_alpn_proto() == Some(ALPN::H2) {
+                self.serve_h2(stream, shutdown).await;
+                return None;
+            }
+            // HTTP/2 without the fast transport (and custom protocols) keep
+            // Pingora's own handling.
             return ServerApp::process_new(&self.inner, stream, shutdown).await;
         }
         let mut stream = stream;
@@ -414,5 +421,117 @@ where
 
     async fn cleanup(&self) {
         self.inner.http_cleanup().await;
+    }
+}
+
+/// The streams in flight on an HTTP/2 connection, and a wake-up when the
+/// last one ends (its idle timeout starts then).
+#[derive(Default)]
+struct InFlight {
+    count: AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// One stream in flight, until dropped (also by a panic).
+struct Started(Arc<InFlight>);
+
+impl InFlight {
+    fn start(this: &Arc<InFlight>) -> Started {
+        this.count.fetch_add(1, Ordering::AcqRel);
+        Started(Arc::clone(this))
+    }
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_one();
+        }
+    }
+}
+
+/// A client that sends more malformed streams than this on one HTTP/2
+/// connection loses it (Pingora's own budget).
+const MAX_MALFORMED_H2_STREAMS: usize = 32;
+
+impl<A> HeadGuard<A>
+where
+    A: HttpServerApp + Send + Sync + 'static,
+{
+    /// An HTTP/2 connection, as Pingora's accept loop serves it (its
+    /// handshake options, idle timeout, graceful shutdown and stream
+    /// checks), with each stream offered to the fast transport first;
+    /// what it does not take goes to Pingora's path.
+    async fn serve_h2(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch) {
+        use pingora::protocols::http::v2::server::{handshake, H2Accept, HttpSession};
+        use pingora::protocols::Digest;
+        let digest = Arc::new(Digest {
+            ssl_digest: stream.get_ssl_digest(),
+            timing_digest: stream.get_timing_digest(),
+            proxy_digest: stream.get_proxy_digest(),
+            socket_digest: stream.get_socket_digest(),
+        });
+        let mut conn = match handshake(stream, self.inner.h2_options()).await {
+            Ok(conn) => conn,
+            Err(e) => {
+                log::debug!("HTTP/2 handshake with a client failed: {e}");
+                return;
+            }
+        };
+        let idle_timeout = self.inner.server_options().and_then(|o| o.h2_idle_timeout);
+        let active = Arc::new(InFlight::default());
+        let mut watch = shutdown.clone();
+        let mut closing = false;
+        let mut malformed = 0;
+        loop {
+            let idle = async {
+                while active.count.load(Ordering::Acquire) != 0 {
+                    active.idle.notified().await;
+                }
+                tokio::time::sleep(idle_timeout.unwrap_or_default()).await;
+            };
+            let accepted = tokio::select! {
+                biased;
+                _ = watch.changed(), if !closing => {
+                    conn.graceful_shutdown();
+                    closing = true;
+                    continue;
+                }
+                accepted = HttpSession::from_h2_conn(&mut conn, Arc::clone(&digest)) => accepted,
+                // Idle with nothing in flight: the socket closes now.
+                () = idle, if idle_timeout.is_some() && !closing => return,
+            };
+            let session = match accepted {
+                Ok(Some(H2Accept::Session(session))) => session,
+                Ok(Some(H2Accept::Rejected)) => {
+                    malformed += 1;
+                    if malformed >= MAX_MALFORMED_H2_STREAMS {
+                        log::warn!("an HTTP/2 client sent {malformed} malformed streams: closed");
+                        return;
+                    }
+                    continue;
+                }
+                // Closed, or a connection error.
+                Ok(None) | Err(_) => return,
+            };
+            let stream = InFlight::start(&active);
+            let (guard, shutdown) = (Arc::clone(self), shutdown.clone());
+            tokio::spawn(async move {
+                let _stream = stream;
+                let served = match &guard.fast {
+                    Some(fast) => fast.serve_h2(session).await,
+                    None => H2Outcome::NotMine(Box::new(session), None),
+                };
+                if let H2Outcome::NotMine(session, planned) = served {
+                    let serve = guard
+                        .inner
+                        .process_new_http(ServerSession::new_http2(*session), &shutdown);
+                    match planned {
+                        Some(ctx) => with_planned(*ctx, serve).await,
+                        None => serve.await,
+                    };
+                }
+            });
+        }
     }
 }

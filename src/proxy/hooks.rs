@@ -137,6 +137,17 @@ impl ResponseEdit {
         }
     }
 
+    /// Applies the edit to a Pingora response head.
+    pub(crate) fn apply(&self, resp: &mut pingora::http::ResponseHeader) -> pingora::Result<()> {
+        for name in &self.remove {
+            resp.remove_header(name);
+        }
+        for (name, value) in &self.add {
+            resp.append_header(name.clone(), value.clone())?;
+        }
+        Ok(())
+    }
+
     /// The shard's status code.
     pub fn status(&self) -> u16 {
         self.status

@@ -15,7 +15,8 @@ use super::hooks::{RequestView, ResponseEdit, UpstreamFailure};
 use super::pipeline::answer::Refusal;
 use super::pipeline::failure::{AttemptFailure, Next};
 use super::pipeline::fields::{
-    names_websocket, same_field, strip_response_hop_by_hop, unrequested_switch, Forwarding,
+    joined_cookie, names_websocket, same_field, strip_response_hop_by_hop, unrequested_switch,
+    Forwarding,
 };
 use super::pipeline::plan::host_from;
 use super::pipeline::watch::{quiet, Verdict, Watch};
@@ -259,6 +260,12 @@ impl ProxyHttp for Gateway {
             upstream_request.append_header(name.clone(), value.clone())?;
         }
         forwarding.apply(upstream_request)?;
+        if session.req_header().version == http::Version::HTTP_2 {
+            let cookies = upstream_request.headers.get_all(http::header::COOKIE);
+            if let Some(joined) = joined_cookie(cookies.iter().map(|v| v.as_bytes())) {
+                upstream_request.insert_header(http::header::COOKIE, joined)?;
+            }
+        }
         if upstream_request.method == http::Method::HEAD {
             // A HEAD answer that announces a body cannot be told from one a
             // shard then sends anyway, which would answer the connection's
@@ -302,14 +309,7 @@ impl ProxyHttp for Gateway {
             self.control
                 .hooks
                 .edit_response(tenant, shard.id(), &mut edit);
-            if !edit.is_empty() {
-                for name in &edit.remove {
-                    upstream_response.remove_header(name);
-                }
-                for (name, value) in edit.add {
-                    upstream_response.append_header(name, value)?;
-                }
-            }
+            edit.apply(upstream_response)?;
         }
         Ok(())
     }

@@ -22,6 +22,7 @@
 //! path; so does a request routed to an `https` shard, handed over already
 //! planned.
 
+pub(crate) mod h2;
 mod request;
 mod response;
 pub(crate) mod tunnel;
@@ -138,7 +139,6 @@ impl FastPath {
             return Outcome::NotMine(client, buf, None);
         };
         let gw = &self.gateway;
-        let config = &gw.control().config;
         let mut ctx = RequestCtx::default();
         let path = head.target.split(['?', '#']).next().unwrap_or_default();
         let view = RequestView::from_raw(head.method, head.target, path, &head.headers);
@@ -159,17 +159,8 @@ impl FastPath {
                 return Outcome::NotMine(client, buf, Some(Box::new(ctx)));
             }
             Ok(host) => {
-                let forwarding = Forwarding {
-                    host,
-                    proto: gw.scheme_of(client.get_ssl_digest().is_some()),
-                    peer_ip: client_addr
-                        .as_ref()
-                        .and_then(|a| a.as_inet())
-                        .map(|a| a.ip()),
-                    trust_forwarded_for: config.trust_forwarded_for,
-                    tenant_header: config.tenant_header.as_str(),
-                    tenant: ctx.tenant.as_deref().unwrap_or_default(),
-                };
+                let tls = client.get_ssl_digest().is_some();
+                let forwarding = self.forwarding(host, tls, client_addr.as_ref(), &ctx);
                 let request = head.rewrite(&forwarding, &ctx.extra_fields);
                 let how = How {
                     // `classify` took only methods `http` knows.
@@ -303,6 +294,25 @@ impl FastPath {
                 Next::Answer(refusal) => refusal,
             };
             return Exchanged::Closed(self.answer(client, ctx, refusal, how.head_only).await);
+        }
+    }
+
+    /// The forwarding fields of a request from `client` for `host`.
+    fn forwarding<'a>(
+        &'a self,
+        host: &'a str,
+        tls: bool,
+        client: Option<&pingora::protocols::l4::socket::SocketAddr>,
+        ctx: &'a RequestCtx,
+    ) -> Forwarding<'a> {
+        let config = &self.gateway.control().config;
+        Forwarding {
+            host,
+            proto: self.gateway.scheme_of(tls),
+            peer_ip: client.and_then(|a| a.as_inet()).map(|a| a.ip()),
+            trust_forwarded_for: config.trust_forwarded_for,
+            tenant_header: config.tenant_header.as_str(),
+            tenant: ctx.tenant.as_deref().unwrap_or_default(),
         }
     }
 

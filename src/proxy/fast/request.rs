@@ -28,6 +28,7 @@ pub(super) struct RequestHead<'b> {
 }
 
 impl<'b> RequestHead<'b> {
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn values<'s>(&'s self, name: &'s str) -> impl Iterator<Item = &'b [u8]> + 's {
         self.headers
             .iter()
@@ -39,34 +40,58 @@ impl<'b> RequestHead<'b> {
         self.method == "HEAD"
     }
 
-    /// The request head as the shard receives it: the client's fields byte
-    /// for byte, minus hop-by-hop and owned fields and those `extra`
-    /// replaces, then the embedder's `extra` fields (checked by the
-    /// pipeline's plan), then ours.
+    /// The request head as the shard receives it (see [`upstream_head`]).
     pub fn rewrite(&self, fwd: &Forwarding<'_>, extra: &[(HeaderName, HeaderValue)]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(512);
-        out.extend_from_slice(self.method.as_bytes());
-        out.push(b' ');
-        out.extend_from_slice(self.target.as_bytes());
-        out.extend_from_slice(b" HTTP/1.1\r\n");
-        for (name, value) in &self.headers {
-            let replaced = extra.iter().any(|(n, _)| same_field(name, n.as_str()));
-            if !is_hop_by_hop(name) && !fwd.owns(name) && !replaced {
-                push_field(&mut out, name.as_bytes(), value);
-            }
-        }
-        if self.shape == Shape::WebSocket {
-            out.extend_from_slice(b"Connection: Upgrade\r\nUpgrade: websocket\r\n");
-        }
-        for (name, value) in extra {
-            push_field(&mut out, name.as_str().as_bytes(), value.as_bytes());
-        }
-        fwd.each_field(self.values("x-forwarded-for"), |name, value| {
-            push_field(&mut out, name.as_bytes(), value.as_bytes());
-        });
-        out.extend_from_slice(b"\r\n");
-        out
+        let websocket = self.shape == Shape::WebSocket;
+        upstream_head(
+            self.method,
+            self.target,
+            &self.headers,
+            websocket,
+            fwd,
+            extra,
+        )
     }
+}
+
+/// The request head as the shard receives it: the client's fields byte for
+/// byte, minus hop-by-hop and owned fields and those `extra` replaces, then
+/// the embedder's `extra` fields (checked by the pipeline's plan), then
+/// ours.
+pub(super) fn upstream_head(
+    method: &str,
+    target: &str,
+    headers: &[(&str, &[u8])],
+    websocket: bool,
+    fwd: &Forwarding<'_>,
+    extra: &[(HeaderName, HeaderValue)],
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(512);
+    out.extend_from_slice(method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in headers {
+        let replaced = extra.iter().any(|(n, _)| same_field(name, n.as_str()));
+        if !is_hop_by_hop(name) && !fwd.owns(name) && !replaced {
+            push_field(&mut out, name.as_bytes(), value);
+        }
+    }
+    if websocket {
+        out.extend_from_slice(b"Connection: Upgrade\r\nUpgrade: websocket\r\n");
+    }
+    for (name, value) in extra {
+        push_field(&mut out, name.as_str().as_bytes(), value.as_bytes());
+    }
+    let prior_xff = headers
+        .iter()
+        .filter(|(n, _)| header_is(n, "x-forwarded-for"))
+        .map(|(_, v)| *v);
+    fwd.each_field(prior_xff, |name, value| {
+        push_field(&mut out, name.as_bytes(), value.as_bytes());
+    });
+    out.extend_from_slice(b"\r\n");
+    out
 }
 
 pub(super) fn header_is(name: &str, wanted: &str) -> bool {

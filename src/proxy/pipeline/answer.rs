@@ -118,16 +118,21 @@ impl Refusal {
         out
     }
 
-    /// Writes the answer through Pingora's session; the connection stays
-    /// usable when the request was read whole.
-    pub async fn send(&self, session: &mut Session) -> Result<()> {
+    /// The answer's head, for a Pingora session (either HTTP version).
+    pub fn response_header(&self) -> Result<Box<ResponseHeader>> {
         let mut resp = ResponseHeader::build(self.status, Some(5))?;
         for (name, value) in self.fields() {
             resp.insert_header(name, value)?;
         }
+        Ok(Box::new(resp))
+    }
+
+    /// Writes the answer through Pingora's session; the connection stays
+    /// usable when the request was read whole.
+    pub async fn send(&self, session: &mut Session) -> Result<()> {
         let head_only = session.req_header().method == http::Method::HEAD;
         session
-            .write_response_header(Box::new(resp), head_only)
+            .write_response_header(self.response_header()?, head_only)
             .await?;
         if !head_only {
             session

@@ -3,6 +3,8 @@
 //! trailers) or by the close a stream is, and where the body ends — so the
 //! bytes after it are known to belong to the next message.
 
+use std::ops::Range;
+
 /// How far into a body we are.
 #[derive(Clone, Debug)]
 pub enum Framing {
@@ -120,13 +122,28 @@ impl Framing {
     /// rest, if any, is beyond its end). A malformed chunk stream is an
     /// error.
     pub fn consume(&mut self, bytes: &[u8]) -> Result<usize, BadFraming> {
+        self.consume_data(bytes, |_| {})
+    }
+
+    /// As [`Framing::consume`], handing `data` each range of `bytes` that
+    /// is the body's content (chunk data, without sizes or trailers): what
+    /// a message framed otherwise (HTTP/2's DATA frames) carries.
+    pub fn consume_data(
+        &mut self,
+        bytes: &[u8],
+        mut data: impl FnMut(Range<usize>),
+    ) -> Result<usize, BadFraming> {
         match self {
             Framing::Length(left) => {
                 let take = (*left).min(bytes.len() as u64);
                 *left -= take;
+                data(0..take as usize);
                 Ok(take as usize)
             }
-            Framing::UntilClose => Ok(bytes.len()),
+            Framing::UntilClose => {
+                data(0..bytes.len());
+                Ok(bytes.len())
+            }
             Framing::Chunked(state) => {
                 let mut at = 0;
                 while at < bytes.len() {
@@ -135,6 +152,7 @@ impl Framing {
                         // Chunk data is skipped over, not stepped through.
                         ChunkState::Data { left } => {
                             let take = left.min((bytes.len() - at) as u64);
+                            data(at..at + take as usize);
                             at += take as usize;
                             match left - take {
                                 0 => ChunkState::DataCr,
@@ -183,6 +201,29 @@ mod tests {
         assert_eq!(f.consume(&body[..20]), Ok(20));
         assert_eq!(f.consume(&body[20..]), Ok(end - 20));
         assert!(f.is_done());
+    }
+
+    #[test]
+    fn chunk_data_is_told_apart_from_its_framing() {
+        let mut framing = chunked();
+        let wire = b"5;ext=1\r\nhello\r\n3\r\n, w\r\n0\r\nTrailer: x\r\n\r\nNEXT";
+        let mut content = Vec::new();
+        let used = framing.consume_data(wire, |r| content.extend_from_slice(&wire[r]));
+        assert_eq!(used, Ok(wire.len() - 4));
+        assert_eq!(content, b"hello, w");
+        assert!(framing.is_done());
+        // Split anywhere, the content is the same.
+        for cut in 1..wire.len() - 4 {
+            let (mut framing, mut content) = (chunked(), Vec::new());
+            for part in [&wire[..cut], &wire[cut..]] {
+                let _ = framing.consume_data(part, |r| content.extend_from_slice(&part[r]));
+            }
+            assert_eq!(content, b"hello, w", "cut at {cut}");
+        }
+        let mut length = Framing::Length(3);
+        let mut ranges = Vec::new();
+        assert_eq!(length.consume_data(b"abcdef", |r| ranges.push(r)), Ok(3));
+        assert_eq!((ranges.len(), ranges.first()), (1, Some(&(0..3))));
     }
 
     #[test]
