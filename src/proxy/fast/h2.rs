@@ -17,7 +17,6 @@ use super::{FastPath, OrEmpty};
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::hooks::RequestView;
 use crate::proxy::pipeline::answer::Refusal;
-use crate::proxy::pipeline::failure::{AttemptFailure, Next};
 use crate::proxy::pipeline::fields::{joined_cookie, strip_response_hop_by_hop, Forwarding};
 use crate::proxy::pipeline::framing::Framing;
 use bytes::{Bytes, BytesMut};
@@ -142,16 +141,8 @@ impl FastPath {
                 }
                 Err(failure) => failure,
             };
-            if failure == AttemptFailure::Stale {
-                self.forget(peer.addr);
-            }
-            let refusal = match self.gateway.after_failure(failure, method, true, ctx) {
-                Next::Resend => continue,
-                Next::Retry => match self.gateway.readmit(ctx) {
-                    Ok(()) => continue,
-                    Err(refusal) => refusal,
-                },
-                Next::Answer(refusal) => refusal,
+            let Err(refusal) = self.after_failure(failure, peer.addr, method, ctx) else {
+                continue;
             };
             return H2Exchanged::Done(self.answer_h2(stream, ctx, &refusal, head_only).await);
         }

@@ -279,21 +279,33 @@ impl FastPath {
                 }
                 Err(failure) => failure,
             };
-            if failure == AttemptFailure::Stale {
-                // The shard may have closed an idle connection just as we
-                // reused it: the others idle in this thread's pool are
-                // likely closed too.
-                self.forget(peer.addr);
-            }
-            let refusal = match self.gateway.after_failure(failure, &how.method, true, ctx) {
-                Next::Resend => continue,
-                Next::Retry => match self.gateway.readmit(ctx) {
-                    Ok(()) => continue,
-                    Err(refusal) => refusal,
-                },
-                Next::Answer(refusal) => refusal,
+            let Err(refusal) = self.after_failure(failure, peer.addr, &how.method, ctx) else {
+                continue;
             };
             return Exchanged::Closed(self.answer(client, ctx, refusal, how.head_only).await);
+        }
+    }
+
+    /// The pipeline's rules after a failed attempt of a bodiless request
+    /// to `addr`: `Ok` to try again (resent or rerouted, readmitted), or
+    /// the answer to give.
+    fn after_failure(
+        &self,
+        failure: AttemptFailure,
+        addr: std::net::SocketAddr,
+        method: &Method,
+        ctx: &mut RequestCtx,
+    ) -> Result<(), Refusal> {
+        if failure == AttemptFailure::Stale {
+            // The shard may have closed an idle connection just as we
+            // reused it: the others idle in this thread's pool are likely
+            // closed too.
+            self.forget(addr);
+        }
+        match self.gateway.after_failure(failure, method, true, ctx) {
+            Next::Resend => Ok(()),
+            Next::Retry => self.gateway.readmit(ctx),
+            Next::Answer(refusal) => Err(refusal),
         }
     }
 
