@@ -520,11 +520,23 @@ pub struct Gateway {
     child: Child,
     pub port: u16,
     pub admin_port: u16,
-    /// Whether the config has an admin listener (ready waits for it too).
-    has_admin: bool,
+    /// Every loopback port the config listens on (proxy listeners and
+    /// admin): ready means all of them accept.
+    listening: Vec<u16>,
     pub dir: tempfile::TempDir,
     pub config_path: std::path::PathBuf,
     program: std::path::PathBuf,
+}
+
+/// The ports of every `addr: "127.0.0.1:N"` in a config's text.
+fn loopback_addrs(text: &str) -> Vec<u16> {
+    const KEY: &str = "addr: \"127.0.0.1:";
+    text.match_indices(KEY)
+        .filter_map(|(at, _)| {
+            let rest = &text[at + KEY.len()..];
+            rest[..rest.find('"')?].parse().ok()
+        })
+        .collect()
 }
 
 /// Whether test gateways run with the fast path (see below).
@@ -577,7 +589,7 @@ impl Gateway {
                 dir.path().display()
             )
         };
-        let has_admin = yaml.contains("{admin}");
+        let listening = loopback_addrs(&text);
         let config_path = dir.path().join("shardgate.yaml");
         std::fs::write(&config_path, text).expect("write config");
         let mut gw = Gateway {
@@ -585,7 +597,7 @@ impl Gateway {
             program: program.to_path_buf(),
             port,
             admin_port,
-            has_admin,
+            listening,
             dir,
             config_path,
         };
@@ -593,8 +605,8 @@ impl Gateway {
         gw
     }
 
-    /// Waits until the proxy listener and, if configured, the admin
-    /// listener accept (they start as separate services, in either order).
+    /// Waits until every listener of the config (each proxy listener, the
+    /// admin) accepts: they start as separate services, in any order.
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         let listening = |port: u16| TcpStream::connect(("127.0.0.1", port)).is_ok();
@@ -602,7 +614,7 @@ impl Gateway {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("shardgate exited early: {status}");
             }
-            if listening(self.port) && (!self.has_admin || listening(self.admin_port)) {
+            if listening(self.port) && self.listening.iter().all(|&p| listening(p)) {
                 return;
             }
             std::thread::sleep(Duration::from_millis(20));
