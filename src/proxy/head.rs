@@ -516,10 +516,13 @@ where
             };
             let stream = InFlight::start(&active);
             let (guard, shutdown) = (Arc::clone(self), shutdown.clone());
+            // Each path's future is boxed when taken: the task itself stays
+            // small, where Pingora's proxy future inlined would make every
+            // stream's spawn copy kilobytes.
             tokio::spawn(async move {
                 let _stream = stream;
                 let served = match &guard.fast {
-                    Some(fast) => fast.serve_h2(session).await,
+                    Some(fast) => Box::pin(fast.serve_h2(session)).await,
                     None => H2Outcome::NotMine(Box::new(session), None),
                 };
                 if let H2Outcome::NotMine(session, planned) = served {
@@ -527,8 +530,8 @@ where
                         .inner
                         .process_new_http(ServerSession::new_http2(*session), &shutdown);
                     match planned {
-                        Some(ctx) => with_planned(*ctx, serve).await,
-                        None => serve.await,
+                        Some(ctx) => Box::pin(with_planned(*ctx, serve)).await,
+                        None => Box::pin(serve).await,
                     };
                 }
             });
