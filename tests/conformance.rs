@@ -502,6 +502,31 @@ fn idle_upstream_connections_the_shard_closed_do_not_linger() {
 }
 
 #[test]
+fn an_idle_connection_the_shard_closed_is_not_reused() {
+    // The shard closes each connection 100 ms after it fell idle. By the
+    // next request the gateway has seen the close: it opens a fresh
+    // connection instead of trying the closed one (which would cost a
+    // stale attempt and a resend, counted as a retry).
+    let (addr, ended) = forging_shard(Some(Duration::from_millis(100)));
+    let gw = Gateway::start(&config(
+        &[("a", format!("http://{addr}"))],
+        "server: { threads: 1 }\nupstream: { keepalive_timeout_ms: 60000 }\n",
+    ));
+    for i in 1..=5 {
+        assert_eq!(gw.get("t.localhost", "/").status, 200);
+        assert!(eventually(Duration::from_secs(2), || ended
+            .load(std::sync::atomic::Ordering::SeqCst)
+            >= i));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let metrics = metrics_text(gw.admin_port);
+    assert!(
+        metrics.lines().any(|l| l == "shardgate_retries_total 0"),
+        "{metrics}"
+    );
+}
+
+#[test]
 fn idle_upstream_connections_close_at_the_keepalive_timeout() {
     let (addr, ended) = forging_shard(None);
     let gw = Gateway::start(&config(
