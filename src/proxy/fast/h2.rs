@@ -186,7 +186,8 @@ impl FastPath {
             parsed,
         } = upstream;
         let status = parsed.status;
-        let mut head = match ResponseHeader::build(status, Some(parsed.headers.len())) {
+        // No case map: HTTP/2 sends field names in lower case anyway.
+        let mut head = match ResponseHeader::build_no_case(status, Some(parsed.headers.len())) {
             Ok(head) => head,
             Err(_) => return self.invalid_response(stream, head_only, ctx).await,
         };
