@@ -29,6 +29,9 @@ use std::time::{Duration, Instant};
 /// How long the ordering lock lasts: well past what an order may take
 /// (the holder also checks it still holds it before publishing).
 pub const LOCK_TTL: Duration = Duration::from_secs(300);
+/// Certificates read from Redis at once (one `HMGET` each, pipelined on
+/// the shared connection).
+const CERTS_AT_ONCE: usize = 64;
 /// How long a published challenge lives if its node dies before
 /// withdrawing it.
 const CHALLENGE_TTL: Duration = Duration::from_secs(600);
@@ -133,7 +136,17 @@ impl AcmeRedis {
 
     async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> Option<T> {
         let mut conn = self.connection().await?;
-        match tokio::time::timeout(TIMEOUT, cmd.query_async::<T>(&mut conn)).await {
+        let answer = tokio::time::timeout(TIMEOUT, cmd.query_async::<T>(&mut conn)).await;
+        self.answered(answer)
+    }
+
+    /// A command's answer, or `None` (logged; Redis marked unreachable if
+    /// it is).
+    fn answered<T>(
+        &mut self,
+        answer: Result<redis::RedisResult<T>, tokio::time::error::Elapsed>,
+    ) -> Option<T> {
+        match answer {
             Ok(Ok(v)) => {
                 if self.down {
                     log::info!("ACME: Redis reachable again");
@@ -204,23 +217,42 @@ impl AcmeRedis {
         }
         let index_cmd = redis::cmd("HGETALL").arg(self.key("certs")).to_owned();
         let index: HashMap<String, String> = self.query(&index_cmd).await?;
+        let wanted: Vec<(String, String)> = index
+            .into_iter()
+            .filter(|(host, stamp)| self.have.get(host) != Some(stamp))
+            .collect();
         let mut out = Vec::new();
-        for (host, stamp) in index {
-            if self.have.get(&host) == Some(&stamp) {
-                continue;
-            }
-            let cmd = redis::cmd("HMGET")
-                .arg(self.key(&format!("cert:{{{host}}}")))
-                .arg("crt")
-                .arg("key")
-                .to_owned();
-            let Some(pair) = self.query::<(Option<String>, Option<String>)>(&cmd).await else {
-                // Read again from the index next time.
-                return Some(out);
-            };
-            self.have.insert(host.clone(), stamp);
-            if let (Some(chain), Some(key)) = pair {
-                out.push(Stored { host, chain, key });
+        // Many at once on the shared connection (a node starting in a
+        // cluster with thousands of certificates would otherwise wait a
+        // round trip for each), each command still naming one key.
+        let conn = self.connection().await?;
+        for batch in wanted.chunks(CERTS_AT_ONCE) {
+            let reads = batch.iter().map(|(host, _)| {
+                let cmd = redis::cmd("HMGET")
+                    .arg(self.key(&format!("cert:{{{host}}}")))
+                    .arg("crt")
+                    .arg("key")
+                    .to_owned();
+                let mut conn = conn.clone();
+                async move {
+                    let read = cmd.query_async::<(Option<String>, Option<String>)>(&mut conn);
+                    tokio::time::timeout(TIMEOUT, read).await
+                }
+            });
+            let answers = futures_util::future::join_all(reads).await;
+            for ((host, stamp), answer) in batch.iter().zip(answers) {
+                let Some(pair) = self.answered(answer) else {
+                    // Read again from the index next time.
+                    return Some(out);
+                };
+                self.have.insert(host.clone(), stamp.clone());
+                if let (Some(chain), Some(key)) = pair {
+                    out.push(Stored {
+                        host: host.clone(),
+                        chain,
+                        key,
+                    });
+                }
             }
         }
         self.version = Some(version);
