@@ -162,21 +162,8 @@ async fn sweep(pools: Weak<ThreadLocal<Mutex<Pool>>>, timeout: Duration, every: 
 }
 
 /// Whether an idle connection has neither been closed nor sent anything.
-/// No readiness since its last read (which saw the socket drained) says
-/// so without a system call: a close or a byte from the shard raises it
-/// as soon as the runtime looks at its events. With readiness (an event,
-/// or a last read that filled the buffer), a peek decides, and clears it
-/// if the socket is quiet after all. A close the runtime has not seen yet
-/// is the race the peek has too: the request meets it as a stale
-/// connection and is resent once.
 fn nothing_to_read(conn: &TcpStream) -> bool {
-    let peeked = conn.try_io(tokio::io::Interest::READABLE, || {
-        match quiet(conn.as_raw_fd()) {
-            true => Err(std::io::ErrorKind::WouldBlock.into()),
-            false => Ok(()),
-        }
-    });
-    peeked.is_err()
+    quiet(conn.as_raw_fd())
 }
 
 /// An attempt that got a response head.
