@@ -186,6 +186,7 @@ impl FastPath {
             parsed,
         } = upstream;
         let status = parsed.status;
+        let keeps = parsed.keeps_connection();
         // No case map: HTTP/2 sends field names in lower case anyway.
         let mut head = match ResponseHeader::build_no_case(status, Some(parsed.headers.len())) {
             Ok(head) => head,
@@ -223,7 +224,7 @@ impl FastPath {
         }
         let mut framing = parsed.framing;
         let mut body = buf.split_off(parsed.head_len);
-        let mut reusable = !parsed.upstream_close && !parsed.announced_body;
+        let mut reusable = keeps;
         let mut head = Some(head);
         loop {
             let chunked = matches!(framing, Framing::Chunked(_));

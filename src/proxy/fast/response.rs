@@ -55,6 +55,7 @@ impl FastPath {
             parsed,
         } = upstream;
         let status = parsed.status;
+        let keeps = parsed.keeps_connection();
         // A body that ends when the shard closes goes to the client in
         // chunks (as nginx does): its end is then an end, and a shard that
         // fails mid-body leaves the client a body visibly cut short, not
@@ -72,7 +73,7 @@ impl FastPath {
             return Exchanged::Closed(502);
         };
         // Bytes beyond the response: the shard misbehaved; do not reuse it.
-        let mut reusable = used == body.len() && !parsed.upstream_close && !parsed.announced_body;
+        let mut reusable = used == body.len() && keeps;
         push_body(&mut out, &body[..used], rechunk);
         if !self.send(client, &out).await {
             return Exchanged::Closed(status);
@@ -216,6 +217,14 @@ pub(super) struct ParsedResponse {
     pub(super) chunked: bool,
     pub(super) head_len: usize,
     pub(super) framing: Framing,
+}
+
+impl ParsedResponse {
+    /// Whether the connection may serve another request once this
+    /// response's body has been read whole (and nothing beyond it).
+    pub(super) fn keeps_connection(&self) -> bool {
+        !self.upstream_close && !self.announced_body
+    }
 }
 
 fn range_of(base: &[u8], part: &[u8]) -> Range<usize> {
