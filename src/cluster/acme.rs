@@ -29,8 +29,9 @@ use std::time::{Duration, Instant};
 /// How long the ordering lock lasts: well past what an order may take
 /// (the holder also checks it still holds it before publishing).
 pub const LOCK_TTL: Duration = Duration::from_secs(300);
-/// Certificates read from Redis at once (one `HMGET` each, pipelined on
-/// the shared connection).
+/// Certificates read from Redis at once (one `HMGET` each, concurrent on
+/// the shared connection: pipelined to one server, spread over a
+/// cluster's nodes).
 const CERTS_AT_ONCE: usize = 64;
 /// How long a published challenge lives if its node dies before
 /// withdrawing it.
