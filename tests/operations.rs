@@ -797,8 +797,10 @@ fn sigterm_leaves_open_websockets_working_through_the_grace_period_then_closes_t
     let mut gw = start(&[("ws", backend.url())], "");
     let mut ws = runtime().block_on(ws_open(gw.port));
     assert!(runtime().block_on(ws_echoes(&mut ws, "before")));
-    gw.signal("TERM");
+    // Taken before the signal goes out: the gateway cannot count its
+    // grace period from earlier than this.
     let signalled = Instant::now();
+    gw.signal("TERM");
     std::thread::sleep(Duration::from_millis(300));
     assert!(
         runtime().block_on(ws_echoes(&mut ws, "during")),
@@ -840,8 +842,10 @@ fn an_upgrade_leaves_old_websockets_to_the_old_process_until_it_exits() {
     }
     let _new = Reap(new);
     std::thread::sleep(Duration::from_millis(500));
-    old.signal("QUIT");
+    // Taken before the signal goes out: the gateway cannot count its
+    // grace period from earlier than this.
     let signalled = Instant::now();
+    old.signal("QUIT");
     std::thread::sleep(Duration::from_millis(300));
     assert!(
         runtime().block_on(ws_echoes(&mut before, "old")),
