@@ -467,8 +467,10 @@ fn redis_down_under_load_delays_nothing_and_redis_back_is_settled() {
         statuses.keys().all(|s| *s == 200 || *s == 429),
         "every request answered 200 or 429: {statuses:?}"
     );
+    // A request that waited on Redis would take its 1 s timeout; below
+    // that, the margin is for this machine's scheduling.
     assert!(
-        slowest < Duration::from_millis(500),
+        slowest < Duration::from_millis(800),
         "a request waited {slowest:?}"
     );
     assert!(metric(&nodes[0], "shardgate_cluster_sync_errors_total") > 0.0);

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{config_yaml, runtime, Gateway};
+use common::{config_yaml, eventually, runtime, Gateway};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -75,6 +75,8 @@ const LATE_FORGERY: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nforged
 struct ScriptedShard {
     addr: std::net::SocketAddr,
     accepted: Arc<AtomicUsize>,
+    /// `LATE_FORGERY`s written so far (`start` only).
+    forged: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -121,37 +123,46 @@ impl ScriptedShard {
         ScriptedShard {
             addr,
             accepted,
+            forged: Arc::default(),
             task,
         }
     }
 
     fn start() -> ScriptedShard {
-        ScriptedShard::serve(|mut stream| async move {
-            use tokio::io::AsyncWriteExt;
-            let mut pending = Vec::new();
-            while let Some(head) = next_head(&mut stream, &mut pending).await {
-                let mut line = head.lines().next().unwrap_or_default().split(' ');
-                let method = line.next().unwrap_or_default();
-                let path = line.next().unwrap_or_default();
-                let (mut response, close) = script(path);
-                if method == "HEAD" {
-                    let head_end = response
-                        .windows(4)
-                        .position(|w| w == b"\r\n\r\n")
-                        .unwrap_or(0);
-                    response.truncate(head_end + 4);
-                }
-                if stream.write_all(&response).await.is_err() || close {
-                    return;
-                }
-                if path == "/forge" {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    if stream.write_all(LATE_FORGERY).await.is_err() {
+        let forged = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&forged);
+        let mut shard = ScriptedShard::serve(move |mut stream| {
+            let forged = Arc::clone(&count);
+            async move {
+                use tokio::io::AsyncWriteExt;
+                let mut pending = Vec::new();
+                while let Some(head) = next_head(&mut stream, &mut pending).await {
+                    let mut line = head.lines().next().unwrap_or_default().split(' ');
+                    let method = line.next().unwrap_or_default();
+                    let path = line.next().unwrap_or_default();
+                    let (mut response, close) = script(path);
+                    if method == "HEAD" {
+                        let head_end = response
+                            .windows(4)
+                            .position(|w| w == b"\r\n\r\n")
+                            .unwrap_or(0);
+                        response.truncate(head_end + 4);
+                    }
+                    if stream.write_all(&response).await.is_err() || close {
                         return;
+                    }
+                    if path == "/forge" {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        if stream.write_all(LATE_FORGERY).await.is_err() {
+                            return;
+                        }
+                        forged.fetch_add(1, Ordering::SeqCst);
                     }
                 }
             }
-        })
+        });
+        shard.forged = forged;
+        shard
     }
 
     fn url(&self) -> String {
@@ -256,7 +267,9 @@ fn gateway(shard: &ScriptedShard) -> Gateway {
     Gateway::start(&config_yaml(
         "listen: [{ addr: \"127.0.0.1:{port}\" }]\nadmin: { addr: \"127.0.0.1:{admin}\" }\nstate: false\n",
         &[("raw", shard.url())],
-        "server: { threads: 2 }\n",
+        // No probes during a test: they would connect to the shard too, and
+        // could put it back in rotation behind a test's back.
+        "server: { threads: 2 }\nhealth: { interval_ms: 60000 }\n",
     ))
 }
 
@@ -433,11 +446,14 @@ fn bytes_a_shard_sends_between_requests_never_answer_the_next_one() {
     let shard = ScriptedShard::start();
     let gw = gateway(&shard);
     let (mut stream, mut reader) = connect(&gw);
-    for _ in 0..3 {
+    for round in 1..=3 {
         request(&mut stream, "GET", "/forge");
         assert_eq!(read(&mut reader, false).body, b"ok");
         // The forgery arrives on the idle upstream connection.
-        std::thread::sleep(Duration::from_millis(300));
+        assert!(eventually(Duration::from_secs(5), || shard
+            .forged
+            .load(Ordering::SeqCst)
+            >= round));
         for _ in 0..4 {
             request(&mut stream, "GET", "/length");
             let r = read(&mut reader, false);

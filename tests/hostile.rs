@@ -452,12 +452,14 @@ fn idle_keep_alive_connections_are_closed() {
     let backend = RawBackend::start();
     let gw = gateway(&backend, "limits: { keepalive_timeout_ms: 1000 }\n");
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+    // The gateway's timer starts when its response is out: a clock taken
+    // after reading it could start late.
+    let started = Instant::now();
     stream
         .write_all(b"GET / HTTP/1.1\r\nHost: t.localhost\r\n\r\n")
         .unwrap();
     let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
     assert_eq!(read_response(&mut reader).unwrap().status, 200);
-    let started = Instant::now();
     stream
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
@@ -531,7 +533,8 @@ fn a_client_that_stops_reading_is_closed_after_the_send_timeout() {
     stalled
         .write_all(b"GET /big HTTP/1.1\r\nHost: t.localhost\r\n\r\n")
         .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    // The shard sees the request only once it was admitted.
+    assert!(eventually(Duration::from_secs(5), || backend.count() == 1));
     assert_eq!(
         gw.get("t.localhost", "/").status,
         429,

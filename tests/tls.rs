@@ -168,14 +168,16 @@ fn unknown_names_are_refused_when_asked() {
     );
     assert!(handshake(gw.port, Some("other.test"), &[]).is_err());
     assert!(handshake(gw.port, None, &[]).is_err());
-    let metrics = metrics_text(gw.admin_port);
     // The two refused (a client that drops a finished handshake before
-    // the server reads its Finished counts too).
-    let failed = metric_value(
-        &metrics,
-        "shardgate_tls_handshake_failures_total{reason=\"error\"}",
-    );
-    assert!(failed >= 2, "{metrics}");
+    // the server reads its Finished counts too). A failure is counted once
+    // the handshake has ended, after its alert went out.
+    let failed = "shardgate_tls_handshake_failures_total{reason=\"error\"}";
+    let mut metrics = String::new();
+    eventually(Duration::from_secs(5), || {
+        metrics = metrics_text(gw.admin_port);
+        metric_value(&metrics, failed) >= 2
+    });
+    assert!(metric_value(&metrics, failed) >= 2, "{metrics}");
 }
 
 #[test]
@@ -285,11 +287,14 @@ fn a_client_that_stalls_its_handshake_is_dropped_at_the_deadline() {
     let since = Instant::now();
     let _ = half.read(&mut buf);
     assert!(since.elapsed() < Duration::from_secs(3));
-    let metrics = metrics_text(gw.admin_port);
-    assert!(
-        metrics.contains("shardgate_tls_handshake_failures_total{reason=\"timeout\"} 2"),
-        "{metrics}"
-    );
+    // Counted once the handshake has ended, after the socket closed.
+    let timeouts = "shardgate_tls_handshake_failures_total{reason=\"timeout\"}";
+    let mut metrics = String::new();
+    eventually(Duration::from_secs(5), || {
+        metrics = metrics_text(gw.admin_port);
+        metric_value(&metrics, timeouts) >= 2
+    });
+    assert_eq!(metric_value(&metrics, timeouts), 2, "{metrics}");
 }
 
 #[test]
