@@ -525,7 +525,7 @@ fn a_client_that_stops_reading_is_closed_after_the_send_timeout() {
     let gw = Gateway::start(&config_yaml(
         "listen: [{ addr: \"127.0.0.1:{port}\" }]\nadmin: { addr: \"127.0.0.1:{admin}\" }\nstate: false\n",
         &[("a", backend.url())],
-        "limits: { connection_cap: 1, send_timeout_ms: 500 }\n",
+        "limits: { connection_cap: 1, send_timeout_ms: 1000 }\n",
     ));
     // Asks for 32 MiB and never reads: the socket buffers fill, the
     // gateway's writes stall.

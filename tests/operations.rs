@@ -86,7 +86,7 @@ fn probes_mark_a_stopped_shard_down_after_fall_and_up_after_rise() {
         == false));
     // fall = 3 probes at 100 ms: not before ~200 ms.
     assert!(
-        down.elapsed() >= Duration::from_millis(150),
+        down.elapsed() >= Duration::from_millis(170),
         "{:?}",
         down.elapsed()
     );
@@ -96,7 +96,7 @@ fn probes_mark_a_stopped_shard_down_after_fall_and_up_after_rise() {
         ["healthy"]
         == true));
     assert!(
-        up.elapsed() >= Duration::from_millis(80),
+        up.elapsed() >= Duration::from_millis(85),
         "{:?}",
         up.elapsed()
     );
@@ -508,8 +508,16 @@ fn state_survives_a_graceful_restart_and_a_kill_9() {
         "still drained after a graceful restart"
     );
     assert_eq!(gw.get("u.localhost", "/").status, 200);
-    // kill -9: the periodic write (every 100 ms) already holds it.
-    std::thread::sleep(Duration::from_millis(400));
+    // kill -9: the periodic write (every 100 ms) holds u's spent token
+    // (full buckets are left out of the file).
+    let state = gw.dir.path().join("state.json");
+    assert!(eventually(Duration::from_secs(5), || {
+        std::fs::read(&state)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v["router"]["tenants"].as_array().cloned())
+            .is_some_and(|ts| ts.iter().any(|t| t["tenant"] == "u"))
+    }));
     gw.kill9();
     gw.restart();
     assert_eq!(
@@ -517,8 +525,8 @@ fn state_survives_a_graceful_restart_and_a_kill_9() {
         429,
         "still drained after kill -9"
     );
-    let u = gw.get("u.localhost", "/");
-    assert_eq!(u.status, 200, "u had 2 tokens left");
+    let u: Vec<u16> = (0..3).map(|_| gw.get("u.localhost", "/").status).collect();
+    assert_eq!(u, [200, 200, 429], "u had 2 tokens left");
 }
 
 #[test]
