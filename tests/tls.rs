@@ -171,11 +171,7 @@ fn unknown_names_are_refused_when_asked() {
     assert!(handshake(gw.port, None, &[]).is_err());
     // The two refused. A failure is counted once the handshake has ended,
     // after its alert went out.
-    let mut metrics = String::new();
-    eventually(Duration::from_secs(5), || {
-        metrics = metrics_text(gw.admin_port);
-        metric_value(&metrics, failed) >= before + 2
-    });
+    let metrics = metrics_reaching(gw.admin_port, failed, before + 2);
     // At least: a bare connect of the readiness check may be counted late.
     assert!(metric_value(&metrics, failed) >= before + 2, "{metrics}");
     drop(served);
@@ -290,11 +286,7 @@ fn a_client_that_stalls_its_handshake_is_dropped_at_the_deadline() {
     assert!(since.elapsed() < Duration::from_secs(3));
     // Counted once the handshake has ended, after the socket closed.
     let timeouts = "shardgate_tls_handshake_failures_total{reason=\"timeout\"}";
-    let mut metrics = String::new();
-    eventually(Duration::from_secs(5), || {
-        metrics = metrics_text(gw.admin_port);
-        metric_value(&metrics, timeouts) >= 2
-    });
+    let metrics = metrics_reaching(gw.admin_port, timeouts, 2);
     assert_eq!(metric_value(&metrics, timeouts), 2, "{metrics}");
 }
 

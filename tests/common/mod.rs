@@ -1138,6 +1138,18 @@ pub fn metrics_text(admin_port: u16) -> String {
     .text()
 }
 
+/// The Prometheus text once counter `name` reaches `at_least`, or after
+/// 5 s for the caller's assertion to show: for what the gateway counts
+/// after the client already saw it happen.
+pub fn metrics_reaching(admin_port: u16, name: &str, at_least: u64) -> String {
+    let mut text = String::new();
+    eventually(Duration::from_secs(5), || {
+        text = metrics_text(admin_port);
+        metric_value(&text, name) >= at_least
+    });
+    text
+}
+
 /// A counter's value in Prometheus text (`name` with its labels), 0 if
 /// absent.
 pub fn metric_value(text: &str, name: &str) -> u64 {
