@@ -553,6 +553,91 @@ fn each_http2_stream_counts_in_the_cap_and_streams_per_connection_are_limited() 
     assert_eq!(count("4xx") + errored, 9, "{text}");
 }
 
+/// `nghttp --stat`'s timing table: per request path, when its response
+/// ended (ms after the connection was up) and its status.
+fn nghttp_timings(stdout: &str) -> Vec<(String, f64, u16)> {
+    let ms = |t: &str| -> Option<f64> {
+        let t = t.trim_start_matches('+');
+        let (n, scale) = if let Some(n) = t.strip_suffix("us") {
+            (n, 0.001)
+        } else if let Some(n) = t.strip_suffix("ms") {
+            (n, 1.0)
+        } else {
+            (t.strip_suffix('s')?, 1000.0)
+        };
+        n.parse::<f64>().ok().map(|n| n * scale)
+    };
+    stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("id "))
+        .skip(1)
+        .filter_map(|l| {
+            // id responseEnd requestStart process code size path
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let path = f.get(6)?.to_string();
+            Some((path, ms(f.get(1)?)?, f.get(4)?.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn streams_on_one_http2_connection_run_side_by_side_and_finish_through_a_sigterm() {
+    let ca = Ca::new();
+    let certs = tempfile::tempdir().expect("dir");
+    ca.issue(certs.path(), "apps", &["*.apps.test"]);
+    let backend = Backend::with("a", |seen| match seen.uri.as_str() {
+        "/slow" => Reply::After(Duration::from_millis(1500), Box::new(Reply::ok("slow"))),
+        _ => Reply::ok("fast"),
+    });
+    let yaml = config_yaml(
+        &format!(
+            "server: {{ grace_period_seconds: 3, graceful_shutdown_timeout_seconds: 1 }}\nlisten:\n  - {{ addr: \"127.0.0.1:{{port}}\", tls: true }}\nadmin: {{ addr: \"127.0.0.1:{{admin}}\" }}\nstate: false\ntls:\n  certs: \"{}\"\n  default_cert: apps\n",
+            certs.path().display()
+        ),
+        &[("a", backend.url())],
+        "domains:\n  fallback_suffix: .apps.test\n",
+    );
+    let mut gw = Gateway::start(&yaml);
+    let url = |path: &str| format!("https://127.0.0.1:{}{path}", gw.port);
+    // One connection (nghttp opens one per origin), the slow stream first.
+    let mut nghttp = Command::new("nghttp");
+    nghttp
+        .args(["-ns", "--timeout=15", "-H", ":authority: shop.apps.test"])
+        .args([url("/slow"), url("/fast"), url("/fast?2")]);
+    let client = std::thread::spawn(move || nghttp.output());
+    assert!(
+        eventually(Duration::from_secs(10), || backend.count() == 3),
+        "all three streams reach the shard while the first is still waiting"
+    );
+    // Shutting down while the slow stream is in flight: the connection is
+    // told to go away at once, and the stream still gets its whole answer
+    // (within the grace period, 3 s: Pingora ends what is left then).
+    gw.signal("TERM");
+    let out = client
+        .join()
+        .expect("nghttp thread")
+        .expect("nghttp (nghttp2-client)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let timings = nghttp_timings(&text);
+    let end = |path: &str| {
+        timings
+            .iter()
+            .find(|(p, _, _)| p == path)
+            .map(|&(_, end, status)| (end, status))
+            .unwrap_or_else(|| panic!("no response for {path}: {text}"))
+    };
+    let (slow, slow_status) = end("/slow");
+    assert_eq!(slow_status, 200, "{text}");
+    assert!(slow >= 1400.0, "{text}");
+    for path in ["/fast", "/fast?2"] {
+        let (fast, status) = end(path);
+        assert_eq!(status, 200, "{text}");
+        // Not behind the slow stream (it ends 1.5 s in).
+        assert!(fast < 1000.0, "{path} waited for /slow: {text}");
+    }
+    assert!(gw.wait_exit(Duration::from_secs(15)));
+}
+
 #[test]
 fn a_redirect_listener_routes_nothing_but_challenges_it_does_not_hold() {
     let ca = Ca::new();

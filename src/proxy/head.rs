@@ -9,6 +9,7 @@
 //! twice.
 
 use super::client::OneRequest;
+use super::ctx::RequestCtx;
 use super::fast::h2::H2Outcome;
 use super::fast::{FastPath, Outcome};
 use super::pipeline::answer::Refusal;
@@ -19,6 +20,7 @@ use super::with_planned;
 use crate::tls::{Edge, Roles};
 use bytes::BytesMut;
 use pingora::apps::{HttpServerApp, ServerApp};
+use pingora::protocols::http::v2::server::HttpSession as H2Session;
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::{Stream, ALPN};
 use pingora::server::ShutdownWatch;
@@ -450,6 +452,20 @@ impl Drop for Started {
     }
 }
 
+/// What the fast transport gives back of an HTTP/2 stream: nothing once
+/// served, or the stream for Pingora's path with its context if already
+/// planned (admitted), still counted in flight.
+type LeftOver = Option<(Box<H2Session>, Option<Box<RequestCtx>>, Started)>;
+
+/// Offers a stream to the fast transport. Its future is boxed when taken,
+/// so a stream in flight holds only what it uses.
+async fn offer_h2(fast: &FastPath, session: Box<H2Session>, started: Started) -> LeftOver {
+    match Box::pin(fast.serve_h2(session)).await {
+        H2Outcome::Served => None,
+        H2Outcome::NotMine(session, planned) => Some((session, planned, started)),
+    }
+}
+
 /// A client that sends more malformed streams than this on one HTTP/2
 /// connection loses it (Pingora's own budget).
 const MAX_MALFORMED_H2_STREAMS: usize = 32;
@@ -462,8 +478,17 @@ where
     /// handshake options, idle timeout, graceful shutdown and stream
     /// checks), with each stream offered to the fast transport first;
     /// what it does not take goes to Pingora's path.
+    ///
+    /// The fast transport's streams run on this connection's own task, not
+    /// a task each as Pingora spawns them: a stream's response and the
+    /// connection's next flush are then one wake-up, and no stream pays a
+    /// spawn. A stream is cheap to drive (one pooled shard connection, no
+    /// body to pump), and one connection's streams sharing one core is
+    /// what nginx does too. Streams for Pingora's path are spawned.
     async fn serve_h2(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch) {
-        use pingora::protocols::http::v2::server::{handshake, H2Accept, HttpSession};
+        use futures_util::stream::{FuturesUnordered, StreamExt};
+        use futures_util::FutureExt;
+        use pingora::protocols::http::v2::server::{handshake, H2Accept};
         use pingora::protocols::Digest;
         let digest = Arc::new(Digest {
             ssl_digest: stream.get_ssl_digest(),
@@ -483,6 +508,9 @@ where
         let mut watch = shutdown.clone();
         let mut closing = false;
         let mut malformed = 0;
+        // The fast transport's streams in flight, driven by this task. A
+        // panic in one ends that stream only, as it would in its own task.
+        let mut local = FuturesUnordered::new();
         loop {
             let idle = async {
                 while active.count.load(Ordering::Acquire) != 0 {
@@ -497,44 +525,69 @@ where
                     closing = true;
                     continue;
                 }
-                accepted = HttpSession::from_h2_conn(&mut conn, Arc::clone(&digest)) => accepted,
+                Some(done) = local.next(), if !local.is_empty() => {
+                    self.hand_over(done, shutdown);
+                    continue;
+                }
+                accepted = H2Session::from_h2_conn(&mut conn, Arc::clone(&digest)) => accepted,
                 // Idle with nothing in flight: the socket closes now.
                 () = idle, if idle_timeout.is_some() && !closing => return,
             };
             let session = match accepted {
-                Ok(Some(H2Accept::Session(session))) => session,
+                Ok(Some(H2Accept::Session(session))) => Box::new(session),
                 Ok(Some(H2Accept::Rejected)) => {
                     malformed += 1;
                     if malformed >= MAX_MALFORMED_H2_STREAMS {
                         log::warn!("an HTTP/2 client sent {malformed} malformed streams: closed");
-                        return;
+                        break;
                     }
                     continue;
                 }
                 // Closed, or a connection error.
-                Ok(None) | Err(_) => return,
+                Ok(None) | Err(_) => break,
             };
-            let stream = InFlight::start(&active);
-            let (guard, shutdown) = (Arc::clone(self), shutdown.clone());
-            // Each path's future is boxed when taken: the task itself stays
-            // small, where Pingora's proxy future inlined would make every
-            // stream's spawn copy kilobytes.
-            tokio::spawn(async move {
-                let _stream = stream;
-                let served = match &guard.fast {
-                    Some(fast) => Box::pin(fast.serve_h2(session)).await,
-                    None => H2Outcome::NotMine(Box::new(session), None),
-                };
-                if let H2Outcome::NotMine(session, planned) = served {
-                    let serve = guard
-                        .inner
-                        .process_new_http(ServerSession::new_http2(*session), &shutdown);
-                    match planned {
-                        Some(ctx) => Box::pin(with_planned(*ctx, serve)).await,
-                        None => Box::pin(serve).await,
-                    };
+            let started = InFlight::start(&active);
+            match &self.fast {
+                Some(fast) => {
+                    let offer = offer_h2(fast, session, started);
+                    local.push(std::panic::AssertUnwindSafe(offer).catch_unwind());
                 }
-            });
+                None => self.hand_over(Ok(Some((session, None, started))), shutdown),
+            }
         }
+        // The connection is over: streams still in flight see it closed
+        // once it is dropped, and end.
+        drop(conn);
+        while let Some(done) = local.next().await {
+            self.hand_over(done, shutdown);
+        }
+    }
+
+    /// What the fast transport left of a stream: nothing, a stream for
+    /// Pingora's path (spawned, with its context if already planned), or
+    /// a panic (logged; the stream is reset as it is dropped).
+    fn hand_over(self: &Arc<Self>, done: std::thread::Result<LeftOver>, shutdown: &ShutdownWatch) {
+        let (session, planned, started) = match done {
+            Ok(None) => return,
+            Ok(Some(left)) => left,
+            Err(_) => {
+                log::error!("an HTTP/2 stream's task panicked; the stream was reset");
+                return;
+            }
+        };
+        let (guard, shutdown) = (Arc::clone(self), shutdown.clone());
+        // Each path's future is boxed when taken: the task itself stays
+        // small, where Pingora's proxy future inlined would make every
+        // stream's spawn copy kilobytes.
+        tokio::spawn(async move {
+            let _started = started;
+            let serve = guard
+                .inner
+                .process_new_http(ServerSession::new_http2(*session), &shutdown);
+            match planned {
+                Some(ctx) => Box::pin(with_planned(*ctx, serve)).await,
+                None => Box::pin(serve).await,
+            };
+        });
     }
 }

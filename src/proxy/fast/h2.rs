@@ -47,7 +47,7 @@ enum H2Exchanged {
 impl FastPath {
     /// Serves one HTTP/2 stream if it is the fast path's shape: no body,
     /// a method that takes none, an origin-form target.
-    pub async fn serve_h2(&self, mut stream: H2Stream) -> H2Outcome {
+    pub async fn serve_h2(&self, mut stream: Box<H2Stream>) -> H2Outcome {
         stream.set_write_timeout(Some(self.send_timeout));
         let req = stream.req_header();
         let bodiless = matches!(
@@ -56,7 +56,7 @@ impl FastPath {
         ) && stream.is_body_empty();
         let target = req.raw_path();
         if !bodiless || !target.starts_with(b"/") || !target.iter().all(u8::is_ascii_graphic) {
-            return H2Outcome::NotMine(Box::new(stream), None);
+            return H2Outcome::NotMine(stream, None);
         }
         let gw = &self.gateway;
         let mut ctx = RequestCtx::default();
@@ -68,7 +68,7 @@ impl FastPath {
         let request = match planned {
             Err(refusal) => Err(refusal),
             Ok(_) if ctx.peer.as_ref().is_some_and(|p| p.peer.is_tls()) => {
-                return H2Outcome::NotMine(Box::new(stream), Some(Box::new(ctx)));
+                return H2Outcome::NotMine(stream, Some(Box::new(ctx)));
             }
             Ok(host) => {
                 let tls = stream.digest().is_some_and(|d| d.ssl_digest.is_some());
@@ -88,7 +88,7 @@ impl FastPath {
                 {
                     H2Exchanged::Done(status) => status,
                     H2Exchanged::HandOver => {
-                        return H2Outcome::NotMine(Box::new(stream), Some(Box::new(ctx)))
+                        return H2Outcome::NotMine(stream, Some(Box::new(ctx)))
                     }
                 }
             }
