@@ -604,6 +604,7 @@ fn streams_on_one_http2_connection_run_side_by_side_and_finish_through_a_sigterm
     nghttp
         .args(["-ns", "--timeout=15", "-H", ":authority: shop.apps.test"])
         .args([url("/slow"), url("/fast"), url("/fast?2")]);
+    let asked = Instant::now();
     let client = std::thread::spawn(move || nghttp.output());
     assert!(
         eventually(Duration::from_secs(10), || backend.count() == 3),
@@ -612,6 +613,11 @@ fn streams_on_one_http2_connection_run_side_by_side_and_finish_through_a_sigterm
     // Shutting down while the slow stream is in flight: the connection is
     // told to go away at once, and the stream still gets its whole answer
     // (within the grace period, 3 s: Pingora ends what is left then).
+    assert!(
+        asked.elapsed() < Duration::from_millis(1400),
+        "too late to signal before /slow's answer: {:?}",
+        asked.elapsed()
+    );
     gw.signal("TERM");
     let out = client
         .join()
