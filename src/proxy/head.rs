@@ -484,9 +484,10 @@ where
     /// The fast transport's streams run on this connection's own task, not
     /// a task each as Pingora spawns them: a stream's response and the
     /// connection's next flush are then one wake-up, and no stream pays a
-    /// spawn (about 14 % less CPU per request, `benches/load/README.md`). They run
-    /// side by side, but one connection's streams share one core, as they
-    /// do in nginx and HAProxy. Streams for Pingora's path are spawned.
+    /// spawn (about 14 % less CPU per request, `benches/load/README.md`).
+    /// They run side by side, but one connection's streams share one core,
+    /// as they do in nginx and HAProxy. Streams for Pingora's path are
+    /// spawned.
     async fn serve_h2(self: &Arc<Self>, fast: &FastPath, stream: Stream, shutdown: &ShutdownWatch) {
         use futures_util::stream::{FuturesUnordered, StreamExt};
         use futures_util::FutureExt;
