@@ -48,12 +48,74 @@ pub fn config_yaml(head: &str, shards: &[(&str, String)], extra: &str) -> String
     yaml
 }
 
-/// A port nobody listens on right now.
+/// A loopback port nobody listens on, for a gateway, a Redis or a dead
+/// shard, that nothing else will take before the caller binds it.
+///
+/// A port the kernel handed out by itself (a bind to port 0, asked of it
+/// and released) can be handed out again at once: to a test backend
+/// binding port 0, or to a second call. A gateway that then fails to bind
+/// exits, but its readiness check sees someone else's listener accept, and
+/// the test talks to the wrong server. So ports come from below the
+/// kernel's ephemeral range, which it never hands out by itself, each one
+/// once per test binary (starting where the process id says, so that test
+/// binaries run one after the other start apart).
 pub fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    const LOWEST: usize = 10_000;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<usize>().ok())
+        .unwrap_or(32_768);
+    let span = ephemeral_low.saturating_sub(LOWEST);
+    if span < 1_000 {
+        // No room below the ephemeral range: the kernel's own choice.
+        return StdListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+    }
+    let start = (std::process::id() as usize).wrapping_mul(7_919);
+    for _ in 0..span {
+        let candidate = LOWEST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let Ok(port) = u16::try_from(candidate) else {
+            continue;
+        };
+        if StdListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port below {ephemeral_low}");
+}
+
+/// Whether process `pid` holds a socket listening on TCP `port` (IPv4),
+/// read off /proc: a port that accepts may be another server's. Where
+/// /proc cannot be read, whether the port accepts at all.
+pub fn listens(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return TcpStream::connect(("127.0.0.1", port)).is_ok();
+    };
+    // Fields: sl, local address, remote address, state (0A: LISTEN), ...,
+    // inode (the tenth).
+    let sockets: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (local, state, inode) = (fields.get(1)?, fields.get(3)?, fields.get(9)?);
+            let local_port = u16::from_str_radix(local.rsplit(':').next()?, 16).ok()?;
+            (*state == "0A" && local_port == port).then(|| format!("socket:[{inode}]"))
+        })
+        .collect();
+    if sockets.is_empty() {
+        return false;
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| sockets.iter().any(|s| target.as_os_str() == s.as_str()))
+    })
 }
 
 /// A request as a backend saw it.
@@ -605,11 +667,14 @@ impl Gateway {
         gw
     }
 
-    /// Waits until every listener of the config (each proxy listener, the
-    /// admin) accepts: they start as separate services, in any order.
+    /// Waits until the gateway listens on every port of the config (each
+    /// proxy listener, the admin): they start as separate services, in any
+    /// order. Its own sockets, not just ports that accept: a port someone
+    /// else holds accepts too, while Pingora retries its bind for 30 s.
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        let listening = |port: u16| TcpStream::connect(("127.0.0.1", port)).is_ok();
+        let pid = self.child.id();
+        let listening = |port: u16| listens(pid, port);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("shardgate exited early: {status}");
@@ -713,6 +778,21 @@ impl Drop for Gateway {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A failing test shows what its gateway said (CI keeps only the
+        // test output): the last lines, which a panic or a refused bind
+        // would be among.
+        if std::thread::panicking() {
+            let log = std::fs::read(self.dir.path().join("gateway.log")).unwrap_or_default();
+            let log = String::from_utf8_lossy(&log);
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+            let _ = writeln!(
+                std::io::stderr(),
+                "--- the gateway on port {} (pid {}), last lines of its log:\n{tail}\n---",
+                self.port,
+                self.child.id()
+            );
+        }
     }
 }
 
@@ -1225,7 +1305,7 @@ pub fn spawn_redis(port: u16, dir: &std::path::Path, extra: &[String]) -> Child 
         .spawn()
         .expect("redis-server (scripts/prereqs.sh installs it)");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+    while !listens(child.id(), port) {
         assert!(Instant::now() < deadline, "redis-server did not listen");
         std::thread::sleep(Duration::from_millis(20));
     }
