@@ -742,7 +742,9 @@ fn an_open_websocket_holds_the_cap_until_either_side_closes() {
         );
         // Closed by the shard. (The probe above held the slot briefly too:
         // wait for it to be released.)
+        let deadline = Instant::now() + Duration::from_secs(10);
         let mut client = loop {
+            assert!(Instant::now() < deadline, "no open socket in 10 s");
             use tokio_tungstenite::tungstenite::client::IntoClientRequest;
             let mut req = format!("ws://127.0.0.1:{}/socket", gw.port)
                 .into_client_request()
@@ -756,7 +758,8 @@ fn an_open_websocket_holds_the_cap_until_either_side_closes() {
                 // transports"): that socket holds nothing, so connect again
                 // there. The fast transport must never do it.
                 let _ = ws.send(Message::Text("alive".into())).await;
-                if matches!(ws.next().await, Some(Ok(Message::Text(_)))) {
+                if matches!(ws.next().await, Some(Ok(Message::Text(t))) if t.as_str() == "ws:alive")
+                {
                     break ws;
                 }
                 assert!(
