@@ -25,6 +25,9 @@ use std::sync::Arc;
 pub struct ShardPeer {
     /// The resolved address (also what liveness and health probes dial).
     pub addr: SocketAddr,
+    /// The fast transport's endpoint: the address, and for an `https`
+    /// shard the name its certificate is verified for (sent as SNI).
+    pub key: crate::proxy::fast::UpstreamKey,
     /// The Pingora peer template, cloned per request.
     pub peer: HttpPeer,
 }
@@ -147,6 +150,37 @@ impl Control {
     /// How to reach a shard (registered now or earlier in this request).
     pub fn peer(&self, id: &ShardId) -> Option<Arc<ShardPeer>> {
         self.peers.load().get(id).cloned()
+    }
+
+    /// Every shard's endpoint for the fast transport (its pools keep idle
+    /// connections to these only).
+    pub fn peer_keys(&self) -> std::collections::HashSet<crate::proxy::fast::UpstreamKey> {
+        self.peers.load().values().map(|p| p.key.clone()).collect()
+    }
+
+    /// Points a shard whose host name now resolves to `addrs` at one of
+    /// them: the current address while it is still among them (a name
+    /// that answers its addresses in turn moves nothing), else the first.
+    /// Returns the new address if it moved.
+    pub fn repoint(&self, shard: &Shard, addrs: &[SocketAddr]) -> Option<SocketAddr> {
+        let _serialised = self.diff.lock();
+        let current = self.peers.load();
+        let peer = current.get(&shard.id)?;
+        if addrs.contains(&peer.addr) {
+            return None;
+        }
+        let addr = *addrs.first()?;
+        let moved = match peer_at(&self.config, shard, addr) {
+            Ok(peer) => Arc::new(peer),
+            Err(e) => {
+                log::warn!("shard `{}`: {e}", shard.id);
+                return None;
+            }
+        };
+        let mut next = HashMap::clone(&current);
+        next.insert(shard.id.clone(), moved);
+        self.peers.store(Arc::new(next));
+        Some(addr)
     }
 
     /// Registers a shard at runtime; `Ok(false)` if the id exists.
@@ -380,19 +414,43 @@ fn domain_field(host: &str) -> String {
 
 /// Resolves a shard's URL into a Pingora peer.
 pub fn build_peer(config: &Config, shard: &Shard) -> Result<ShardPeer, String> {
-    let (tls, host, port) = crate::config::parse_shard_url(&shard.url)?;
+    let (_, host, port) = crate::config::parse_shard_url(&shard.url)?;
     let addr = (host.as_str(), port)
         .to_socket_addrs()
         .map_err(|e| format!("shard `{}`: cannot resolve `{host}`: {e}", shard.id))?
         .next()
         .ok_or_else(|| format!("shard `{}`: `{host}` has no address", shard.id))?;
+    peer_at(config, shard, addr)
+}
+
+/// The peer of `shard` at the address `addr` (its host resolved).
+pub fn peer_at(config: &Config, shard: &Shard, addr: SocketAddr) -> Result<ShardPeer, String> {
+    let (tls, host, _) = crate::config::parse_shard_url(&shard.url)?;
+    let name = match tls {
+        true => {
+            // An IP literal in brackets is verified as that address.
+            let bare = host.trim_start_matches('[').trim_end_matches(']');
+            let name = pingora::tls::ServerName::try_from(bare.to_string())
+                .map_err(|e| format!("shard `{}`: `{host}` is no TLS name: {e}", shard.id))?;
+            Some(name)
+        }
+        false => None,
+    };
     let mut peer = HttpPeer::new(addr, tls, host);
     let options = &mut peer.options;
     options.connection_timeout = Some(config.upstream.connect_timeout);
+    // The handshake fits in the connect timeout with the TCP connect.
+    options.total_connection_timeout = Some(config.upstream.connect_timeout);
+    options.verify_cert = config.upstream.tls_verify;
+    options.verify_hostname = config.upstream.tls_verify;
     // Response headers are watched by our own deadline; a body may stream
     // for as long as it needs, so no per-read timeout.
     options.read_timeout = None;
     options.idle_timeout = Some(config.upstream.keepalive_timeout);
     options.alpn = ALPN::H1;
-    Ok(ShardPeer { addr, peer })
+    Ok(ShardPeer {
+        addr,
+        key: crate::proxy::fast::UpstreamKey { addr, tls: name },
+        peer,
+    })
 }

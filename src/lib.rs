@@ -10,6 +10,7 @@ pub mod admin;
 pub mod cluster;
 pub mod config;
 pub mod control;
+pub mod dns;
 pub mod health;
 pub mod limits;
 pub mod metrics;

@@ -31,6 +31,9 @@ pub struct GatewayMetrics {
     failures: Mutex<BTreeMap<(String, &'static str), u64>>,
     /// Client TLS handshakes that failed, by reason.
     tls_failures: Mutex<BTreeMap<&'static str, u64>>,
+    /// Shard → its host name failed to resolve again (bounded by the
+    /// shards the operator configured).
+    dns_failures: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Default for GatewayMetrics {
@@ -40,6 +43,7 @@ impl Default for GatewayMetrics {
             durations: StripedHistogram::new(&DURATION_BUCKETS),
             failures: Mutex::new(BTreeMap::new()),
             tls_failures: Mutex::new(BTreeMap::new()),
+            dns_failures: Mutex::new(BTreeMap::new()),
         }
     }
 }
@@ -65,6 +69,20 @@ impl GatewayMetrics {
     /// A client's TLS handshake failed (`error`) or timed out (`timeout`).
     pub fn tls_handshake_failed(&self, reason: &'static str) {
         *self.tls_failures.lock().entry(reason).or_default() += 1;
+    }
+
+    /// A shard's host name did not resolve when it was due again.
+    pub fn dns_failure(&self, shard: &str) {
+        *self
+            .dns_failures
+            .lock()
+            .entry(shard.to_string())
+            .or_default() += 1;
+    }
+
+    /// Failed re-resolutions so far, by shard.
+    pub fn dns_failures(&self) -> BTreeMap<String, u64> {
+        self.dns_failures.lock().clone()
     }
 
     pub fn request_finished(&self, seconds: f64) {
@@ -230,6 +248,28 @@ fn families(control: &Control) -> Vec<MetricFamily> {
         "Failed upstream attempts by shard and kind (connect, reset, timeout, liveness).",
         MetricType::COUNTER,
         failure_metrics,
+    ));
+    let dns = control.metrics.dns_failures();
+    let named = control
+        .router
+        .shard_set()
+        .all
+        .iter()
+        .filter(|e| crate::dns::host_name(&e.shard.url).is_some())
+        .map(|e| e.id().to_string())
+        .chain(dns.keys().cloned())
+        .collect::<std::collections::BTreeSet<String>>();
+    out.push(family(
+        "dns_failures_total",
+        "Times a shard's host name did not resolve when due again (its last addresses are kept).",
+        MetricType::COUNTER,
+        named
+            .iter()
+            .map(|shard| {
+                let n = dns.get(shard).copied().unwrap_or(0);
+                counter(vec![label("shard", shard)], n as f64)
+            })
+            .collect(),
     ));
     out.push(family(
         "retries_total",

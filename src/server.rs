@@ -9,7 +9,8 @@ use crate::config::{Config, ServerSettings};
 use crate::control::Control;
 use crate::health::HealthChecker;
 use crate::proxy::fast::FastPath;
-use crate::proxy::head::{HeadGuard, HeadLimits};
+use crate::proxy::frontend::Frontend;
+use crate::proxy::head::HeadLimits;
 use crate::proxy::hooks::{DefaultHooks, GatewayHooks};
 use crate::proxy::Gateway;
 use crate::state::StateWriter;
@@ -90,9 +91,7 @@ impl Builder {
     }
 
     /// With a wrapped proxy ([`Builder::build_with`]): let shardgate's fast
-    /// transport serve the requests it takes (bodiless HTTP/1.1 requests
-    /// and WebSocket handshakes to `http` shards; `server.fast_path` must
-    /// be on too). Those requests then skip every phase of the wrapper —
+    /// transport serve every request (`server.fast_path` must be on too). Those requests then skip every phase of the wrapper —
     /// only [`GatewayHooks`] run for them — so this is off unless asked
     /// for. The binary's own build follows `server.fast_path` alone.
     pub fn fast_transport(mut self, on: bool) -> Self {
@@ -133,8 +132,10 @@ impl Builder {
         server.bootstrap();
         let limits = &control.config.limits;
         let gateway = Gateway::new(Arc::clone(&control));
-        let fast = (fast_transport && control.config.server.fast_path)
-            .then(|| FastPath::new(gateway.clone()));
+        let fast = match fast_transport && control.config.server.fast_path {
+            true => Some(FastPath::new(gateway.clone())?),
+            false => None,
+        };
         if !fast_transport && control.config.server.fast_path {
             log::info!(
                 "a wrapped proxy: every request takes Pingora's proxy path, so that each of \
@@ -153,7 +154,7 @@ impl Builder {
         options.h2_idle_timeout = Some(limits.keepalive_timeout);
         http.server_options = Some(options);
         let roles = crate::tls::Roles::new(&control)?;
-        let proxy = HeadGuard::new(
+        let proxy = Frontend::new(
             http,
             HeadLimits {
                 header_timeout: limits.header_timeout,
@@ -167,11 +168,11 @@ impl Builder {
         .with_edge(Arc::new(roles), Arc::clone(&control.edge));
         let mut proxy = Service::new("shardgate".to_string(), proxy);
         for listener in &control.config.listen {
-            // No read buffer under the client connection: `HeadGuard`
+            // No read buffer under the client connection: the front end
             // reads request heads into buffers of its own, and Pingora's
             // default 64 KiB per connection was most of an idle
             // WebSocket's memory. TLS listeners are plain TCP to Pingora:
-            // `HeadGuard` runs the handshake (crate::tls).
+            // the front end runs the handshake (crate::tls).
             // TCP keep-alive on every client socket: a client that
             // vanished from an idle WebSocket frees its slot.
             let mut options = pingora::listeners::TcpSocketOptions::default();
@@ -191,6 +192,10 @@ impl Builder {
         server.add_service(background_service(
             "shardgate health",
             HealthChecker::new(Arc::clone(&control)),
+        ));
+        server.add_service(background_service(
+            "shardgate dns",
+            crate::dns::ShardResolver::new(Arc::clone(&control)),
         ));
         if let Some(state) = &control.config.state {
             server.add_service(background_service(

@@ -472,7 +472,7 @@ fn http2_streams_reach_shards_as_http1_requests_and_come_back_whole() {
     assert_eq!(last.header("x-forwarded-for"), Some("127.0.0.1"));
     assert_eq!(last.header("x-tenant-id"), Some("shop"));
     assert_eq!(last.header("x-forwarded-proto"), Some("https"));
-    // A request with a body (Pingora's path) reaches the shard whole.
+    // A request with a body reaches the shard whole.
     let (status, _, _) = curl_h2_with(gw.port, host, "/post", &ca_file, &["-d", "the body"]);
     assert_eq!(status, "200");
     let seen = backend.requests();
@@ -480,6 +480,66 @@ fn http2_streams_reach_shards_as_http1_requests_and_come_back_whole() {
     assert_eq!(
         (last.method.as_str(), last.body.as_slice()),
         ("POST", &b"the body"[..])
+    );
+}
+
+#[test]
+fn http2_uploads_reach_the_shard_whole_with_or_without_a_length() {
+    use sha2::{Digest, Sha256};
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let ca = Ca::new();
+    let certs = tempfile::tempdir().expect("dir");
+    ca.issue(certs.path(), "apps", &["*.apps.test"]);
+    let ca_file = ca.pem_file(certs.path());
+    let backend = Backend::with("a", move |seen| {
+        let sum: String = Sha256::digest(&seen.body)
+            .iter()
+            .map(|x| format!("{x:02x}"))
+            .collect();
+        let chunked = seen.header("transfer-encoding").unwrap_or("-").to_string();
+        Reply::ok(&format!("{} {sum} {chunked}", seen.body.len()))
+    });
+    let (gw, _) = edge(&backend, certs.path(), "  default_cert: apps\n", "");
+    let host = "shop.apps.test";
+    // Larger than the stream's window (64 KiB): flow control paces it.
+    let body: Vec<u8> = (0..3u32 << 20).map(|i| (i % 253) as u8).collect();
+    let file = certs.path().join("upload.bin");
+    std::fs::write(&file, &body).expect("upload file");
+    let sum = hex(&Sha256::digest(&body));
+    let upload = format!("@{}", file.display());
+    let (status, version, text) = curl_h2_with(
+        gw.port,
+        host,
+        "/up",
+        &ca_file,
+        &[
+            "--data-binary",
+            &upload,
+            "-H",
+            "Content-Type: application/octet-stream",
+        ],
+    );
+    assert_eq!((status.as_str(), version.as_str()), ("200", "2"), "{text}");
+    assert_eq!(text, format!("{} {sum} -", body.len()), "with a length");
+    // From a pipe, curl knows no length: the shard gets chunks.
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "cat '{}' | curl -s --http2 --max-time 20 --cacert '{}' --resolve {host}:{port}:127.0.0.1 \
+             -T - -w '\n%{{http_code}}' https://{host}:{port}/pipe",
+            file.display(),
+            ca_file.display(),
+            port = gw.port
+        ))
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (answer, status) = text.rsplit_once('\n').unwrap_or(("", &text));
+    assert_eq!(status, "200", "{text}");
+    assert_eq!(
+        answer,
+        format!("{} {sum} chunked", body.len()),
+        "without a length"
     );
 }
 

@@ -3,9 +3,10 @@
 #
 # Starts 4 identical nginx backends (one nginx, one worker, `200 ok\n`),
 # then, interleaved over ROUNDS rounds (each round runs every proxy once per
-# case, in an order rotated from round to round), for each case
-# (32 and 256 keep-alive connections × 1 host and 1 000 rotating tenant
-# hosts): shardgate, nginx as a proxy (`hash $host consistent`, upstream
+# case, in an order rotated from round to round), for each case (request
+# shape × 32 and 256 keep-alive connections × 1 host and 1 000 rotating
+# tenant hosts; shapes: GET, POST with a 1 KiB JSON body, POST of 1 MiB):
+# shardgate, nginx as a proxy (`hash $host consistent`, upstream
 # keep-alive), HAProxy (`balance hdr(host)`, `hash-type consistent`,
 # `http-reuse always`) and wrk straight at one backend. Each proxy is
 # started fresh for every run, pinned to core 0; wrk and the backends run
@@ -22,6 +23,9 @@
 #   SECS=10           seconds per wrk run
 #   CONNS="32 256"    wrk connection counts
 #   HOSTS_LIST="1 1000"  tenant host counts (hosts.lua's HOSTS)
+#   SHAPES="get post" request shapes, any of: get = `GET /` (report.lua);
+#                     post = `POST /` with a 1 KiB JSON body (post.lua);
+#                     upload = `POST /upload` with a 1 MiB body (upload.lua)
 #   PROXIES="shardgate nginx haproxy direct"  (also: pingora = a bare Pingora
 #                     proxy, examples/bare_pingora.rs; sg-nofast = shardgate
 #                     with `server.fast_path: false`, every request on
@@ -49,6 +53,7 @@ ROUNDS=${ROUNDS:-3}
 SECS=${SECS:-10}
 CONNS=${CONNS:-"32 256"}
 HOSTS_LIST=${HOSTS_LIST:-"1 1000"}
+SHAPES=${SHAPES:-"get post"}
 PROXIES=${PROXIES:-"shardgate nginx haproxy direct"}
 BACKENDS=${BACKENDS:-4}
 OUT=${OUT:-}
@@ -60,6 +65,10 @@ done
 for c in $CONNS $HOSTS_LIST; do
   [[ $c =~ ^[1-9][0-9]*$ ]] || die "CONNS and HOSTS_LIST must hold positive integers (got '$c')"
 done
+for s in $SHAPES; do
+  case $s in get | post | upload) ;; *) die "unknown shape '$s' in SHAPES (get, post, upload)" ;; esac
+done
+[[ -n ${SHAPES// /} ]] || die "SHAPES is empty"
 for p in $PROXIES; do
   case $p in shardgate | sg-nofast | shardgate2 | pingora | nginx | haproxy | direct) ;; *) die "unknown proxy '$p' in PROXIES" ;; esac
 done
@@ -100,13 +109,14 @@ haproxy_maxconn=${HAPROXY_MAXCONN:-$((16 * maxconns > 4096 ? 16 * maxconns : 409
 read -r -a proxies <<<"$PROXIES"
 read -r -a conns_list <<<"$CONNS"
 read -r -a hosts_list <<<"$HOSTS_LIST"
-runs=$((ROUNDS * ${#conns_list[@]} * ${#hosts_list[@]} * ${#proxies[@]}))
+read -r -a shapes <<<"$SHAPES"
+runs=$((ROUNDS * ${#shapes[@]} * ${#conns_list[@]} * ${#hosts_list[@]} * ${#proxies[@]}))
 estimate=$((runs * (SECS + 1) + 5))
 hz=$(getconf CLK_TCK)
 
 lib_init
 results=$SG_WORK/results.tsv
-printf 'round\tproxy\tconns\thosts\trequests\tduration_us\tp50_us\tp99_us\tcpu_ticks\tclk_tck\tpeak_rss_kib\tnew_upstream_conns\terrors\tcore0_busy_pct\tcore1_busy_pct\n' >"$results"
+printf 'round\tproxy\tshape\tconns\thosts\trequests\tduration_us\tp50_us\tp99_us\tcpu_ticks\tclk_tck\tpeak_rss_kib\tnew_upstream_conns\terrors\tcore0_busy_pct\tcore1_busy_pct\n' >"$results"
 
 echo "shardgate load comparison: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 if [[ " $PROXIES " == *" shardgate "* ]]; then
@@ -114,7 +124,7 @@ if [[ " $PROXIES " == *" shardgate "* ]]; then
 fi
 echo "  $(nginx -v 2>&1), $(haproxy -v 2>/dev/null | head -n 1 | cut -d' ' -f1-3), $(wrk --version 2>&1 | head -n 1 | cut -d' ' -f1-2)"
 echo "  proxies on core 0; wrk (1 thread, HTTP/1.1 keep-alive) and $BACKENDS backends on core 1"
-echo "  $ROUNDS rounds x ${#conns_list[@]} conn counts x ${#hosts_list[@]} host counts x ${#proxies[@]} targets = $runs runs of ${SECS} s"
+echo "  $ROUNDS rounds x ${#shapes[@]} shapes ($SHAPES) x ${#conns_list[@]} conn counts x ${#hosts_list[@]} host counts x ${#proxies[@]} targets = $runs runs of ${SECS} s"
 printf '  estimated time: about %d min %02d s (load average now: %s)\n' $((estimate / 60)) $((estimate % 60)) "$(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 
@@ -138,10 +148,19 @@ new_conns() {
   tail -c +$(($1 + 1)) "$conns_log" | awk '{ seen[$1] = 1 } END { print length(seen) }'
 }
 
-# run ROUND PROXY CONNS HOSTS: one wrk run; appends a row to $results and
-# prints a progress line.
+# shape_script SHAPE: the wrk script of a request shape.
+shape_script() {
+  case $1 in
+    get) echo "$here/report.lua" ;;
+    post) echo "$here/post.lua" ;;
+    upload) echo "$here/upload.lua" ;;
+  esac
+}
+
+# run ROUND PROXY SHAPE CONNS HOSTS: one wrk run; appends a row to $results
+# and prints a progress line.
 run() {
-  local round=$1 proxy=$2 conns=$3 hosts=$4
+  local round=$1 proxy=$2 shape=$3 conns=$4 hosts=$5
   local port pid="" fam=() from t0=0 t1=0 hwm=0 line c0 c1
   from=$(stat -c %s "$conns_log")
   case $proxy in
@@ -179,7 +198,7 @@ run() {
   fi
   read -r -a c0 <<<"$(core_times)"
   spawn wrk INT env HOSTS="$hosts" taskset -c 1 wrk -t1 -c"$conns" -d"${SECS}s" --timeout 5s \
-    -s "$here/report.lua" "http://127.0.0.1:$port/"
+    -s "$(shape_script "$shape")" "http://127.0.0.1:$port/"
   local wrk_pid=$SPAWNED
   wait "$wrk_pid" || true
   read -r -a c1 <<<"$(core_times)"
@@ -187,7 +206,7 @@ run() {
   if [[ $proxy != direct ]]; then
     if ! alive "$pid"; then
       log_tail "$proxy"
-      die "$proxy (pid $pid) exited during the run ($conns conns, $hosts hosts; log above)"
+      die "$proxy (pid $pid) exited during the run ($shape, $conns conns, $hosts hosts; log above)"
     fi
     t1=$(cpu_ticks "${fam[@]}")
     hwm=$(status_kib VmHWM "${fam[@]}")
@@ -196,7 +215,7 @@ run() {
   line=$(grep '^WRK_RESULT ' "$SG_WORK/wrk.log" || true)
   if [[ -z $line ]]; then
     log_tail wrk
-    die "wrk gave no result for $proxy ($conns conns, $hosts hosts)"
+    die "wrk gave no result for $proxy ($shape, $conns conns, $hosts hosts)"
   fi
   # WRK_RESULT key=value … → variables w_requests, w_duration_us, …
   local kv w_requests w_duration_us w_p50_us w_p99_us w_connect w_read w_write w_status w_timeout
@@ -212,10 +231,10 @@ run() {
   newc=$(new_conns "$from")
   busy0=$((100 * (c1[0] - c0[0]) / (c1[1] - c0[1] > 0 ? c1[1] - c0[1] : 1)))
   busy1=$((100 * (c1[2] - c0[2]) / (c1[3] - c0[3] > 0 ? c1[3] - c0[3] : 1)))
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$proxy" "$conns" "$hosts" \
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$proxy" "$shape" "$conns" "$hosts" \
     "$w_requests" "$w_duration_us" "$w_p50_us" "$w_p99_us" $((t1 - t0)) "$hz" "$hwm" "$newc" "$errors" \
     "$busy0" "$busy1" >>"$results"
-  awk -v r="$round" -v R="$ROUNDS" -v p="$proxy" -v c="$conns" -v h="$hosts" -v n="$w_requests" \
+  awk -v r="$round" -v R="$ROUNDS" -v p="$proxy" -v sh="$shape" -v c="$conns" -v h="$hosts" -v n="$w_requests" \
     -v d="$w_duration_us" -v p50="$w_p50_us" -v p99="$w_p99_us" -v t=$((t1 - t0)) -v hz="$hz" \
     -v rss="$hwm" -v nc="$newc" -v e="$errors" -v b0="$busy0" -v b1="$busy1" 'BEGIN {
       s = d / 1e6; cpu = "-"; mem = "-"
@@ -223,16 +242,18 @@ run() {
         cpu = sprintf("%6.2f ms/1k req (%3.0f%% of a core)", t / hz * 1000 / (n / 1000), t / hz / s * 100)
         mem = sprintf("%6.1f MiB", rss / 1024)
       }
-      printf "round %d/%d  %3d conns %4d hosts  %-10s %8.0f req/s  p50 %6.2f ms  p99 %6.2f ms  CPU %-32s  peak RSS %-10s  new upstream conns %5d  errors %d  cores busy %3d%% %3d%%\n",
-        r, R, c, h, p, n / s, p50 / 1000, p99 / 1000, cpu, mem, nc, e, b0, b1
+      printf "round %d/%d  %-6s %3d conns %4d hosts  %-10s %8.0f req/s  p50 %6.2f ms  p99 %6.2f ms  CPU %-32s  peak RSS %-10s  new upstream conns %5d  errors %d  cores busy %3d%% %3d%%\n",
+        r, R, sh, c, h, p, n / s, p50 / 1000, p99 / 1000, cpu, mem, nc, e, b0, b1
     }'
 }
 
 for ((round = 1; round <= ROUNDS; round++)); do
-  for conns in "${conns_list[@]}"; do
-    for hosts in "${hosts_list[@]}"; do
-      for ((k = 0; k < ${#proxies[@]}; k++)); do
-        run "$round" "${proxies[(k + round - 1) % ${#proxies[@]}]}" "$conns" "$hosts"
+  for shape in "${shapes[@]}"; do
+    for conns in "${conns_list[@]}"; do
+      for hosts in "${hosts_list[@]}"; do
+        for ((k = 0; k < ${#proxies[@]}; k++)); do
+          run "$round" "${proxies[(k + round - 1) % ${#proxies[@]}]}" "$shape" "$conns" "$hosts"
+        done
       done
     done
   done
@@ -240,15 +261,15 @@ done
 
 [[ -z $OUT ]] || cp "$results" "$OUT"
 echo
-python3 - "$results" "$ROUNDS" "$SECS" <<'PY'
+python3 - "$results" "$ROUNDS" "$SECS" "$SHAPES" <<'PY'
 import csv
 import statistics
 import sys
 
-path, rounds, secs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+path, rounds, secs, shapes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split()
 rows = list(csv.DictReader(open(path), delimiter="\t"))
 order = ["shardgate", "sg-nofast", "shardgate2", "pingora", "nginx", "haproxy", "direct"]
-runs = {}  # (proxy, conns, hosts) -> {round: metrics}
+runs = {}  # (proxy, shape, conns, hosts) -> {round: metrics}
 for r in rows:
     n = int(r["requests"])
     s = int(r["duration_us"]) / 1e6
@@ -265,7 +286,8 @@ for r in rows:
         "conns": int(r["new_upstream_conns"]),
         "errors": int(r["errors"]),
     }
-    runs.setdefault((r["proxy"], int(r["conns"]), int(r["hosts"])), {})[int(r["round"])] = m
+    key = (r["proxy"], r["shape"], int(r["conns"]), int(r["hosts"]))
+    runs.setdefault(key, {})[int(r["round"])] = m
 
 
 def spread(values, fmt):
@@ -278,19 +300,20 @@ def spread(values, fmt):
     return f"{med} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
 
-cases = sorted({(c, h) for (_, c, h) in runs})
+# Cases in SHAPES order, then by connections and hosts.
+cases = sorted({(s, c, h) for (_, s, c, h) in runs}, key=lambda k: (shapes.index(k[0]), k[1], k[2]))
 proxies = [p for p in order if any(k[0] == p for k in runs)]
 head = ["proxy", "req/s", "p50 ms", "p99 ms", "CPU ms/1k req", "core %", "others %",
         "peak RSS MiB", "new upstr. conns", "req/s / nginx", "CPU / nginx", "errors"]
 print(f"Medians over {rounds} round(s) of {secs} s, (min-max) where more than one;"
       " ratios: median of the per-round ratios to the same round's nginx run.")
 any_errors = False
-for conns, hosts in cases:
-    print(f"\n== {conns} connections, {hosts} host{'s' if hosts != 1 else ''} ==")
+for shape, conns, hosts in cases:
+    print(f"\n== {shape}, {conns} connections, {hosts} host{'s' if hosts != 1 else ''} ==")
     table = [head]
-    ngx = runs.get(("nginx", conns, hosts), {})
+    ngx = runs.get(("nginx", shape, conns, hosts), {})
     for p in proxies:
-        rs = runs.get((p, conns, hosts))
+        rs = runs.get((p, shape, conns, hosts))
         if not rs:
             continue
         ms = list(rs.values())
@@ -329,7 +352,9 @@ new upstr. conns: connections the backends accepted during the run, counted
   by the backend's log of first requests (direct: wrk's own connections).
 req/s / nginx, CPU / nginx: >1 = more throughput / more CPU per request than
   nginx.  direct: wrk straight at one backend (the ceiling of core 1).
-Per-run lines above also show how busy cores 0 and 1 were (all processes).""")
+Per-run lines above also show how busy cores 0 and 1 were (all processes).
+Shapes: get = GET /; post = POST / with a 1 KiB JSON body; upload = POST
+  /upload with a 1 MiB body (req/s = MiB/s of request body).""")
 if any_errors:
     print("\nWARNING: some runs had errors (socket errors or non-2xx responses):"
           " their numbers are not comparable.")

@@ -223,11 +223,29 @@ EOF
 }
 
 # write_backend_conf FILE PORT...: one nginx (one worker) answering
-# `200 ok\n` on every PORT. It logs one line per *new connection* (the
-# first request of each connection, `$connection_requests = 1`) with the
-# connection's serial number: counting lines over a run counts the upstream
-# connections a proxy opened (TCP-only probes that send no request, like
-# shardgate's health checks, are not logged).
+# `200 ok\n` on every PORT, to any method. It logs one line per *new
+# connection* (the first request of each connection,
+# `$connection_requests = 1`) with the connection's serial number:
+# counting lines over a run counts the upstream connections a proxy opened
+# (TCP-only probes that send no request, like shardgate's health checks,
+# are not logged).
+#
+# Request bodies (compare.sh's post and upload shapes) of any size are
+# accepted (client_max_body_size 0) and read in full *before* the answer,
+# as an application would: nginx's `return` answers at once and discards
+# the body afterwards, and an answer that overtakes the body makes a proxy
+# close connections (nginx as the proxy closed the client's and the
+# upstream connection after every 1 MiB upload: a wrk read error and a new
+# upstream connection per request). Reading first takes the mirror module
+# (PRECONTENT phase, `mirror_request_body on`: it reads the body, then
+# runs a no-op subrequest), after which the content phase finds no file
+# (`root` is a directory that does not exist: 404, not logged) and
+# `error_page 404 =200` sends the same `ok\n` from @sg_ok. The body is
+# held in memory (client_body_buffer_size 10m; with a Content-Length,
+# nginx allocates just that), never on disk: a Content-Length of 10^7
+# bytes or more skips the reading and is discarded while answering, as a
+# request without a body is answered by `return` at once, as before.
+# (Only a chunked body over 10 MiB would go to a file under backend-tmp/.)
 write_backend_conf() {
   local file=$1
   shift
@@ -248,19 +266,44 @@ $(nginx_paths "$dir" backend)
     default_type text/plain;
     keepalive_requests 100000000;
     keepalive_timeout 300s;
+    client_max_body_size 0;
+    client_body_buffer_size 10m;
+    root $dir/backend-no-such-dir;
+    log_not_found off;
+    # 1: answer at once (no body, or one of 10^7 bytes or more: discarded
+    # while answering); 0: read the whole body first.
+    map "\$http_content_length\$http_transfer_encoding" \$sg_answer_now {
+        ""             1;
+        "~^[0-9]{8,}\$" 1;
+        default        0;
+    }
     map \$connection_requests \$sg_first_request { 1 1; default 0; }
     log_format sg_conns '\$connection \$server_port \$msec';
     access_log $dir/backend-conns.log sg_conns if=\$sg_first_request;
 EOF
     local p
     for p in "$@"; do
-      printf '    server { listen 127.0.0.1:%s backlog=4096; location / { return 200 "ok\\n"; } }\n' "$p"
+      cat <<EOF
+    server {
+        listen 127.0.0.1:$p backlog=4096;
+        location / {
+            if (\$sg_answer_now) { return 200 "ok\\n"; }
+            mirror /_sg_body;
+            error_page 404 =200 @sg_ok;
+        }
+        location = /_sg_body { internal; return 204; }
+        location @sg_ok { return 200 "ok\\n"; }
+    }
+EOF
     done
     echo "}"
   } >"$file"
 }
 
 # write_shardgate_conf FILE PORT ADMIN_PORT BACKEND_PORT...
+# SG_SERVER_EXTRA: more `server:` fields (`fast_path: false`);
+# SG_LIMITS_EXTRA: one more `limits:` line (`max_body_bytes: null`).
+# limits.max_body_bytes is left at its default (100 MiB) unless set so.
 write_shardgate_conf() {
   local file=$1 port=$2 admin=$3
   shift 3
@@ -284,7 +327,8 @@ limits:
   rate: { tokens: 1000000000, refill_per_second: 1000000000 }
   routes:
     /api/export: { tokens: 1000000000, refill_per_second: 1000000000 }
-domains: { fallback_suffix: .localhost }
+${SG_LIMITS_EXTRA:+  $SG_LIMITS_EXTRA
+}domains: { fallback_suffix: .localhost }
 log: { access: off }
 EOF
   } >"$file"
@@ -317,6 +361,11 @@ $(nginx_paths "$dir" nginx)
     access_log off;
     keepalive_requests 100000000;
     keepalive_timeout 300s;
+    # Request bodies of any size, streamed to the shard as they arrive (the
+    # default, proxy_request_buffering on, reads the whole body first and
+    # spills any over client_body_buffer_size, 16 KiB, to a temporary file).
+    client_max_body_size 0;
+    proxy_request_buffering off;
     map \$host \$sg_tenant { ~^(?<t>[^.]+)\. \$t; default \$host; }
     upstream shards {
         hash \$host consistent;

@@ -2,6 +2,8 @@
 -- (HOSTS tenant hosts, default 1000) plus one machine-readable summary line
 -- at the end, so that no human-formatted wrk output has to be parsed.
 --   HOSTS=1000 wrk -s benches/load/report.lua http://127.0.0.1:18080/
+-- post.lua and upload.lua set `request_shape` (see hosts.lua) and load this
+-- file, so that every shape reports the same line.
 local dir = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 dofile(dir .. "/hosts.lua")
 

@@ -286,6 +286,10 @@ pub struct UpstreamConfig {
     /// Idle connections the fast transport keeps per shard and worker
     /// thread.
     pub pool_per_shard: usize,
+    /// Whether the certificates of `https` shards are verified.
+    pub tls_verify: bool,
+    /// How often shards named by host name are resolved again.
+    pub dns_refresh: Duration,
 }
 
 #[derive(Clone, Debug)]

@@ -216,6 +216,8 @@ pub struct RawUpstream {
     pub liveness: Switch<RawLiveness>,
     pub keepalive_timeout_ms: Option<u64>,
     pub pool_per_shard: Option<usize>,
+    pub tls_verify: Option<bool>,
+    pub dns_refresh_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

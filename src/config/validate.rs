@@ -884,6 +884,8 @@ fn check_upstream(c: &mut Checker<'_>, u: RawUpstream) -> UpstreamConfig {
             60_000,
         ),
         pool_per_shard: u.pool_per_shard.unwrap_or(256),
+        tls_verify: u.tls_verify.unwrap_or(true),
+        dns_refresh: c.positive_ms("upstream.dns_refresh_ms", u.dns_refresh_ms, 30_000),
     }
 }
 

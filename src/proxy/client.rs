@@ -1,12 +1,12 @@
 //! The client connection between two request heads: the bytes a client
 //! sent past the end of the request being served (a pipelined request, or
-//! the first bytes of the next one) are kept for `HeadGuard`'s next head,
+//! the first bytes of the next one) are kept for the front end's next head,
 //! in order, on both transports (RFC 9112 §9.3.2; DESIGN §2 step 6).
 //!
 //! Pingora reads a client in large buffers. Without its pipelining opt-in
 //! it refuses to reuse a connection it read past a request on (the
 //! pipelined request is lost, the client gets a reset); with it, it keeps
-//! those bytes where only its own parser sees them, past `HeadGuard`'s
+//! those bytes where only its own parser sees them, past the front end's
 //! limits, its message rules and the fast transport. So on Pingora's path
 //! the client is read through [`OneRequest`], a stream that ends where the
 //! request's body ends (its framing tracked as a response's is): what
@@ -43,7 +43,7 @@ pub fn poll_watch(
     let mut chunk = [0u8; 2048];
     loop {
         if ahead.len() >= limit {
-            // The next head is as large as a head may be: `HeadGuard`
+            // The next head is as large as a head may be: the front end
             // refuses it (431) once this request is done.
             return Poll::Pending;
         }
@@ -89,7 +89,7 @@ impl OneRequest {
 
     /// Takes back a stream Pingora's path was given: the client and the
     /// bytes read past its request. `None` if it is not a [`OneRequest`]
-    /// (never, as `HeadGuard` hands out only those).
+    /// (never, as the front end hands out only those).
     pub fn unwrap(stream: Stream) -> Option<(Stream, BytesMut)> {
         let any: Box<dyn std::any::Any> = stream.into_any();
         any.downcast::<OneRequest>()
@@ -211,3 +211,23 @@ impl GetSocketDigest for OneRequest {
 /// No peeking: a peek would see the next request's bytes as this one's.
 #[async_trait::async_trait]
 impl Peek for OneRequest {}
+
+/// Reads and drops what the client still sends (a body it is uploading)
+/// for a while after the answer, before the socket closes: closing with
+/// unread bytes resets the connection, and a reset can destroy the answer
+/// before the client reads it (RFC 9112 §9.6). At most a second and
+/// 1 MiB, as nginx's lingering close.
+pub(crate) async fn linger(stream: &mut Stream) {
+    use tokio::io::AsyncReadExt;
+    let mut scratch = [0u8; 4096];
+    let mut left = 1usize << 20;
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), async {
+        while left > 0 {
+            match stream.read(&mut scratch).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
+}

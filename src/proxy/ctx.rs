@@ -33,10 +33,9 @@ pub struct RequestCtx {
     /// Retries after a stale pooled connection (at most one; not counted
     /// against `retry.attempts`).
     pub(crate) stale_retries: u32,
-    /// The next attempt's shard is chosen already: a stale resend goes to
-    /// the same shard, and a retry the fast path routed to an `https`
-    /// shard is handed over routed.
-    pub(crate) rerouted: bool,
+    /// The next attempt's shard is chosen already (Pingora's path: a
+    /// stale resend goes to the same shard, not routed again).
+    pub(crate) shard_chosen: bool,
     /// The next attempt must open a new connection (Pingora's path).
     pub(crate) fresh_connection: bool,
     pub(crate) watch: Option<Watch>,
@@ -71,7 +70,7 @@ impl Default for RequestCtx {
             failed: SmallVec::new(),
             attempts: 0,
             stale_retries: 0,
-            rerouted: false,
+            shard_chosen: false,
             fresh_connection: false,
             watch: None,
             verdict: Verdict::None,

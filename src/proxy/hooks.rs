@@ -47,6 +47,12 @@ impl<'a> RequestView<'a> {
         }
     }
 
+    /// The same view, with an absolute-form target's authority.
+    pub fn with_authority(mut self, authority: Option<&'a str>) -> Self {
+        self.authority = authority;
+        self
+    }
+
     /// A view of a Pingora request head.
     pub fn from_pingora(req: &'a pingora::http::RequestHeader) -> Self {
         RequestView {

@@ -1,9 +1,12 @@
 //! The gateway: one request pipeline ([`pipeline`]) and two transports
-//! that move its bytes — shardgate's own HTTP/1.1 forwarding ([`fast`])
-//! for bodiless requests and WebSocket handshakes, and Pingora's proxy
-//! (`Gateway` as a [`pingora_proxy::ProxyHttp`], in `pingora.rs`) for the
-//! rest. [`head::HeadGuard`] reads every HTTP/1 request head under the
-//! head limits in front of both.
+//! that move its bytes — shardgate's own forwarding ([`fast`]), which
+//! carries every request of the binary, and Pingora's proxy (`Gateway` as
+//! a [`pingora_proxy::ProxyHttp`], in `pingora.rs`) for
+//! `server.fast_path: false` and for embedders who wrap `Gateway` in
+//! their own `ProxyHttp`. [`frontend::Frontend`] is each client
+//! connection's front end: the TLS handshake, every HTTP/1 request head
+//! read under the head limits ([`head`]), and HTTP/2's streams, in front
+//! of both transports.
 //!
 //! The admission lives in the request's context and is released when the
 //! context drops — after the response body is fully sent, the client went
@@ -18,6 +21,8 @@
 pub mod client;
 pub mod ctx;
 pub mod fast;
+pub mod frontend;
+mod frontend_h2;
 pub mod head;
 pub mod hooks;
 mod pingora;
@@ -26,7 +31,6 @@ pub mod pipeline;
 pub use pipeline::answer::Refusal;
 
 use crate::control::Control;
-use ctx::RequestCtx;
 use pipeline::retry::RetryPolicy;
 use pipeline::routes::RoutePrefixes;
 use pipeline::watch::WatchSettings;
@@ -69,26 +73,4 @@ impl Gateway {
     pub(crate) fn watch_settings(&self) -> WatchSettings {
         self.watch
     }
-}
-
-tokio::task_local! {
-    /// A request the fast path planned but hands to Pingora's path (its
-    /// shard speaks https): picked up by `new_ctx`, so it is not routed,
-    /// admitted or charged twice.
-    static PLANNED: std::cell::RefCell<Option<RequestCtx>>;
-}
-
-/// The context the fast path planned for this Pingora session, if any.
-pub(crate) fn take_planned() -> Option<RequestCtx> {
-    PLANNED
-        .try_with(|planned| planned.borrow_mut().take())
-        .ok()
-        .flatten()
-}
-
-/// Runs `serve` (one Pingora session) with `ctx` as its planned context.
-pub(crate) async fn with_planned<F: std::future::Future>(ctx: RequestCtx, serve: F) -> F::Output {
-    PLANNED
-        .scope(std::cell::RefCell::new(Some(ctx)), serve)
-        .await
 }

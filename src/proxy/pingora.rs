@@ -15,14 +15,14 @@ use super::hooks::{RequestView, ResponseEdit, UpstreamFailure};
 use super::pipeline::answer::Refusal;
 use super::pipeline::failure::{AttemptFailure, Next};
 use super::pipeline::fields::{
-    joined_cookie, names_websocket, same_field, strip_response_hop_by_hop, unrequested_switch,
+    joined_cookie, same_field, strip_response_hop_by_hop, unrequested_switch, websocket_handshake,
     Forwarding,
 };
 use super::pipeline::plan::host_from;
 use super::pipeline::watch::{quiet, Verdict, Watch};
-use super::{take_planned, Gateway};
+use super::Gateway;
 use async_trait::async_trait;
-use http::header::{HOST, UPGRADE};
+use http::header::HOST;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::protocols::Digest;
@@ -30,14 +30,16 @@ use pingora::upstreams::peer::HttpPeer;
 use pingora::{ErrorSource, ErrorType};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
-/// Whether the session is a WebSocket handshake.
+/// Whether the session is a WebSocket handshake (the pipeline's one rule).
 fn is_websocket(session: &Session) -> bool {
-    session.is_upgrade_req()
-        && session
-            .req_header()
-            .headers
-            .get(UPGRADE)
-            .is_some_and(|v| names_websocket(v.as_bytes()))
+    let req = session.req_header();
+    let values = |name| req.headers.get_all(name).into_iter().map(|v| v.as_bytes());
+    websocket_handshake(
+        req.method.as_str(),
+        req.version == http::Version::HTTP_11,
+        values(http::header::CONNECTION),
+        values(http::header::UPGRADE),
+    )
 }
 
 impl Gateway {
@@ -49,7 +51,7 @@ impl Gateway {
             Next::Resend => {
                 // To the same shard, still admitted: not routed again; and
                 // on a fresh connection (the pool may hold more stale ones).
-                ctx.rerouted = true;
+                ctx.shard_chosen = true;
                 ctx.fresh_connection = true;
                 true
             }
@@ -66,22 +68,16 @@ impl Gateway {
 impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
 
-    /// A fresh context, or the one the fast path planned before handing
-    /// the request over (its shard speaks https).
     fn new_ctx(&self) -> RequestCtx {
-        take_planned().unwrap_or_default()
+        RequestCtx::default()
     }
 
     /// Plans the request (resolve, check, route, admit); any refusal is
     /// answered here (`Ok(true)`: nothing goes upstream).
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-        // Planned already if the fast path handed it over.
-        let outcome = match ctx.peer {
-            Some(_) => Ok(()),
-            None => self
-                .plan(&RequestView::from_pingora(session.req_header()), ctx)
-                .map(|_| ()),
-        };
+        let outcome = self
+            .plan(&RequestView::from_pingora(session.req_header()), ctx)
+            .map(|_| ());
         let limits = &self.control.config.limits;
         // Our idle limit, for a connection the request lets stay open (an
         // HTTP/1.0 request or `Connection: close` turned it off already).
@@ -116,7 +112,7 @@ impl ProxyHttp for Gateway {
         _session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
-        if ctx.attempts > 0 && !std::mem::take(&mut ctx.rerouted) {
+        if ctx.attempts > 0 && !std::mem::take(&mut ctx.shard_chosen) {
             if let Err(refusal) = self.readmit(ctx) {
                 let status = refusal.status;
                 ctx.refusal = Some(refusal);

@@ -6,7 +6,7 @@
 //! order runs at a time, at most `orders_per_hour` start in any hour, and
 //! a host whose order failed waits (1 min, doubling to 6 h) before the
 //! next. The challenge is answered by the plain listeners before routing
-//! (`HeadGuard`), the key and chain are written under
+//! (the front end), the key and chain are written under
 //! `acme.storage/certs/HOST.{crt,key}` and the store reloads at once, so
 //! the certificate is served as soon as it is issued. Nothing is ordered
 //! for a host the domain map does not hold, nor for wildcards or IPs.

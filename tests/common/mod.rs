@@ -346,6 +346,23 @@ fn tokio_stream_from<T: Send + 'static>(
     futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
+/// A TLS acceptor with a fresh self-signed certificate for 127.0.0.1, and
+/// that certificate (PEM) to trust.
+pub fn tls_acceptor() -> (tokio_rustls::TlsAcceptor, String) {
+    use tokio_rustls::rustls;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cert =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).expect("certificate");
+    let ca_pem = cert.cert.pem();
+    let key =
+        rustls::pki_types::PrivateKeyDer::try_from(cert.key_pair.serialize_der()).expect("key");
+    let config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.cert.der().clone()], key)
+        .expect("tls config");
+    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), ca_pem)
+}
+
 /// An HTTPS backend with a fresh self-signed certificate for 127.0.0.1;
 /// `ca_pem` is the certificate to trust.
 pub struct TlsBackend {
@@ -357,40 +374,35 @@ pub struct TlsBackend {
 
 impl TlsBackend {
     pub fn start(name: &'static str) -> TlsBackend {
-        use tokio_rustls::rustls;
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let cert =
-            rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).expect("certificate");
-        let ca_pem = cert.cert.pem();
-        let key =
-            rustls::pki_types::PrivateKeyDer::try_from(cert.key_pair.serialize_der()).expect("key");
-        let config = rustls::ServerConfig::builder()
-            .with_no_client_auth()
-            .with_single_cert(vec![cert.cert.der().clone()], key)
-            .expect("tls config");
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        TlsBackend::with(move |s: &Seen| {
+            let tenant = s.header("x-tenant-id").unwrap_or("").to_string();
+            Reply::ok(&format!(
+                "{{\"shard\":\"{name}\",\"tenant\":\"{tenant}\",\"tls\":true}}"
+            ))
+        })
+    }
+
+    /// An HTTPS backend answering with `handler`.
+    pub fn with(handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static) -> TlsBackend {
+        let (acceptor, ca_pem) = tls_acceptor();
         let listener = runtime()
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let rec = Arc::clone(&seen);
+        let handler: Arc<Handler> = Arc::new(handler);
         let task = runtime().spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                let (acceptor, rec) = (acceptor.clone(), Arc::clone(&rec));
+                let (acceptor, rec, handler) =
+                    (acceptor.clone(), Arc::clone(&rec), Arc::clone(&handler));
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(stream).await else {
                         return;
                     };
-                    let handler: Arc<Handler> = Arc::new(move |s: &Seen| {
-                        let tenant = s.header("x-tenant-id").unwrap_or("").to_string();
-                        Reply::ok(&format!(
-                            "{{\"shard\":\"{name}\",\"tenant\":\"{tenant}\",\"tls\":true}}"
-                        ))
-                    });
                     let service = service_fn(move |req: Request<hyper::body::Incoming>| {
                         let (rec, handler) = (Arc::clone(&rec), Arc::clone(&handler));
                         async move { Ok::<_, hyper::Error>(serve(req, rec, handler).await) }
@@ -499,6 +511,10 @@ impl Drop for Resetter {
 }
 
 /// A WebSocket echo server that records handshake headers.
+/// A byte stream a test WebSocket backend serves on (plain or TLS).
+pub trait TunnelIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> TunnelIo for T {}
+
 pub struct WsBackend {
     pub addr: SocketAddr,
     pub handshakes: Arc<Mutex<Vec<BTreeMap<String, String>>>>,
@@ -508,6 +524,16 @@ pub struct WsBackend {
 
 impl WsBackend {
     pub fn start(name: &'static str) -> WsBackend {
+        WsBackend::serve(name, None)
+    }
+
+    /// A WebSocket backend behind TLS (`wss`), and its certificate (PEM).
+    pub fn start_tls(name: &'static str) -> (WsBackend, String) {
+        let (acceptor, ca_pem) = tls_acceptor();
+        (WsBackend::serve(name, Some(acceptor)), ca_pem)
+    }
+
+    fn serve(name: &'static str, tls: Option<tokio_rustls::TlsAcceptor>) -> WsBackend {
         let listener = runtime()
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .expect("bind");
@@ -520,8 +546,15 @@ impl WsBackend {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                let (hs, op) = (Arc::clone(&hs), Arc::clone(&op));
+                let (hs, op, tls) = (Arc::clone(&hs), Arc::clone(&op), tls.clone());
                 tokio::spawn(async move {
+                    let stream: Box<dyn TunnelIo> = match tls {
+                        Some(acceptor) => match acceptor.accept(stream).await {
+                            Ok(tls) => Box::new(tls),
+                            Err(_) => return,
+                        },
+                        None => Box::new(stream),
+                    };
                     #[allow(clippy::result_large_err)] // tungstenite's callback signature
                     let record =
                         |req: &tokio_tungstenite::tungstenite::handshake::server::Request, resp| {
@@ -1013,6 +1046,49 @@ impl Drop for RawBackend {
     }
 }
 
+/// The content of a chunked body as text (chunks of one line each, as the
+/// tests send them), up to its last chunk.
+pub fn chunked_content(body: &str) -> String {
+    body.split("\r\n")
+        .take_while(|line| *line != "0")
+        .enumerate()
+        .filter(|(i, _)| i % 2 == 1)
+        .map(|(_, s)| s)
+        .collect()
+}
+
+/// Where a chunked body at the start of `buf` ends (after its trailer
+/// section), if it is all there: sizes in hex (extensions ignored).
+fn chunked_end(buf: &[u8]) -> Option<usize> {
+    let line_end = |from: usize| {
+        buf.get(from..)?
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .map(|i| from + i)
+    };
+    let mut at = 0;
+    loop {
+        let end = line_end(at)?;
+        let line = std::str::from_utf8(&buf[at..end]).ok()?;
+        let size = usize::from_str_radix(line.split(';').next()?.trim(), 16).ok()?;
+        at = end + 2;
+        if size == 0 {
+            loop {
+                let end = line_end(at)?;
+                let blank = end == at;
+                at = end + 2;
+                if blank {
+                    return Some(at);
+                }
+            }
+        }
+        at += size + 2;
+        if at > buf.len() {
+            return None;
+        }
+    }
+}
+
 async fn raw_connection(mut stream: tokio::net::TcpStream, rec: Arc<Mutex<Vec<RawRequest>>>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf: Vec<u8> = Vec::new();
@@ -1043,10 +1119,11 @@ async fn raw_connection(mut stream: tokio::net::TcpStream, rec: Arc<Mutex<Vec<Ra
             .unwrap_or(0);
         let mut req = req;
         if chunked {
-            // Keep the chunked bytes as they came, up to the last chunk.
+            // Keep the chunked bytes as they came, up to the end of the
+            // last chunk's trailer section.
             loop {
-                if let Some(i) = buf.windows(5).position(|w| w == b"0\r\n\r\n") {
-                    req.body = buf.drain(..i + 5).collect();
+                if let Some(end) = chunked_end(&buf) {
+                    req.body = buf.drain(..end).collect();
                     break;
                 }
                 match stream.read(&mut chunk).await {

@@ -2,8 +2,9 @@
 //! `request.rs`; not an API, and built only for tests and with the
 //! `fuzzing` feature (which the fuzz crate turns on).
 
-use super::request::classify;
-use super::response::{parse_response, response_head};
+use super::request::{parse_head, Outgoing, UpstreamHead};
+use super::response::{parse_response, response_head, Encoding, Persist};
+use crate::proxy::pipeline::fields::Forwarding;
 
 /// `bytes` as a shard's response, read as `attempt` reads it: what the
 /// client would receive is one well-formed head with the same status,
@@ -14,7 +15,13 @@ pub fn response(bytes: &[u8], head_only: bool, websocket: bool, split: usize) {
     let Ok(Some(parsed)) = parse_response(bytes, head_only, websocket) else {
         return;
     };
-    let head = response_head(bytes, &parsed, false, None);
+    let head = response_head(
+        bytes,
+        &parsed,
+        Encoding::of(&parsed, false),
+        Persist::Default,
+        None,
+    );
     let mut slots = [httparse::EMPTY_HEADER; 260];
     let mut resp = httparse::Response::new(&mut slots);
     match resp.parse(&head) {
@@ -61,14 +68,49 @@ pub fn response(bytes: &[u8], head_only: bool, websocket: bool, split: usize) {
     }
 }
 
-/// `bytes` as a client's request head: what the fast path takes is a
-/// complete HTTP/1.1 head with an origin-form ASCII target and no body.
+/// `bytes` as a client's request head: the head the shard receives from
+/// it is one well-formed HTTP/1.1 head, with one `Host` at most, none of
+/// the client's hop-by-hop, framing or `Expect` fields, and the framing
+/// shardgate chose.
 pub fn request(bytes: &[u8]) {
-    if let Some(head) = classify(bytes) {
-        assert!(head.target.starts_with('/') && head.target.is_ascii());
-        assert!(head.values("transfer-encoding").next().is_none());
-        assert!(head
-            .values("content-length")
-            .all(|v| v.trim_ascii() == b"0"));
+    let Some(head) = parse_head(bytes) else {
+        return;
+    };
+    let Some(target) = crate::proxy::pipeline::message::request_target(head.target) else {
+        return;
+    };
+    let fwd = Forwarding {
+        host: "a.example",
+        proto: "http",
+        peer_ip: None,
+        trust_forwarded_for: false,
+        tenant_header: "x-tenant-id",
+        tenant: "a",
+    };
+    let upstream = UpstreamHead {
+        method: head.method,
+        origin: &target.origin,
+        host: target.authority,
+        fields: &head.headers,
+        websocket: head.websocket,
+        body: Outgoing::Length(3),
+    }
+    .write(&fwd, &[]);
+    let mut slots = [httparse::EMPTY_HEADER; 300];
+    let mut req = httparse::Request::new(&mut slots);
+    match req.parse(&upstream) {
+        Ok(httparse::Status::Complete(n)) => assert_eq!(n, upstream.len(), "one head"),
+        other => panic!("the shard's head does not parse: {other:?}"),
+    }
+    let count = |name: &str| {
+        req.headers
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case(name))
+            .count()
+    };
+    assert!(count("host") <= 1);
+    assert_eq!(count("content-length"), 1);
+    for gone in ["transfer-encoding", "expect", "keep-alive", "te", "trailer"] {
+        assert_eq!(count(gone), 0, "{gone} forwarded");
     }
 }

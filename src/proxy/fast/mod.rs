@@ -1,77 +1,84 @@
-//! The fast transport: shardgate's own HTTP/1.1 forwarding for the shapes
-//! that make up most traffic — requests without a body (GET, HEAD, OPTIONS,
-//! DELETE) and WebSocket handshakes — to plain-HTTP shards.
+//! The fast transport: shardgate's own forwarding, for every request of
+//! the binary — HTTP/1.0 and HTTP/1.1 with or without a body, HTTP/2
+//! streams, WebSocket handshakes and tunnels — to `http` and `https`
+//! shards.
 //!
 //! Pingora's proxy runs every request through channels between two tasks,
 //! two header maps and a pooled connection guarded by a task of its own;
-//! measured here, a bare Pingora proxy spends about half again nginx's CPU
-//! per request before shardgate does anything. Here a request is one task:
-//! the head (already read and limited by `HeadGuard`) is classified and
-//! rewritten byte for byte into one write (`request.rs`), sent on a pooled
-//! or new connection and its response head awaited (`upstream.rs`), the
-//! response head parsed once and the body copied with its framing tracked
-//! (`response.rs`), or the socket tunnelled (`tunnel.rs`).
+//! measured here, that costs 3–4× nginx's CPU per request with a body.
+//! Here a request is one task: its head (already read and limited by
+//! the front end) parsed once and rewritten byte for byte into the head the
+//! shard receives (`request.rs`), its body re-framed as it is read
+//! (`body.rs`), both sent on a pooled or new connection, plain or TLS
+//! (`upstream.rs`, `conn.rs`), while the response head is awaited
+//! (`exchange.rs`); the response parsed once and its body copied to the
+//! client framed for it (`response.rs`), through the one responder for
+//! HTTP/1 and HTTP/2 clients alike (`downstream.rs`); or the socket
+//! tunnelled (`tunnel.rs`).
 //!
 //! This transport only moves bytes: planning, the forwarding fields, the
 //! hop-by-hop table, the answers, the headers watch and what a failure
 //! means are the pipeline's ([`super::pipeline`]), the same code Pingora's
 //! path calls.
-//!
-//! Anything else — a body, `Expect`, HTTP/1.0, an absolute-form target, a
-//! `Connection` naming other fields, pipelined bytes — goes to Pingora's
-//! path; so does a request routed to an `https` shard, handed over already
-//! planned.
 
+mod body;
+mod conn;
+mod downstream;
+mod exchange;
 pub(crate) mod h2;
 mod request;
 mod response;
 pub(crate) mod tunnel;
 mod upstream;
 
+pub use conn::UpstreamKey;
+
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
 
-use super::client::poll_watch;
+use super::client::linger;
 use super::ctx::RequestCtx;
-use super::hooks::RequestView;
+use super::hooks::{RequestView, ResponseEdit};
 use super::pipeline::answer::Refusal;
-use super::pipeline::failure::{AttemptFailure, Next};
 use super::pipeline::fields::Forwarding;
+use super::pipeline::framing::Framing;
+use super::pipeline::message::request_target;
 use super::Gateway;
-use bytes::BytesMut;
+use body::{BodyLimits, H1Body};
+use bytes::{Bytes, BytesMut};
+use downstream::{Downstream, H1Client, H1Request};
+use exchange::{Exchanged, Request};
 use http::Method;
 use pingora::protocols::Stream;
-use request::{classify, Shape};
+use request::{parse_head, UpstreamHead};
 use std::fmt;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, ReadBuf};
 use upstream::Pools;
 
-/// What the fast path did with a request.
-pub enum Outcome {
-    /// Served; the client connection, if it may carry another request.
-    Served(Option<Stream>),
-    /// For Pingora's path: the connection, the head as read, and the
-    /// context if the request is already planned (and admitted).
-    NotMine(Stream, BytesMut, Option<Box<RequestCtx>>),
-}
+/// A body that came whole with its head, up to this size, is sent with
+/// the head in one write (and kept for a resend).
+const WHOLE_BODY_WITH_HEAD: usize = 64 * 1024;
 
-/// shardgate's own forwarding for bodiless HTTP/1.1 requests and WebSocket
-/// handshakes (see the module documentation).
+/// shardgate's own forwarding (see the module documentation).
 pub struct FastPath {
     gateway: Gateway,
     pools: Pools,
     /// The pools' sweep, started by the first release.
     sweeping: std::sync::Once,
+    tls: conn::UpstreamTls,
     pool_per_shard: usize,
     idle_timeout: Duration,
     connect_timeout: Duration,
     send_timeout: Duration,
+    body_timeout: Duration,
     /// The most bytes of a next request kept while one is served.
     head_limit: usize,
+    body_limits: BodyLimits,
 }
 
 /// Displays an optional value, or nothing.
@@ -86,227 +93,213 @@ impl<T: fmt::Display> fmt::Display for OrEmpty<T> {
     }
 }
 
-/// How an exchange with the shards ended.
-enum Exchanged {
-    /// Answered; whether the client connection may carry another request.
-    Done(u16, bool),
-    /// The client connection must close (the status, 0 if none was sent).
-    Closed(u16),
-    /// A retry was routed to an `https` shard: Pingora's path takes it.
-    HandOver,
-    /// The shard switched protocols (a WebSocket): the tunnel starts.
-    Upgraded(upstream::Upstream),
-}
-
-/// How a request is exchanged with its shard.
-struct How {
-    method: Method,
-    head_only: bool,
-    websocket: bool,
-    /// The client connection closes after the response.
-    close: bool,
-}
-
 impl FastPath {
-    pub fn new(gateway: Gateway) -> Self {
+    /// The fast transport of `gateway`; fails if `server.ca_file` cannot
+    /// be read.
+    pub fn new(gateway: Gateway) -> Result<Self, String> {
         let control = Arc::clone(gateway.control());
-        let upstream = &control.config.upstream;
-        FastPath {
+        let config = &control.config;
+        let upstream = &config.upstream;
+        if !upstream.tls_verify {
+            log::warn!(
+                "upstream.tls_verify is false: the certificates of https shards are not \
+                 verified (for development only)"
+            );
+        }
+        let tls = conn::UpstreamTls::new(config.server.ca_file.as_deref(), upstream.tls_verify)?;
+        // A `&'static str` of the tenant header, for the trailers check.
+        let tenant_header: &'static str = Box::leak(config.tenant_header.as_str().into());
+        Ok(FastPath {
             idle_timeout: upstream.keepalive_timeout,
             connect_timeout: upstream.connect_timeout,
-            send_timeout: gateway.control().config.limits.send_timeout,
-            head_limit: gateway.control().config.limits.max_header_bytes,
+            send_timeout: config.limits.send_timeout,
+            body_timeout: config.limits.body_timeout,
+            head_limit: config.limits.max_header_bytes,
+            body_limits: BodyLimits {
+                max_body: config.limits.max_body_bytes,
+                max_trailers: config.limits.max_header_bytes,
+                tenant_header,
+                trust_forwarded_for: config.trust_forwarded_for,
+            },
+            tls,
             gateway,
             pools: Pools::default(),
             sweeping: std::sync::Once::new(),
             pool_per_shard: upstream.pool_per_shard,
-        }
+        })
     }
 
-    /// Serves the request whose whole head is in `buf`, if it is a shape
-    /// the fast path takes. `closing`: the server is shutting down, so the
-    /// connection closes after this request.
-    /// What the client sends meanwhile is appended to `ahead` (the next
-    /// request's start).
+    /// Serves the HTTP/1 request whose whole head is `head` (read under
+    /// the head limits and the message rules by the front end; its body
+    /// framed by `body`). `ahead` holds what the client sent past the
+    /// head: the body's start, then the next request's, and it keeps
+    /// what is read past this request. `closing`: the server is shutting
+    /// down, so the connection closes after this request. The client
+    /// connection, if it may carry another request.
     pub async fn serve(
         &self,
         mut client: Stream,
-        buf: BytesMut,
+        head: BytesMut,
+        body: Framing,
         ahead: &mut BytesMut,
         closing: bool,
-    ) -> Outcome {
-        let Some(head) = classify(&buf) else {
-            return Outcome::NotMine(client, buf, None);
+    ) -> Option<Stream> {
+        let Some(parsed) = parse_head(&head) else {
+            let refusal = Refusal::error(400, "bad-request");
+            let _ = self
+                .send_all(&mut client, &refusal.http1(false, true))
+                .await;
+            return None;
         };
         let gw = &self.gateway;
         let mut ctx = RequestCtx::default();
-        let path = head.target.split(['?', '#']).next().unwrap_or_default();
-        let view = RequestView::from_raw(head.method, head.target, path, &head.headers);
         let client_addr = client
             .get_socket_digest()
             .and_then(|d| d.peer_addr().cloned());
-        let close = head.close || closing;
-        let (status, keep) = match gw.plan(&view, &mut ctx) {
-            Err(refusal) => {
-                ctx.answered = Some(refusal.status);
-                let written = self
-                    .send(&mut client, &refusal.http1(head.head_only(), close))
-                    .await;
-                (refusal.status, written && !close)
+        let log_target = parsed.target;
+        let finish = |ctx: &mut RequestCtx, status| {
+            gw.finish(
+                ctx,
+                &OrEmpty(client_addr.as_ref()),
+                parsed.method,
+                &log_target,
+                status,
+            );
+        };
+        let announced_length = parsed.values("content-length").next().is_some();
+        // What follows a WebSocket handshake is the tunnel's, not a body.
+        let body = match parsed.websocket {
+            true => Framing::Length(0),
+            false => body,
+        };
+        let mut h1_body = H1Body::new(body, self.body_limits);
+        let outgoing = h1_body.outgoing(announced_length);
+        // A body that came whole with its head goes with it, and stays
+        // sendable again.
+        let mut whole_body = None;
+        let whole = !h1_body.is_done() && ahead.len() <= WHOLE_BODY_WITH_HEAD;
+        if whole && h1_body.completes(ahead) {
+            match h1_body.take(ahead) {
+                Ok(bytes) => whole_body = Some(bytes),
+                Err(e) => return self.refuse_body(client, e, &mut ctx, finish).await,
             }
-            Ok(_) if ctx.peer.as_ref().is_some_and(|p| p.peer.is_tls()) => {
-                drop(head);
-                return Outcome::NotMine(client, buf, Some(Box::new(ctx)));
+        }
+        let request = H1Request {
+            http10: parsed.http10,
+            head_only: parsed.head_only(),
+            close: parsed.close || closing,
+            expect_continue: parsed.expect_continue && whole_body.is_none(),
+            head_limit: self.head_limit,
+        };
+        let method = Method::from_bytes(parsed.method.as_bytes()).unwrap_or(Method::GET);
+        let (target, host) = match (method == Method::CONNECT, request_target(parsed.target)) {
+            (false, Some(target)) => {
+                let host = target.authority;
+                (target, host)
             }
-            Ok(host) => {
-                let tls = client.get_ssl_digest().is_some();
-                let forwarding = self.forwarding(host, tls, client_addr.as_ref(), &ctx);
-                let request = head.rewrite(&forwarding, &ctx.extra_fields);
-                let how = How {
-                    // `classify` took only methods `http` knows.
-                    method: Method::from_bytes(head.method.as_bytes()).unwrap_or(Method::GET),
-                    head_only: head.head_only(),
-                    websocket: head.shape == Shape::WebSocket,
-                    close,
+            (connect, _) => {
+                let refusal = match connect {
+                    true => Refusal::error(405, "method-not-allowed"),
+                    false => Refusal::error(400, "invalid-target"),
                 };
-                if how.websocket {
-                    // A tunnel may stay open for hours: of the head, only
-                    // the target is kept (for the log), and the buffer
-                    // only until the tunnel starts.
-                    let target = head.target.to_owned();
-                    drop(head);
-                    let mut held = Some(buf);
-                    let status = match self
-                        .exchange(&mut client, ahead, request, &how, &mut ctx, &mut held)
-                        .await
-                    {
-                        Exchanged::Upgraded(upstream) => {
-                            match self.open_tunnel(&mut client, ahead, upstream, &ctx).await {
-                                Some(upstream) => {
-                                    let log = tunnel::TunnelLog {
-                                        client: client_addr,
-                                        target,
-                                    };
-                                    self.spawn_tunnel(client, upstream, ctx, log);
-                                    return Outcome::Served(None);
-                                }
-                                None => 101,
-                            }
-                        }
-                        Exchanged::Done(status, _) | Exchanged::Closed(status) => status,
-                        Exchanged::HandOver => match held {
-                            Some(buf) => return Outcome::NotMine(client, buf, Some(Box::new(ctx))),
-                            None => 0,
-                        },
-                    };
-                    gw.finish(
-                        &mut ctx,
-                        &OrEmpty(client_addr.as_ref()),
-                        "GET",
-                        &target,
-                        status,
-                    );
-                    return Outcome::Served(None);
+                let mut c = H1Client::new(&mut client, ahead, h1_body, request);
+                let status = self.answer(&mut c, &mut ctx, refusal, true).await;
+                finish(&mut ctx, status);
+                return None;
+            }
+        };
+        let view =
+            RequestView::from_raw(parsed.method, parsed.target, target.path(), &parsed.headers)
+                .with_authority(host);
+        let planned = gw.plan(&view, &mut ctx);
+        let mut c = H1Client::new(&mut client, ahead, h1_body, request);
+        let exchanged = match planned {
+            Err(refusal) => {
+                // The client's connection goes on only if its body was
+                // read whole (it came with the head).
+                let close = !c.body_done();
+                Exchanged::Done(self.answer(&mut c, &mut ctx, refusal, close).await)
+            }
+            Ok(host_seen) => {
+                let tls = c.stream().get_ssl_digest().is_some();
+                let forwarding = self.forwarding(host_seen, tls, client_addr.as_ref(), &ctx);
+                let mut bytes = UpstreamHead {
+                    method: parsed.method,
+                    origin: &target.origin,
+                    host,
+                    fields: &parsed.headers,
+                    websocket: parsed.websocket,
+                    body: outgoing,
                 }
-                match self
-                    .exchange(&mut client, ahead, request, &how, &mut ctx, &mut None)
-                    .await
-                {
-                    Exchanged::Done(status, keep) => (status, keep),
-                    Exchanged::Closed(status) => (status, false),
-                    // Only a WebSocket handshake is answered with a tunnel.
-                    Exchanged::Upgraded(_) => (101, false),
-                    Exchanged::HandOver => {
-                        drop(head);
-                        return Outcome::NotMine(client, buf, Some(Box::new(ctx)));
+                .write(&forwarding, &ctx.extra_fields);
+                if let Some(whole) = &whole_body {
+                    bytes.extend_from_slice(whole);
+                }
+                let request = Request {
+                    method: &method,
+                    head_only: parsed.head_only(),
+                    websocket: parsed.websocket,
+                    bytes: Bytes::from(bytes),
+                };
+                self.exchange(&mut c, &request, &mut ctx).await
+            }
+        };
+        let unread = !c.body_done();
+        let keep = !c.close && !unread;
+        let status = match exchanged {
+            Exchanged::Done(status) if keep => {
+                finish(&mut ctx, status);
+                return Some(client);
+            }
+            Exchanged::Done(status) | Exchanged::Closed(status) => {
+                if unread {
+                    // The client may still be sending its body: read it
+                    // off a while, so that closing does not reset the
+                    // answer away.
+                    linger(&mut client).await;
+                }
+                status
+            }
+            Exchanged::Upgraded(upstream) => {
+                // A tunnel may stay open for hours: of the head, only the
+                // target is kept (for the log).
+                let target = parsed.target.to_owned();
+                drop(c);
+                match self.open_tunnel(&mut client, ahead, upstream, &ctx).await {
+                    Some(upstream) => {
+                        let log = tunnel::TunnelLog {
+                            client: client_addr,
+                            target,
+                        };
+                        self.spawn_tunnel(client, upstream, ctx, log);
+                        return None;
                     }
+                    None => 101,
                 }
             }
         };
-        gw.finish(
-            &mut ctx,
-            &OrEmpty(client_addr.as_ref()),
-            head.method,
-            &head.target,
-            status,
-        );
-        Outcome::Served(keep.then_some(client))
+        finish(&mut ctx, status);
+        None
     }
 
-    /// Attempts until a response head arrives or the pipeline says stop,
-    /// then the response (or the tunnel). A retry routed to an `https`
-    /// shard is handed to Pingora's path, already routed; `held` is the
-    /// head's buffer when the caller needs it back for that, dropped once a
-    /// tunnel starts.
-    async fn exchange(
+    /// Answers a body refused before anything was routed, and closes.
+    async fn refuse_body(
         &self,
-        client: &mut Stream,
-        ahead: &mut BytesMut,
-        request: Vec<u8>,
-        how: &How,
+        mut client: Stream,
+        error: body::BodyError,
         ctx: &mut RequestCtx,
-        held: &mut Option<BytesMut>,
-    ) -> Exchanged {
-        loop {
-            let Some(peer) = ctx.peer.clone() else {
-                let refusal = Refusal::error(502, "upstream-unreachable");
-                return Exchanged::Closed(self.answer(client, ctx, refusal, how.head_only).await);
-            };
-            if peer.peer.is_tls() {
-                ctx.rerouted = ctx.attempts > 0;
-                return Exchanged::HandOver;
-            }
-            ctx.attempts += 1;
-            let attempt = self.attempt(peer.addr, &request, how.head_only, how.websocket);
-            // While the shard is awaited, a client that closes ends the
-            // request (and frees its admission), as on Pingora's path.
-            let result = tokio::select! {
-                result = attempt => result,
-                () = self.client_gone(client, ahead) => return Exchanged::Closed(0),
-            };
-            let failure = match result {
-                Ok(upstream) if how.websocket && upstream.parsed.status == 101 => {
-                    drop(request);
-                    *held = None;
-                    return Exchanged::Upgraded(upstream);
-                }
-                // A handshake refused: an ordinary response, then close.
-                Ok(upstream) => {
-                    let close = how.close || how.websocket;
-                    return self
-                        .respond(client, ahead, close, upstream, peer.addr, ctx)
-                        .await;
-                }
-                Err(failure) => failure,
-            };
-            let Err(refusal) = self.after_failure(failure, peer.addr, &how.method, ctx) else {
-                continue;
-            };
-            return Exchanged::Closed(self.answer(client, ctx, refusal, how.head_only).await);
+        finish: impl FnOnce(&mut RequestCtx, u16),
+    ) -> Option<Stream> {
+        let mut status = 0;
+        if let Some(refusal) = error.answer() {
+            ctx.answered = Some(refusal.status);
+            status = refusal.status;
+            let _ = self
+                .send_all(&mut client, &refusal.http1(false, true))
+                .await;
         }
-    }
-
-    /// The pipeline's rules after a failed attempt of a bodiless request
-    /// to `addr`: `Ok` to try again (resent or rerouted, readmitted), or
-    /// the answer to give.
-    fn after_failure(
-        &self,
-        failure: AttemptFailure,
-        addr: std::net::SocketAddr,
-        method: &Method,
-        ctx: &mut RequestCtx,
-    ) -> Result<(), Refusal> {
-        if failure == AttemptFailure::Stale {
-            // The shard may have closed an idle connection just as we
-            // reused it: the others idle in this thread's pool are likely
-            // closed too.
-            self.forget(addr);
-        }
-        match self.gateway.after_failure(failure, method, true, ctx) {
-            Next::Resend => Ok(()),
-            Next::Retry => self.gateway.readmit(ctx),
-            Next::Answer(refusal) => Err(refusal),
-        }
+        finish(ctx, status);
+        None
     }
 
     /// The forwarding fields of a request from `client` for `host`.
@@ -328,10 +321,26 @@ impl FastPath {
         }
     }
 
+    /// The embedder's edit of a response head (none unless a hook made one).
+    fn response_edit(&self, status: u16, ctx: &RequestCtx) -> Option<ResponseEdit> {
+        let shard = ctx.shard.as_ref()?;
+        let mut edit = ResponseEdit::new(status);
+        let tenant = ctx.tenant.as_deref().unwrap_or_default();
+        self.gateway
+            .control()
+            .hooks
+            .edit_response(tenant, shard.id(), &mut edit);
+        (!edit.is_empty()).then_some(edit)
+    }
+
     /// Writes `bytes` and flushes, unless that stalls for longer than
     /// `limits.send_timeout_ms` (a peer that stopped reading). False:
     /// failed or stalled; the caller closes the connection.
-    async fn send<W: AsyncWrite + Unpin + ?Sized>(&self, to: &mut W, bytes: &[u8]) -> bool {
+    async fn send_all<W>(&self, to: &mut W, bytes: &[u8]) -> bool
+    where
+        W: tokio::io::AsyncWrite + Unpin + ?Sized,
+    {
+        use tokio::io::AsyncWriteExt;
         let write = async {
             to.write_all(bytes).await?;
             to.flush().await
@@ -341,28 +350,27 @@ impl FastPath {
             Ok(Ok(()))
         )
     }
-
-    /// Writes shardgate's answer after upstream failures; the connection
-    /// closes after it (as on the Pingora path). Returns its status.
-    async fn answer(
-        &self,
-        client: &mut Stream,
-        ctx: &mut RequestCtx,
-        refusal: Refusal,
-        head_only: bool,
-    ) -> u16 {
-        ctx.answered = Some(refusal.status);
-        let _ = self.send(client, &refusal.http1(head_only, true)).await;
-        refusal.status
-    }
 }
 
-impl FastPath {
-    /// Completes when the client closes its connection (or it fails) while
-    /// its request is served; what it sends instead is kept in `ahead` (a
-    /// pipelined request), up to the head size limit.
-    async fn client_gone(&self, client: &mut Stream, ahead: &mut BytesMut) {
-        let limit = self.head_limit;
-        let _ = std::future::poll_fn(|cx| poll_watch(Pin::new(client), ahead, limit, cx)).await;
+/// Reads into the spare capacity of `buf` (reserve first); the count read.
+pub(super) fn poll_read_buf<R>(
+    reader: &mut R,
+    cx: &mut Context<'_>,
+    buf: &mut BytesMut,
+) -> Poll<std::io::Result<usize>>
+where
+    R: AsyncRead + Unpin + ?Sized,
+{
+    let spare = buf.spare_capacity_mut();
+    let mut read = ReadBuf::uninit(spare);
+    let start = read.filled().as_ptr();
+    ready!(Pin::new(&mut *reader).poll_read(cx, &mut read))?;
+    if read.filled().as_ptr() != start {
+        return Poll::Ready(Err(std::io::Error::other("the reader replaced its buffer")));
     }
+    let n = read.filled().len();
+    // SAFETY: `ReadBuf` counts as filled only bytes that were initialised,
+    // the first `n` of the spare capacity.
+    unsafe { buf.set_len(buf.len() + n) };
+    Poll::Ready(Ok(n))
 }

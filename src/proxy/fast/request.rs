@@ -1,101 +1,177 @@
-//! Request classification and the upstream request head: which requests
-//! the fast transport takes, and the head the shard receives — the
-//! client's fields byte for byte, minus the hop-by-hop and owned fields of
-//! the pipeline's table, plus the pipeline's forwarding fields.
+//! The client's request head and the head the shard receives: the
+//! client's fields byte for byte, minus the hop-by-hop fields (the
+//! pipeline's table and what `Connection` names), the fields shardgate
+//! owns, `Expect` (answered here) and the framing fields (written anew
+//! for the body as it is forwarded), plus the pipeline's forwarding fields.
 
-/// Request heads with more fields go to Pingora's path.
-const MAX_REQUEST_HEADERS: usize = 128;
 use crate::proxy::pipeline::fields::{
-    is_hop_by_hop, names_websocket, same_field, tokens, Forwarding,
+    is_hop_by_hop, same_field, tokens, websocket_handshake, Forwarding,
 };
 use http::{HeaderName, HeaderValue};
 
-/// Which shape a request head has.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Shape {
-    Plain,
-    WebSocket,
-}
+/// Request heads with more fields are refused by the head limits first
+/// (`limits.max_headers` is at most 256).
+const MAX_REQUEST_HEADERS: usize = 256;
 
-/// A parsed request head, borrowing the buffer it came in.
+/// A client's HTTP/1 request head, borrowing the buffer it came in.
 pub(super) struct RequestHead<'b> {
     pub method: &'b str,
+    /// The target as sent.
     pub target: &'b str,
+    pub http10: bool,
     pub headers: Vec<(&'b str, &'b [u8])>,
-    /// The client asked to close after this request.
+    /// The connection closes after this exchange: the client said
+    /// `Connection: close`, or is HTTP/1.0 without `keep-alive`.
     pub close: bool,
-    pub shape: Shape,
+    pub websocket: bool,
+    /// `Expect: 100-continue`: the client may wait for a 100 before
+    /// sending its body.
+    pub expect_continue: bool,
 }
 
 impl<'b> RequestHead<'b> {
-    #[cfg(any(test, feature = "fuzzing"))]
-    pub fn values<'s>(&'s self, name: &'s str) -> impl Iterator<Item = &'b [u8]> + 's {
-        self.headers
-            .iter()
-            .filter(move |(n, _)| header_is(n, name))
-            .map(|(_, v)| *v)
-    }
-
     pub fn head_only(&self) -> bool {
         self.method == "HEAD"
     }
 
-    /// The request head as the shard receives it (see [`upstream_head`]).
-    pub fn rewrite(&self, fwd: &Forwarding<'_>, extra: &[(HeaderName, HeaderValue)]) -> Vec<u8> {
-        let websocket = self.shape == Shape::WebSocket;
-        upstream_head(
-            self.method,
-            self.target,
-            &self.headers,
-            websocket,
-            fwd,
-            extra,
-        )
+    /// Every value of the field `name`.
+    pub fn values<'s>(&'s self, name: &'s str) -> impl Iterator<Item = &'b [u8]> + 's {
+        self.headers
+            .iter()
+            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| *v)
     }
 }
 
-/// The request head as the shard receives it: the client's fields byte for
-/// byte, minus hop-by-hop and owned fields and those `extra` replaces, then
-/// the embedder's `extra` fields (checked by the pipeline's plan), then
-/// ours.
-pub(super) fn upstream_head(
-    method: &str,
-    target: &str,
-    headers: &[(&str, &[u8])],
-    websocket: bool,
-    fwd: &Forwarding<'_>,
-    extra: &[(HeaderName, HeaderValue)],
-) -> Vec<u8> {
-    let mut out = Vec::with_capacity(512);
-    out.extend_from_slice(method.as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(target.as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in headers {
-        let replaced = extra.iter().any(|(n, _)| same_field(name, n.as_str()));
-        if !is_hop_by_hop(name) && !fwd.owns(name) && !replaced {
-            push_field(&mut out, name.as_bytes(), value);
+/// Parses the complete head at the start of `buf` (the front end read it
+/// under the head limits and the message rules). `None`: not a head
+/// httparse reads (answered 400).
+pub(super) fn parse_head(buf: &[u8]) -> Option<RequestHead<'_>> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_REQUEST_HEADERS];
+    let mut req = httparse::Request::new(&mut slots);
+    let Ok(httparse::Status::Complete(_)) = req.parse(buf) else {
+        return None;
+    };
+    let (method, target, version) = (req.method?, req.path?, req.version?);
+    let http10 = version == 0;
+    let headers: Vec<(&str, &[u8])> = req.headers.iter().map(|h| (h.name, h.value)).collect();
+    let (mut close, mut keep_alive, mut expect_continue) = (false, false, false);
+    for (name, value) in &headers {
+        if name.eq_ignore_ascii_case("connection") {
+            for token in tokens(value) {
+                close |= token.eq_ignore_ascii_case(b"close");
+                keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+            }
+        } else if name.eq_ignore_ascii_case("expect") {
+            expect_continue |= value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
         }
     }
-    if websocket {
-        out.extend_from_slice(b"Connection: Upgrade\r\nUpgrade: websocket\r\n");
-    }
-    for (name, value) in extra {
-        push_field(&mut out, name.as_str().as_bytes(), value.as_bytes());
-    }
-    let prior_xff = headers
-        .iter()
-        .filter(|(n, _)| header_is(n, "x-forwarded-for"))
-        .map(|(_, v)| *v);
-    fwd.each_field(prior_xff, |name, value| {
-        push_field(&mut out, name.as_bytes(), value.as_bytes());
-    });
-    out.extend_from_slice(b"\r\n");
-    out
+    let field = |wanted: &'static str| {
+        headers
+            .iter()
+            .filter(move |(n, _)| n.eq_ignore_ascii_case(wanted))
+            .map(|(_, v)| *v)
+    };
+    let websocket = websocket_handshake(method, !http10, field("connection"), field("upgrade"));
+    Some(RequestHead {
+        method,
+        target,
+        http10,
+        close: close || (http10 && !keep_alive),
+        websocket,
+        expect_continue,
+        headers,
+    })
 }
 
-pub(super) fn header_is(name: &str, wanted: &str) -> bool {
-    name.eq_ignore_ascii_case(wanted)
+/// How the request body goes to the shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Outgoing {
+    /// No body, and no framing field.
+    None,
+    /// `Content-Length`: the bytes as they come.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`, chunks written anew.
+    Chunked,
+}
+
+/// What the head the shard receives is made of.
+pub(super) struct UpstreamHead<'a> {
+    pub method: &'a str,
+    /// The path and query, in origin form.
+    pub origin: &'a str,
+    /// The `Host` to send in place of the client's (an absolute-form
+    /// target's authority, HTTP/2's `:authority`); `None`: the client's.
+    pub host: Option<&'a str>,
+    /// The client's fields, as received.
+    pub fields: &'a [(&'a str, &'a [u8])],
+    pub websocket: bool,
+    pub body: Outgoing,
+}
+
+impl UpstreamHead<'_> {
+    /// The request head as the shard receives it: the client's fields
+    /// byte for byte, minus hop-by-hop ones (the table, and what the
+    /// client's `Connection` names but `Host`), the fields shardgate owns
+    /// and those `extra` replaces, `Expect` and the framing fields; then
+    /// the embedder's `extra` fields (checked by the plan), ours, and the
+    /// body's framing.
+    pub fn write(&self, fwd: &Forwarding<'_>, extra: &[(HeaderName, HeaderValue)]) -> Vec<u8> {
+        let named = self
+            .fields
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("connection"))
+            .flat_map(|(_, v)| tokens(v));
+        let named: smallvec::SmallVec<[&[u8]; 4]> =
+            named.filter(|t| !t.eq_ignore_ascii_case(b"host")).collect();
+        let mut out = Vec::with_capacity(512);
+        out.extend_from_slice(self.method.as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(self.origin.as_bytes());
+        out.extend_from_slice(b" HTTP/1.1\r\n");
+        if let Some(host) = self.host {
+            push_field(&mut out, b"Host", host.as_bytes());
+        }
+        for (name, value) in self.fields {
+            let dropped = is_hop_by_hop(name)
+                || fwd.owns(name)
+                || named
+                    .iter()
+                    .any(|n| name.as_bytes().eq_ignore_ascii_case(n))
+                || ["content-length", "expect"]
+                    .iter()
+                    .any(|f| name.eq_ignore_ascii_case(f))
+                || (self.host.is_some() && name.eq_ignore_ascii_case("host"))
+                || extra.iter().any(|(n, _)| same_field(name, n.as_str()));
+            if !dropped {
+                push_field(&mut out, name.as_bytes(), value);
+            }
+        }
+        if self.websocket {
+            out.extend_from_slice(b"Connection: Upgrade\r\nUpgrade: websocket\r\n");
+        }
+        for (name, value) in extra {
+            push_field(&mut out, name.as_str().as_bytes(), value.as_bytes());
+        }
+        let prior_xff = self
+            .fields
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("x-forwarded-for"))
+            .map(|(_, v)| *v);
+        fwd.each_field(prior_xff, |name, value| {
+            push_field(&mut out, name.as_bytes(), value.as_bytes());
+        });
+        match self.body {
+            Outgoing::None => {}
+            Outgoing::Length(n) => {
+                let mut digits = itoa::Buffer::new();
+                push_field(&mut out, b"Content-Length", digits.format(n).as_bytes());
+            }
+            Outgoing::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+        }
+        out.extend_from_slice(b"\r\n");
+        out
+    }
 }
 
 pub(super) fn push_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
@@ -105,99 +181,85 @@ pub(super) fn push_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// Parses the head in `buf` and decides whether it is the fast path's.
-pub(super) fn classify(buf: &[u8]) -> Option<RequestHead<'_>> {
-    let mut slots = [httparse::EMPTY_HEADER; MAX_REQUEST_HEADERS];
-    let mut req = httparse::Request::new(&mut slots);
-    let len = match req.parse(buf) {
-        Ok(httparse::Status::Complete(len)) => len,
-        _ => return None,
-    };
-    // Pipelined bytes, HTTP/1.0, absolute-form and non-ASCII targets:
-    // Pingora's path (which refuses what it must).
-    if len != buf.len() || req.version != Some(1) {
-        return None;
-    }
-    let (method, target) = (req.method?, req.path?);
-    if !target.starts_with('/') || !target.bytes().all(|b| b.is_ascii_graphic()) {
-        return None;
-    }
-    let headers: Vec<(&str, &[u8])> = req.headers.iter().map(|h| (h.name, h.value)).collect();
-    let (mut upgrade, mut lengths) = (None, 0);
-    let (mut close, mut connection_upgrade) = (false, false);
-    for (name, value) in &headers {
-        if header_is(name, "transfer-encoding") || header_is(name, "expect") {
-            return None;
-        }
-        if header_is(name, "content-length") {
-            lengths += 1;
-            if lengths > 1 || value.trim_ascii() != b"0" {
-                return None;
-            }
-        }
-        if header_is(name, "upgrade") {
-            upgrade = Some(*value);
-        }
-        if header_is(name, "connection") {
-            for token in tokens(value) {
-                if token.eq_ignore_ascii_case(b"close") {
-                    close = true;
-                } else if token.eq_ignore_ascii_case(b"upgrade") {
-                    connection_upgrade = true;
-                } else if !token.eq_ignore_ascii_case(b"keep-alive") {
-                    // Naming other fields: Pingora strips them.
-                    return None;
-                }
-            }
-        }
-    }
-    let shape = match upgrade {
-        None if matches!(method, "GET" | "HEAD" | "OPTIONS" | "DELETE") => Shape::Plain,
-        Some(u) if method == "GET" && connection_upgrade && names_websocket(u) => Shape::WebSocket,
-        _ => return None,
-    };
-    Some(RequestHead {
-        method,
-        target,
-        headers,
-        close,
-        shape,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn only_plain_bodiless_requests_take_the_fast_path() {
-        let fast = |raw: &str| classify(raw.as_bytes()).map(|h| h.shape);
-        assert!(fast("GET / HTTP/1.1\r\nHost: a\r\n\r\n") == Some(Shape::Plain));
-        assert!(
-            fast(
-                "GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: keep-alive\r\n\r\n"
-            ) == Some(Shape::Plain)
-        );
-        assert!(
-            fast("GET /ws HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, Upgrade\r\nUpgrade: websocket\r\n\r\n")
-                == Some(Shape::WebSocket)
-        );
-        for slow in [
-            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\n",
-            "GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\n",
-            "GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
-            "GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
-            "GET / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n\r\n",
-            "GET / HTTP/1.0\r\nHost: a\r\n\r\n",
-            "GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n",
-            "GET / HTTP/1.1\r\nHost: a\r\nConnection: x-secret\r\n\r\n",
-            "GET / HTTP/1.1\r\nHost: a\r\n\r\nGET / HTTP/1.1\r\n",
-            "GET / HTTP/1.1\r\nHost: a\r\nUpgrade: h2c\r\nConnection: upgrade\r\n\r\n",
-            "GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n\r\n",
-            "PATCH / HTTP/1.1\r\nHost: a\r\n\r\n",
-            "GET / HTTP/1.1\r\nHost: a\r\n",
-        ] {
-            assert!(fast(slow).is_none(), "{slow:?}");
+    fn forwarding() -> Forwarding<'static> {
+        Forwarding {
+            host: "a.example",
+            proto: "http",
+            peer_ip: Some("10.0.0.1".parse().unwrap()),
+            trust_forwarded_for: false,
+            tenant_header: "x-tenant-id",
+            tenant: "a",
         }
+    }
+
+    #[test]
+    fn heads_say_how_their_connection_goes_on() {
+        let head = |raw: &str| {
+            let h = parse_head(raw.as_bytes()).expect("a head");
+            (h.close, h.websocket, h.expect_continue, h.http10)
+        };
+        assert_eq!(
+            head("GET / HTTP/1.1\r\nHost: a\r\n\r\n"),
+            (false, false, false, false)
+        );
+        assert_eq!(
+            head("GET / HTTP/1.0\r\nHost: a\r\n\r\n"),
+            (true, false, false, true)
+        );
+        assert_eq!(
+            head("GET / HTTP/1.0\r\nHost: a\r\nConnection: keep-alive\r\n\r\n"),
+            (false, false, false, true)
+        );
+        assert_eq!(
+            head("GET /ws HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, Upgrade\r\nUpgrade: websocket\r\n\r\n"),
+            (false, true, false, false)
+        );
+        assert_eq!(
+            head("POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-Continue\r\nConnection: close\r\nContent-Length: 1\r\n\r\n"),
+            (true, false, true, false)
+        );
+        assert!(parse_head(b"GET / HTTP/1.1\r\nBad Name: x\r\n\r\n").is_none());
+    }
+
+    #[test]
+    fn the_shard_gets_the_fields_minus_hops_and_ours_with_framing_anew() {
+        let raw = "POST /up?x=1 HTTP/1.1\r\nHost: a.example\r\nConnection: keep-alive, X-Hop, Host\r\nX-Hop: 1\r\n\
+Keep-Alive: 5\r\nExpect: 100-continue\r\nContent-Length: 5, 5\r\nX-Tenant-Id: evil\r\nX-Kept: yes\r\n\r\n";
+        let head = parse_head(raw.as_bytes()).unwrap();
+        let up = UpstreamHead {
+            method: head.method,
+            origin: head.target,
+            host: None,
+            fields: &head.headers,
+            websocket: false,
+            body: Outgoing::Length(5),
+        };
+        let text = String::from_utf8(up.write(&forwarding(), &[])).unwrap();
+        assert_eq!(
+            text,
+            "POST /up?x=1 HTTP/1.1\r\nHost: a.example\r\nX-Kept: yes\r\nX-Forwarded-Host: a.example\r\n\
+X-Forwarded-Proto: http\r\nX-Forwarded-For: 10.0.0.1\r\nX-Real-IP: 10.0.0.1\r\nx-tenant-id: a\r\n\
+Content-Length: 5\r\n\r\n"
+        );
+        let up = UpstreamHead {
+            host: Some("b.example"),
+            origin: "/",
+            body: Outgoing::Chunked,
+            ..up
+        };
+        let text = String::from_utf8(up.write(&forwarding(), &[])).unwrap();
+        assert!(
+            text.starts_with("POST / HTTP/1.1\r\nHost: b.example\r\nX-Kept"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("Transfer-Encoding: chunked\r\n\r\n"),
+            "{text}"
+        );
+        assert_eq!(text.matches("\r\nHost:").count(), 1, "{text}");
     }
 }

@@ -1,154 +1,73 @@
 //! The HTTP/1 response codec: a shard's response head parsed once (its
-//! framing, its hop-by-hop fields), the head the client receives, and the
-//! body copied with its framing tracked (`Content-Length`, chunked with
-//! trailers, or until close).
+//! status, its framing), and the head a client receives — for an HTTP/1
+//! client as bytes, for an HTTP/2 client as a header map — with the
+//! pipeline's hop-by-hop rule ([`ResponseHops`]), the embedder's edit and
+//! a `Date` if the shard sent none; the body framed for that client.
 
-use super::request::{header_is, push_field};
-use super::upstream::Upstream;
-use super::{Exchanged, FastPath};
-use crate::proxy::ctx::RequestCtx;
+use super::request::push_field;
 use crate::proxy::hooks::ResponseEdit;
-use crate::proxy::pipeline::answer::Refusal;
-use crate::proxy::pipeline::fields::{is_hop_by_hop, tokens, unrequested_switch};
+use crate::proxy::pipeline::fields::{tokens, unrequested_switch, ResponseHops};
 use crate::proxy::pipeline::framing::Framing;
-use bytes::BytesMut;
+use pingora::http::ResponseHeader;
 use pingora::protocols::http::date::get_cached_date;
-use pingora::protocols::Stream;
-use std::net::SocketAddr;
 use std::ops::Range;
-use tokio::io::AsyncReadExt;
 
 /// Response heads larger than this are refused (502).
 pub(super) const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 /// As Pingora's limit on header fields.
 const MAX_RESPONSE_HEADERS: usize = 256;
-/// Response bodies are copied in reads of up to this much.
-const BODY_READ: usize = 16 * 1024;
 
-impl FastPath {
-    /// The embedder's edit of a response head (none unless a hook made one).
-    pub(super) fn response_edit(&self, status: u16, ctx: &RequestCtx) -> Option<ResponseEdit> {
-        let shard = ctx.shard.as_ref()?;
-        let mut edit = ResponseEdit::new(status);
-        let tenant = ctx.tenant.as_deref().unwrap_or_default();
-        self.gateway
-            .control()
-            .hooks
-            .edit_response(tenant, shard.id(), &mut edit);
-        (!edit.is_empty()).then_some(edit)
-    }
+/// How an HTTP/1 client receives a response's body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Encoding {
+    /// None, by rule (to HEAD; 101, 204, 304): the shard's framing fields
+    /// go on as they describe the resource.
+    Bodiless,
+    /// `Content-Length`: the content as it comes.
+    Length,
+    /// In chunks, written anew: a body the shard sent in chunks, or framed
+    /// by its close (a body then cut short shows as such).
+    Chunked,
+    /// The content as it comes, ended by the close: an HTTP/1.0 client's
+    /// body without a length (RFC 9112 §7: never chunks to HTTP/1.0).
+    Close,
+}
 
-    /// Writes the response head and streams the body; the upstream
-    /// connection goes back to the pool when its framing allows.
-    pub(super) async fn respond(
-        &self,
-        client: &mut Stream,
-        ahead: &mut BytesMut,
-        close: bool,
-        upstream: Upstream,
-        addr: SocketAddr,
-        ctx: &RequestCtx,
-    ) -> Exchanged {
-        let Upstream {
-            mut conn,
-            mut buf,
-            parsed,
-        } = upstream;
-        let status = parsed.status;
-        let keeps = parsed.keeps_connection();
-        // A body that ends when the shard closes goes to the client in
-        // chunks (as nginx does): its end is then an end, and a shard that
-        // fails mid-body leaves the client a body visibly cut short, not
-        // one that looks complete.
-        let rechunk = matches!(parsed.framing, Framing::UntilClose);
-        let edit = self.response_edit(status, ctx);
-        let mut out = response_head(&buf, &parsed, close, edit.as_ref());
-        let mut framing = parsed.framing;
-        let body = buf.split_off(parsed.head_len);
-        // Body bytes that break the framing before anything was sent: the
-        // client still gets an answer.
-        let Ok(used) = framing.consume(&body) else {
-            let refusal = Refusal::error(502, "upstream-invalid-response");
-            let _ = self.send(client, &refusal.http1(false, true)).await;
-            return Exchanged::Closed(502);
-        };
-        // Bytes beyond the response: the shard misbehaved; do not reuse it.
-        let mut reusable = used == body.len() && keeps;
-        push_body(&mut out, &body[..used], rechunk);
-        if !self.send(client, &out).await {
-            return Exchanged::Closed(status);
+impl Encoding {
+    /// The encoding for `parsed`, to an HTTP/1.0 client if `http10`.
+    pub(super) fn of(parsed: &ParsedResponse, http10: bool) -> Encoding {
+        match parsed.framing {
+            _ if parsed.bodiless => Encoding::Bodiless,
+            Framing::Length(_) => Encoding::Length,
+            _ if http10 => Encoding::Close,
+            _ => Encoding::Chunked,
         }
-        drop(out);
-        buf = body;
-        while !framing.is_done() {
-            buf.clear();
-            buf.reserve(BODY_READ);
-            let read = tokio::select! {
-                read = conn.read_buf(&mut buf) => read,
-                () = self.client_gone(client, ahead) => return Exchanged::Closed(status),
-            };
-            match read {
-                Ok(0) if rechunk => {
-                    if !self.send(client, b"0\r\n\r\n").await {
-                        return Exchanged::Closed(status);
-                    }
-                    reusable = false;
-                    break;
-                }
-                // Cut short: the client's connection cannot frame anything
-                // after this (and closing it before the body's end tells
-                // the client so).
-                Ok(0) | Err(_) => return Exchanged::Closed(status),
-                Ok(_) => {}
-            }
-            let Ok(used) = framing.consume(&buf) else {
-                return Exchanged::Closed(status);
-            };
-            reusable &= used == buf.len();
-            let sent = match rechunk {
-                true => {
-                    let mut chunk = Vec::with_capacity(used + 12);
-                    push_body(&mut chunk, &buf[..used], true);
-                    self.send(client, &chunk).await
-                }
-                false => self.send(client, &buf[..used]).await,
-            };
-            if !sent {
-                return Exchanged::Closed(status);
-            }
-        }
-        if reusable {
-            self.release(addr, conn);
-        }
-        Exchanged::Done(status, !close)
     }
 }
 
-/// Appends body bytes to `out`, as one chunk if `chunked` (none if empty:
-/// an empty chunk is the last one).
-fn push_body(out: &mut Vec<u8>, bytes: &[u8], chunked: bool) {
-    if !chunked {
-        out.extend_from_slice(bytes);
-    } else if !bytes.is_empty() {
-        out.extend_from_slice(format!("{:x}\r\n", bytes.len()).as_bytes());
-        out.extend_from_slice(bytes);
-        out.extend_from_slice(b"\r\n");
-    }
+/// What a response head's `Connection` field says to an HTTP/1 client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Persist {
+    /// Nothing: HTTP/1.1 keeps the connection.
+    Default,
+    /// `Connection: keep-alive` (an HTTP/1.0 client that asked for it).
+    KeepAlive,
+    /// `Connection: close`.
+    Close,
 }
 
-/// The response head the client receives: the shard's status and fields,
-/// minus hop-by-hop ones (the pipeline's table, as
-/// `pipeline::fields::strip_response_hop_by_hop` on Pingora's path;
-/// a 101 keeps `Connection` and `Upgrade`) and minus a `Content-Length`
-/// that `Transfer-Encoding` overrides; plus a `Date` if it has none.
+/// The response head an HTTP/1 client receives: the shard's status and
+/// fields, minus hop-by-hop ones and the framing fields `encoding`
+/// replaces; plus the edit, a `Date` if it has none, the body's framing
+/// and `persist`.
 pub(super) fn response_head(
     buf: &[u8],
     parsed: &ParsedResponse,
-    close: bool,
+    encoding: Encoding,
+    persist: Persist,
     edit: Option<&ResponseEdit>,
 ) -> Vec<u8> {
-    let switching = parsed.status == 101;
-    let mut out = Vec::with_capacity(parsed.head_len + 32);
+    let mut out = Vec::with_capacity(parsed.head_len + 64);
     // httparse accepts only three-digit codes: 100..=999.
     let code = parsed.status;
     out.extend_from_slice(b"HTTP/1.1 ");
@@ -160,22 +79,24 @@ pub(super) fn response_head(
     ]);
     out.extend_from_slice(&buf[parsed.reason.clone()]);
     out.extend_from_slice(b"\r\n");
-    let mut dated = false;
+    let hops = parsed.hops(buf);
+    let (mut dated, mut length_sent) = (false, false);
     for (name, value) in &parsed.headers {
         let (name, value) = (&buf[name.clone()], &buf[value.clone()]);
-        let text = std::str::from_utf8(name).unwrap_or_default();
-        dated |= header_is(text, "date");
-        let keep = if header_is(text, "transfer-encoding") {
-            parsed.chunked
-        } else if header_is(text, "content-length") {
-            !parsed.transfer_encoding
-        } else if switching && (header_is(text, "connection") || header_is(text, "upgrade")) {
-            true
+        let keep = if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            // Its codings before `chunked` stay with the chunks.
+            parsed.chunked && matches!(encoding, Encoding::Bodiless | Encoding::Chunked)
+        } else if name.eq_ignore_ascii_case(b"content-length") {
+            let keep = !length_sent
+                && !parsed.transfer_encoding
+                && matches!(encoding, Encoding::Bodiless | Encoding::Length);
+            length_sent |= keep;
+            keep
         } else {
-            !is_hop_by_hop(text)
-                && (switching || !parsed.named.iter().any(|n| n.eq_ignore_ascii_case(name)))
+            hops.keeps(name)
         };
         if keep && !edit.is_some_and(|e| e.removes(name)) {
+            dated |= name.eq_ignore_ascii_case(b"date");
             push_field(&mut out, name, value);
         }
     }
@@ -186,15 +107,55 @@ pub(super) fn response_head(
         // RFC 9110 §6.6.1: a forwarded response gets a Date if it has none.
         push_field(&mut out, b"Date", get_cached_date().as_bytes());
     }
-    if matches!(parsed.framing, Framing::UntilClose) {
-        // Re-framed: see `respond`.
+    if encoding == Encoding::Chunked && !parsed.chunked {
         out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
     }
-    if close {
-        out.extend_from_slice(b"Connection: close\r\n");
+    match persist {
+        Persist::Default => {}
+        Persist::KeepAlive => out.extend_from_slice(b"Connection: keep-alive\r\n"),
+        Persist::Close => out.extend_from_slice(b"Connection: close\r\n"),
     }
     out.extend_from_slice(b"\r\n");
     out
+}
+
+/// The response head an HTTP/2 client receives, as a header map: the
+/// same rule, without HTTP/1's framing fields (a length stays, but not on
+/// a 204 or beside chunks, and once). `Err`: a field HTTP/2 cannot carry
+/// (or an edit that breaks it).
+pub(super) fn h2_response_head(
+    buf: &[u8],
+    parsed: &ParsedResponse,
+    edit: Option<&ResponseEdit>,
+) -> Result<ResponseHeader, ()> {
+    // No case map: HTTP/2 sends field names in lower case anyway.
+    let mut head =
+        ResponseHeader::build_no_case(parsed.status, Some(parsed.headers.len())).map_err(|_| ())?;
+    let hops = parsed.hops(buf);
+    let mut length_sent = false;
+    for (name, value) in &parsed.headers {
+        let (name, value) = (&buf[name.clone()], &buf[value.clone()]);
+        let keep = if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            false
+        } else if name.eq_ignore_ascii_case(b"content-length") {
+            // The length of a body sent in chunks is the chunks' (RFC 9112
+            // §6.3); a 204 has none (RFC 9110 §8.6), and HTTP/2 clients
+            // refuse one.
+            let keep = !length_sent && !parsed.transfer_encoding && parsed.status != 204;
+            length_sent |= keep;
+            keep
+        } else {
+            hops.keeps(name)
+        };
+        if keep {
+            let name = http::HeaderName::from_bytes(name).map_err(|_| ())?;
+            head.append_header(name, value).map_err(|_| ())?;
+        }
+    }
+    if let Some(edit) = edit {
+        edit.apply(&mut head).map_err(|_| ())?;
+    }
+    Ok(head)
 }
 
 /// A response head, as ranges into the buffer it was read in.
@@ -203,14 +164,14 @@ pub(super) struct ParsedResponse {
     /// The reason phrase ("OK"), possibly empty.
     pub(super) reason: Range<usize>,
     pub(super) headers: Vec<(Range<usize>, Range<usize>)>,
-    /// Fields the shard's `Connection` names (hop-by-hop).
-    pub(super) named: Vec<Vec<u8>>,
     /// The shard will close the connection after this response.
     pub(super) upstream_close: bool,
-    /// A response without a body by rule (to HEAD; 204, 304) that announces
-    /// one: a shard that sends it anyway would have it answer the next
-    /// request on the connection, and no check can tell in time (it may
-    /// arrive just after any check), so the connection is not reused.
+    /// No body by rule: to HEAD; 101, 204, 304.
+    pub(super) bodiless: bool,
+    /// A response without a body by rule that announces one: a shard that
+    /// sends it anyway would have it answer the next request on the
+    /// connection, and no check can tell in time (it may arrive just
+    /// after any check), so the connection is not reused.
     pub(super) announced_body: bool,
     pub(super) transfer_encoding: bool,
     /// `Transfer-Encoding` ends in `chunked`.
@@ -224,6 +185,16 @@ impl ParsedResponse {
     /// response's body has been read whole (and nothing beyond it).
     pub(super) fn keeps_connection(&self) -> bool {
         !self.upstream_close && !self.announced_body
+    }
+
+    /// The hop-by-hop rule for this response.
+    fn hops<'b>(&self, buf: &'b [u8]) -> ResponseHops<'b> {
+        let connection = self
+            .headers
+            .iter()
+            .filter(|(name, _)| buf[name.clone()].eq_ignore_ascii_case(b"connection"))
+            .map(|(_, value)| &buf[value.clone()]);
+        ResponseHops::new(self.status, connection)
     }
 }
 
@@ -271,8 +242,8 @@ pub(super) fn parse_response(
             status,
             reason,
             headers: Vec::with_capacity(resp.headers.len()),
-            named: Vec::new(),
             upstream_close: http10,
+            bodiless: head_only || matches!(status, 101 | 204 | 304),
             announced_body: false,
             transfer_encoding: false,
             chunked: false,
@@ -284,15 +255,9 @@ pub(super) fn parse_response(
             parsed
                 .headers
                 .push((range_of(buf, h.name.as_bytes()), range_of(buf, h.value)));
-            if header_is(h.name, "connection") {
-                for token in tokens(h.value) {
-                    if token.eq_ignore_ascii_case(b"close") {
-                        parsed.upstream_close = true;
-                    } else if !token.eq_ignore_ascii_case(b"keep-alive") {
-                        parsed.named.push(token.to_vec());
-                    }
-                }
-            } else if header_is(h.name, "transfer-encoding") {
+            if h.name.eq_ignore_ascii_case("connection") {
+                parsed.upstream_close |= tokens(h.value).any(|t| t.eq_ignore_ascii_case(b"close"));
+            } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
                 if http10 {
                     return Err(());
                 }
@@ -300,7 +265,7 @@ pub(super) fn parse_response(
                 parsed.chunked = tokens(h.value)
                     .last()
                     .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"));
-            } else if header_is(h.name, "content-length") {
+            } else if h.name.eq_ignore_ascii_case("content-length") {
                 let value = h.value.trim_ascii();
                 if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
                     return Err(());
@@ -315,9 +280,9 @@ pub(super) fn parse_response(
                 length = Some(n);
             }
         }
-        parsed.announced_body = (head_only || matches!(status, 204 | 304))
-            && (parsed.transfer_encoding || length.is_some_and(|n| n > 0));
-        parsed.framing = if head_only || matches!(status, 101 | 204 | 304) {
+        parsed.announced_body =
+            parsed.bodiless && (parsed.transfer_encoding || length.is_some_and(|n| n > 0));
+        parsed.framing = if parsed.bodiless {
             Framing::Length(0)
         } else if parsed.chunked {
             Framing::chunked()
@@ -383,14 +348,52 @@ mod tests {
         let raw = b"HTTP/1.1 200 Fine\r\nConnection: close, X-Secret\r\nX-Secret: 1\r\nKeep-Alive: timeout=5\r\n\
 Transfer-Encoding: chunked\r\nContent-Length: 12\r\nTrailer: x-sum\r\nX-Kept: yes\r\nDate: then\r\n\r\n";
         let p = parse_response(raw, false, false).unwrap().unwrap();
-        let head = response_head(raw, &p, false, None);
+        let head = response_head(raw, &p, Encoding::of(&p, false), Persist::Default, None);
         assert_eq!(
             String::from_utf8(head).unwrap(),
             "HTTP/1.1 200 Fine\r\nTransfer-Encoding: chunked\r\nX-Kept: yes\r\nDate: then\r\n\r\n"
         );
+        // A `Date` the shard's `Connection` names goes, and one is added.
+        let raw = b"HTTP/1.1 200 OK\r\nConnection: date\r\nDate: then\r\nContent-Length: 0\r\n\r\n";
+        let p = parse_response(raw, false, false).unwrap().unwrap();
+        let head = String::from_utf8(response_head(
+            raw,
+            &p,
+            Encoding::Length,
+            Persist::Default,
+            None,
+        ))
+        .unwrap();
+        assert!(
+            !head.contains("then") && head.contains("\r\nDate: "),
+            "{head}"
+        );
+        // To HTTP/1.0, a body without a length is framed by the close.
+        let raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let p = parse_response(raw, false, false).unwrap().unwrap();
+        assert_eq!(Encoding::of(&p, true), Encoding::Close);
+        let head = String::from_utf8(response_head(
+            raw,
+            &p,
+            Encoding::Close,
+            Persist::Close,
+            None,
+        ))
+        .unwrap();
+        assert!(
+            !head.contains("Transfer-Encoding") && head.ends_with("Connection: close\r\n\r\n"),
+            "{head}"
+        );
         let raw = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nKeep-Alive: 1\r\n\r\n";
         let p = parse_response(raw, false, true).unwrap().unwrap();
-        let head = String::from_utf8(response_head(raw, &p, true, None)).unwrap();
+        let head = String::from_utf8(response_head(
+            raw,
+            &p,
+            Encoding::Bodiless,
+            Persist::Close,
+            None,
+        ))
+        .unwrap();
         assert!(
             head.starts_with("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nDate: "),
             "{head}"
@@ -418,7 +421,14 @@ Transfer-Encoding: chunked\r\nContent-Length: 12\r\nTrailer: x-sum\r\nX-Kept: ye
             (b"HTTP/1.1 503 \r\n\r\n", "HTTP/1.1 503 \r\n"),
         ] {
             let p = parse_response(raw, false, false).unwrap().unwrap();
-            let head = String::from_utf8(response_head(raw, &p, false, None)).unwrap();
+            let head = String::from_utf8(response_head(
+                raw,
+                &p,
+                Encoding::of(&p, false),
+                Persist::Default,
+                None,
+            ))
+            .unwrap();
             assert!(head.starts_with(line), "{head:?}");
         }
     }

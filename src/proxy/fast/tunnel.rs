@@ -11,8 +11,9 @@
 //! Pingora's stream (which keeps a write buffer and timing fields for its
 //! whole life) onto a bare socket.
 
-use super::response::response_head;
-use super::upstream::Upstream;
+use super::conn::Conn;
+use super::exchange::Upstream;
+use super::response::{response_head, Encoding, Persist};
 use super::{FastPath, OrEmpty};
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::Gateway;
@@ -68,31 +69,37 @@ impl FastPath {
     /// A WebSocket's 101 goes to the client (with what the shard sent
     /// after it), then what the client sent after its handshake, before
     /// the 101 (`early`, read while the shard was awaited), goes to the
-    /// shard. The shard's socket, unless either side failed.
+    /// shard. The shard's connection, unless either side failed.
     pub(super) async fn open_tunnel(
         &self,
         client: &mut Stream,
         early: &mut BytesMut,
         upstream: Upstream,
         ctx: &RequestCtx,
-    ) -> Option<TcpStream> {
+    ) -> Option<Conn> {
         let Upstream {
             mut conn,
             buf,
             parsed,
         } = upstream;
         let edit = self.response_edit(parsed.status, ctx);
-        let mut out = response_head(&buf, &parsed, false, edit.as_ref());
+        let mut out = response_head(
+            &buf,
+            &parsed,
+            Encoding::Bodiless,
+            Persist::Default,
+            edit.as_ref(),
+        );
         // Bytes the shard sent right after its 101 are tunnel data.
         out.extend_from_slice(&buf[parsed.head_len..]);
         drop(buf);
-        if !self.send(client, &out).await {
+        if !self.send_all(client, &out).await {
             return None;
         }
         drop(out);
         if !early.is_empty() {
             let early = std::mem::take(early);
-            if !self.send(&mut conn, &early).await {
+            if !self.send_all(&mut conn, &early).await {
                 return None;
             }
         }
@@ -105,7 +112,7 @@ impl FastPath {
     pub(super) fn spawn_tunnel(
         &self,
         client: Stream,
-        upstream: TcpStream,
+        upstream: Conn,
         ctx: RequestCtx,
         log: TunnelLog,
     ) {
@@ -115,7 +122,7 @@ impl FastPath {
             log,
         };
         let send_timeout = self.send_timeout;
-        keep_alive(&upstream);
+        keep_alive(upstream.tcp());
         match bare(client) {
             Ok(Ok(client)) => {
                 tokio::spawn(run_tunnel(client, upstream, done, send_timeout));
@@ -167,7 +174,7 @@ fn keep_alive(socket: &TcpStream) {
     }
 }
 
-async fn run_tunnel<C: Side>(client: C, upstream: TcpStream, done: Finish, send_timeout: Duration) {
+async fn run_tunnel<C: Side>(client: C, upstream: Conn, done: Finish, send_timeout: Duration) {
     let mut done = done;
     // Bound after `done`, so dropped before it on every path (also when
     // the runtime drops this task at shutdown): the access line and the
@@ -267,6 +274,13 @@ impl Side for TcpStream {
     /// The reactor's readiness: no system call.
     fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.poll_read_ready(cx)
+    }
+}
+
+impl Side for Conn {
+    /// The reactor's readiness (or bytes TLS holds decrypted already).
+    fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Conn::poll_readable(self, cx)
     }
 }
 

@@ -1,22 +1,17 @@
-//! Upstream attempts and the per-thread pool: a request head sent on a
-//! pooled or new connection, its response head awaited under the
-//! pipeline's headers watch, and idle connections kept per shard for the
-//! next request of the same worker thread.
+//! Connections to shards: opened (TCP, and TLS for `https` shards, both
+//! within `upstream.connect_timeout_ms`) or taken from the per-thread
+//! pool, and given back to it after a response that leaves them clean.
 
-use super::response::{parse_response, ParsedResponse, MAX_RESPONSE_HEAD};
+use super::conn::{Conn, UpstreamKey};
 use super::FastPath;
+use crate::control::ShardPeer;
 use crate::proxy::hooks::UpstreamFailure;
 use crate::proxy::pipeline::failure::AttemptFailure;
-use crate::proxy::pipeline::watch::{quiet, Verdict, Waiting};
-use bytes::BytesMut;
 use parking_lot::Mutex;
-use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use thread_local::ThreadLocal;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// How often idle connections are swept at most (and at least): a closed
@@ -25,150 +20,128 @@ use tokio::net::TcpStream;
 const SWEEP_MIN: Duration = Duration::from_millis(250);
 const SWEEP_MAX: Duration = Duration::from_secs(5);
 
-/// Idle upstream connections of one worker thread, per shard address.
+/// Idle upstream connections of one worker thread, per shard endpoint.
 #[derive(Default)]
 pub(super) struct Pool {
-    idle: HashMap<SocketAddr, Vec<(TcpStream, Instant)>>,
+    idle: HashMap<UpstreamKey, Vec<(Conn, Instant)>>,
 }
 
 /// Every worker thread's pool. A thread's own requests take and return
 /// connections under its lock (never contended but by the sweep).
 pub(super) type Pools = Arc<ThreadLocal<Mutex<Pool>>>;
 
+/// A connection for an attempt, and whether it came from the pool (a
+/// reused one may have been closed by the shard just as it was taken).
+pub(super) struct Connection {
+    pub conn: Conn,
+    pub reused: bool,
+}
+
 impl FastPath {
     fn pool(&self) -> parking_lot::MutexGuard<'_, Pool> {
         self.pools.get_or(Mutex::default).lock()
     }
 
-    /// A pooled connection to `addr`, if any: the most recently used one
-    /// that is neither expired nor has anything to read. Every reuse costs
-    /// one non-blocking read: a connection with bytes on it (the shard
-    /// closed it, or sent bytes no request asked for) is dropped, so bytes
-    /// from before a request never answer it. Trusting the reactor's
-    /// readiness instead was cheaper but not exact: bytes that arrived
-    /// since its last turn went unseen. One closed too recently for even
-    /// the read to see is resent once on a fresh connection (see
-    /// `after_failure`).
-    fn pooled(&self, addr: SocketAddr) -> Option<TcpStream> {
+    /// A connection to `peer`: the most recently used pooled one that is
+    /// neither expired nor has anything to read (see [`Conn::is_quiet`]),
+    /// else a new one. One closed too recently for even that check to see
+    /// is resent once on a fresh connection (see `after_failure`).
+    pub(super) async fn connection(&self, peer: &ShardPeer) -> Result<Connection, AttemptFailure> {
+        if let Some(conn) = self.pooled(&peer.key) {
+            return Ok(Connection { conn, reused: true });
+        }
+        let connect = async {
+            let tcp = TcpStream::connect(peer.addr).await?;
+            let _ = tcp.set_nodelay(true);
+            match &peer.key.tls {
+                None => Ok(Conn::Plain(tcp)),
+                Some(name) => self.tls.connect(name.clone(), tcp).await,
+            }
+        };
+        match tokio::time::timeout(self.connect_timeout, connect).await {
+            Ok(Ok(conn)) => Ok(Connection {
+                conn,
+                reused: false,
+            }),
+            Ok(Err(e)) => {
+                log::debug!("connecting to {} failed: {e}", peer.addr);
+                Err(AttemptFailure::Shard(UpstreamFailure::Connect))
+            }
+            Err(_) => Err(AttemptFailure::Shard(UpstreamFailure::Connect)),
+        }
+    }
+
+    fn pooled(&self, key: &UpstreamKey) -> Option<Conn> {
         let mut pool = self.pool();
-        let idle = pool.idle.get_mut(&addr)?;
-        while let Some((conn, since)) = idle.pop() {
-            if since.elapsed() < self.idle_timeout && nothing_to_read(&conn) {
+        let idle = pool.idle.get_mut(key)?;
+        while let Some((mut conn, since)) = idle.pop() {
+            if since.elapsed() < self.idle_timeout && conn.is_quiet() {
                 return Some(conn);
             }
         }
         None
     }
 
-    /// Drops this thread's idle connections to `addr` (one was found
+    /// Drops this thread's idle connections to `key` (one was found
     /// closed: the shard may have restarted).
-    pub(super) fn forget(&self, addr: SocketAddr) {
-        self.pool().idle.remove(&addr);
+    pub(super) fn forget(&self, key: &UpstreamKey) {
+        self.pool().idle.remove(key);
     }
 
-    /// Keeps `conn` for the next request to `addr` (up to
+    /// Keeps `conn` for the next request to `key` (up to
     /// `upstream.pool_per_shard` per shard and thread). The first release
     /// starts the sweep.
-    pub(super) fn release(&self, addr: SocketAddr, conn: TcpStream) {
+    pub(super) fn release(&self, key: &UpstreamKey, conn: Conn) {
         self.sweeping.call_once(|| {
             let every = (self.idle_timeout / 4).clamp(SWEEP_MIN, SWEEP_MAX);
-            tokio::spawn(sweep(Arc::downgrade(&self.pools), self.idle_timeout, every));
+            let control = Arc::downgrade(self.gateway.control());
+            tokio::spawn(sweep(
+                Arc::downgrade(&self.pools),
+                control,
+                self.idle_timeout,
+                every,
+            ));
         });
         let mut pool = self.pool();
-        let idle = pool.idle.entry(addr).or_default();
+        let idle = match pool.idle.get_mut(key) {
+            Some(idle) => idle,
+            None => pool.idle.entry(key.clone()).or_default(),
+        };
         if idle.len() < self.pool_per_shard {
             idle.push((conn, Instant::now()));
         }
     }
-
-    /// Sends the request on a pooled or new connection and reads the
-    /// response head, within the headers deadline and with liveness probes.
-    pub(super) async fn attempt(
-        &self,
-        addr: SocketAddr,
-        request: &[u8],
-        head_only: bool,
-        websocket: bool,
-    ) -> Result<Upstream, AttemptFailure> {
-        let (mut conn, broken) = match self.pooled(addr) {
-            Some(conn) => (conn, AttemptFailure::Stale),
-            None => {
-                let connect = tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr));
-                let Ok(Ok(conn)) = connect.await else {
-                    return Err(AttemptFailure::Shard(UpstreamFailure::Connect));
-                };
-                let _ = conn.set_nodelay(true);
-                (conn, AttemptFailure::Reset)
-            }
-        };
-        let settings = self.gateway.watch_settings();
-        let started = tokio::time::Instant::now();
-        let deadline = started + settings.headers_timeout;
-        match tokio::time::timeout_at(deadline, conn.write_all(request)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => return Err(broken),
-            Err(_) => return Err(AttemptFailure::Shard(UpstreamFailure::Timeout)),
-        }
-        let mut waiting = Waiting::new(settings, started);
-        let mut buf = BytesMut::with_capacity(8192);
-        let mut received = false;
-        loop {
-            tokio::select! {
-                read = conn.read_buf(&mut buf) => {
-                    match read {
-                        // Nothing came back on a pooled connection: stale.
-                        Ok(0) | Err(_) if !received => return Err(broken),
-                        Ok(0) | Err(_) => return Err(AttemptFailure::Reset),
-                        Ok(_) => received = true,
-                    }
-                    match parse_response(&buf, head_only, websocket) {
-                        Ok(Some(parsed)) => return Ok(Upstream { conn, buf, parsed }),
-                        Ok(None) if buf.len() <= MAX_RESPONSE_HEAD => {}
-                        _ => return Err(AttemptFailure::Invalid),
-                    }
-                }
-                _ = tokio::time::sleep_until(waiting.wake(deadline)) => {
-                    match waiting.look(deadline, addr).await {
-                        Verdict::None => {}
-                        Verdict::TimedOut => return Err(AttemptFailure::Shard(UpstreamFailure::Timeout)),
-                        Verdict::Unreachable => return Err(AttemptFailure::Shard(UpstreamFailure::Liveness)),
-                    }
-                }
-            }
-        }
-    }
 }
 
-/// Drops idle connections that expired or that their shard closed (or
-/// sent to), on every thread — a quiet thread's too, which no request
-/// would visit — so none lingers in CLOSE_WAIT. Costs one non-blocking
-/// read per idle connection per round, nothing when there are none.
-/// Ends with the pools (the fast transport is gone).
-async fn sweep(pools: Weak<ThreadLocal<Mutex<Pool>>>, timeout: Duration, every: Duration) {
+/// Drops idle connections that expired, that their shard closed (or sent
+/// to), or whose endpoint no shard has any more (removed, or its name now
+/// resolves elsewhere), on every thread — a quiet thread's too, which no
+/// request would visit — so none lingers in CLOSE_WAIT. Costs one
+/// non-blocking read per idle connection per round, nothing when there
+/// are none. Ends with the pools (the fast transport is gone).
+async fn sweep(
+    pools: Weak<ThreadLocal<Mutex<Pool>>>,
+    control: Weak<crate::control::Control>,
+    timeout: Duration,
+    every: Duration,
+) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let Some(pools) = pools.upgrade() else {
+        let (Some(pools), Some(control)) = (pools.upgrade(), control.upgrade()) else {
             return;
         };
+        let current: HashSet<UpstreamKey> = control.peer_keys();
+        drop(control);
         for pool in pools.iter() {
-            pool.lock().idle.retain(|_, idle| {
-                idle.retain(|(conn, since)| since.elapsed() < timeout && nothing_to_read(conn));
+            pool.lock().idle.retain(|key, idle| {
+                let known = current.contains(key);
+                idle.retain_mut(|(conn, since)| {
+                    known && since.elapsed() < timeout && conn.is_quiet()
+                });
                 !idle.is_empty()
             });
         }
     }
-}
-
-/// Whether an idle connection has neither been closed nor sent anything.
-fn nothing_to_read(conn: &TcpStream) -> bool {
-    quiet(conn.as_raw_fd())
-}
-
-/// An attempt that got a response head.
-pub(super) struct Upstream {
-    pub(super) conn: TcpStream,
-    pub(super) buf: BytesMut,
-    pub(super) parsed: ParsedResponse,
 }

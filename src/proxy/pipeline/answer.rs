@@ -1,8 +1,8 @@
 //! The answers shardgate writes itself — refusals, its own errors, the
-//! head limits' 408/431 — with their status codes and small JSON bodies
-//! (DESIGN §2 "Per request"). One encoder: [`Refusal::fields`] is the head
-//! both transports write (with `Date`), as raw HTTP/1 bytes or as a
-//! Pingora response head.
+//! head limits' 408/431, the edge's ACME challenges and https redirects —
+//! with their status codes and small bodies (DESIGN §2 "Per request"). One
+//! encoder: [`Refusal::fields`] is the head every transport writes (with
+//! `Date`), as raw HTTP/1 bytes or as a Pingora response head.
 
 use crate::routing::Decision;
 use bytes::Bytes;
@@ -20,6 +20,11 @@ pub struct Refusal {
     pub retry_after: Option<u64>,
     /// The router's decision, when it was one.
     pub decision: Option<Decision>,
+    /// The body's type (`application/json` for shardgate's own answers);
+    /// none for an empty body.
+    pub content_type: Option<&'static str>,
+    /// A redirect's target.
+    pub location: Option<String>,
 }
 
 impl Refusal {
@@ -45,46 +50,66 @@ impl Refusal {
             None => format!("{{\"decision\":\"{}\"}}", decision.as_str()),
         };
         Refusal {
-            status,
-            body,
             retry_after: retry_after_secs.map(|s| (s.ceil() as u64).max(1)),
             decision: Some(decision),
+            ..Refusal::json(status, body)
         }
     }
 
     /// An error of shardgate's own (`unknown-domain`, `upstream-timeout`, …).
     pub fn error(status: u16, error: &str) -> Self {
+        Refusal::json(status, format!("{{\"error\":{}}}", json_string(error)))
+    }
+
+    /// An answer with a JSON body.
+    fn json(status: u16, body: String) -> Self {
         Refusal {
             status,
-            body: format!("{{\"error\":{}}}", json_string(error)),
+            body,
             retry_after: None,
             decision: None,
+            content_type: Some("application/json"),
+            location: None,
+        }
+    }
+
+    /// A plain-text answer (an ACME challenge's key authorization).
+    pub fn text(status: u16, body: String) -> Self {
+        Refusal {
+            content_type: Some("text/plain"),
+            ..Refusal::json(status, body)
+        }
+    }
+
+    /// A permanent redirect (308) to `location`, with no body.
+    pub fn redirect(location: String) -> Self {
+        Refusal {
+            content_type: None,
+            location: Some(location),
+            ..Refusal::json(308, String::new())
         }
     }
 
     /// An embedder's refusal (see `GatewayHooks::check_request`): its status
     /// (a status outside 200–599 is sent as 500) and body.
     pub fn custom(status: u16, body: String) -> Self {
-        Refusal {
-            status: if (200..=599).contains(&status) {
-                status
-            } else {
-                500
-            },
-            body,
-            retry_after: None,
-            decision: None,
-        }
+        let status = if (200..=599).contains(&status) {
+            status
+        } else {
+            500
+        };
+        Refusal::json(status, body)
     }
 
     /// The answer's head fields, in order: what both transports write.
     pub fn fields(&self) -> impl Iterator<Item = (&'static str, String)> + '_ {
         [
-            Some(("content-type", "application/json".to_string())),
+            self.content_type.map(|t| ("content-type", t.to_string())),
             Some(("content-length", self.body.len().to_string())),
             Some(("cache-control", "no-store".to_string())),
             self.retry_after
                 .map(|secs| ("retry-after", secs.to_string())),
+            self.location.clone().map(|l| ("location", l)),
             Some((
                 "date",
                 String::from_utf8_lossy(get_cached_date().as_bytes()).into_owned(),
@@ -97,6 +122,12 @@ impl Refusal {
     /// The answer as HTTP/1.1 bytes; `close`: the connection closes after
     /// it (and says so).
     pub fn http1(&self, head_only: bool, close: bool) -> Vec<u8> {
+        self.http1_to(head_only, close, false)
+    }
+
+    /// As [`Refusal::http1`], to an HTTP/1.0 client if `http10` (which
+    /// needs `Connection: keep-alive` to keep its connection).
+    pub fn http1_to(&self, head_only: bool, close: bool, http10: bool) -> Vec<u8> {
         let reason = http::StatusCode::from_u16(self.status)
             .ok()
             .and_then(|s| s.canonical_reason())
@@ -110,6 +141,8 @@ impl Refusal {
         }
         if close {
             out.extend_from_slice(b"connection: close\r\n");
+        } else if http10 {
+            out.extend_from_slice(b"connection: keep-alive\r\n");
         }
         out.extend_from_slice(b"\r\n");
         if !head_only {
@@ -120,7 +153,7 @@ impl Refusal {
 
     /// The answer's head, for a Pingora session (either HTTP version).
     pub fn response_header(&self) -> Result<Box<ResponseHeader>> {
-        let mut resp = ResponseHeader::build(self.status, Some(5))?;
+        let mut resp = ResponseHeader::build(self.status, Some(6))?;
         for (name, value) in self.fields() {
             resp.insert_header(name, value)?;
         }

@@ -1,9 +1,10 @@
-//! What the edge answers before routing, for both transports (`HeadGuard`
+//! What the edge answers before routing, for both transports (the front end
 //! asks before handing a head to either): ACME HTTP-01 challenges on the
 //! plain listeners, and the `redirect_https` listeners' 308.
 
+use super::answer::Refusal;
+use super::message::{request_target, Target};
 use crate::tls::Edge;
-use pingora::protocols::http::date::get_cached_date;
 
 /// Where ACME's HTTP-01 validation looks (RFC 8555 §8.3).
 const CHALLENGE_PREFIX: &str = "/.well-known/acme-challenge/";
@@ -38,13 +39,7 @@ pub fn edge_answer(head: &[u8], redirect: Option<u16>, edge: &Edge) -> Option<Ed
     };
     if let Some(token) = target.strip_prefix(CHALLENGE_PREFIX) {
         if let Some(key_auth) = edge.challenge(token) {
-            let bytes = answer(
-                200,
-                &[("content-type", "text/plain")],
-                &key_auth,
-                head_only,
-                close,
-            );
+            let bytes = Refusal::text(200, key_auth.to_string()).http1(head_only, close);
             return Some(EdgeAnswer { bytes, close });
         }
         return None;
@@ -61,21 +56,13 @@ pub fn edge_answer(head: &[u8], redirect: Option<u16>, edge: &Edge) -> Option<Ed
     };
     // An absolute-form target (RFC 9112 §3.2.2) carries its own authority;
     // an origin-form one (`/…`) never does, whatever its query holds.
-    let lower = target.get(..8).unwrap_or(target).to_ascii_lowercase();
-    let scheme_len = if lower.starts_with("http://") {
-        Some(7)
-    } else if lower.starts_with("https://") {
-        Some(8)
-    } else {
-        None
-    };
-    let (host, path) = match scheme_len {
-        Some(n) => {
-            let rest = &target[n..];
-            let at = rest.find(['/', '?']).unwrap_or(rest.len());
-            (Some(&rest[..at]), &rest[at..])
-        }
-        None => (host, target),
+    let (host, path) = match request_target(target) {
+        Some(Target {
+            authority: Some(authority),
+            origin,
+        }) => (Some(authority), origin),
+        Some(Target { origin, .. }) => (host, origin),
+        None => (host, "/".into()),
     };
     let name = host
         .and_then(|h| http::uri::Authority::try_from(h).ok())
@@ -84,30 +71,22 @@ pub fn edge_answer(head: &[u8], redirect: Option<u16>, edge: &Edge) -> Option<Ed
     let Some(name) = name.filter(|n| !n.is_empty()) else {
         return Some(bad_host(head_only));
     };
-    let path = match path.chars().next() {
-        Some('/') => path.to_string(),
-        Some('?') => format!("/{path}"),
-        _ => "/".to_string(),
+    let path = match path.starts_with('/') {
+        true => path,
+        false => "/".into(),
     };
     let location = match port {
         443 => format!("https://{name}{path}"),
         p => format!("https://{name}:{p}{path}"),
     };
-    let bytes = answer(308, &[("location", &location)], "", head_only, close);
+    let bytes = Refusal::redirect(location).http1(head_only, close);
     Some(EdgeAnswer { bytes, close })
 }
 
 /// A 400 for a request without a usable host; the connection closes.
 fn bad_host(head_only: bool) -> EdgeAnswer {
-    let body = "{\"error\":\"invalid-host\"}";
     EdgeAnswer {
-        bytes: answer(
-            400,
-            &[("content-type", "application/json")],
-            body,
-            head_only,
-            true,
-        ),
+        bytes: Refusal::error(400, "invalid-host").http1(head_only, true),
         close: true,
     }
 }
@@ -129,36 +108,6 @@ fn closes(version: Option<u8>, headers: &[httparse::Header<'_>]) -> bool {
         }
     }
     version == Some(0) && !keep_alive
-}
-
-/// An HTTP/1.1 answer with `Date`, `Content-Length` and `fields`.
-fn answer(
-    status: u16,
-    fields: &[(&str, &str)],
-    body: &str,
-    head_only: bool,
-    close: bool,
-) -> Vec<u8> {
-    let reason = http::StatusCode::from_u16(status)
-        .ok()
-        .and_then(|s| s.canonical_reason())
-        .unwrap_or_default();
-    let mut out = format!("HTTP/1.1 {status} {reason}\r\n");
-    for (name, value) in fields {
-        out.push_str(&format!("{name}: {value}\r\n"));
-    }
-    if close {
-        out.push_str("connection: close\r\n");
-    }
-    out.push_str(&format!(
-        "content-length: {}\r\ncache-control: no-store\r\ndate: {}\r\n\r\n",
-        body.len(),
-        String::from_utf8_lossy(get_cached_date().as_bytes())
-    ));
-    if !head_only {
-        out.push_str(body);
-    }
-    out.into_bytes()
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! applies them to header maps, the fast path to raw heads; the rules are
 //! these.
 
-use http::header::{HeaderName, CONNECTION, UPGRADE};
+use http::header::{HeaderName, CONNECTION};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use std::fmt::Write;
@@ -49,6 +49,70 @@ pub fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
 /// rule for which upgrades it forwards, so both transports agree.
 pub fn names_websocket(upgrade: &[u8]) -> bool {
     upgrade.trim_ascii().eq_ignore_ascii_case(b"websocket")
+}
+
+/// Whether a request is a WebSocket handshake (RFC 6455 §4.1), the one
+/// rule every path asks (the head reader, both transports, the read
+/// timeouts): an HTTP/1.1 `GET` whose `Connection` has the `upgrade`
+/// token and whose one `Upgrade` field names only `websocket`.
+pub fn websocket_handshake<'v>(
+    method: &str,
+    http11: bool,
+    connection: impl Iterator<Item = &'v [u8]>,
+    mut upgrade: impl Iterator<Item = &'v [u8]>,
+) -> bool {
+    let mut connection = connection;
+    method == "GET"
+        && http11
+        && connection.any(|v| tokens(v).any(|t| t.eq_ignore_ascii_case(b"upgrade")))
+        && matches!((upgrade.next(), upgrade.next()), (Some(u), None) if names_websocket(u))
+}
+
+/// The hop-by-hop rule for a shard's response (RFC 9110 §7.6.1), for
+/// every transport: the fields of [`HOP_BY_HOP`] and the fields its
+/// `Connection` names go, and a 101 keeps `Connection` and `Upgrade`. The
+/// framing fields (`Content-Length`, `Transfer-Encoding`) are left to the
+/// writer, which frames the body itself.
+pub struct ResponseHops<'a> {
+    switching: bool,
+    /// The fields the shard's `Connection` names (framing fields aside).
+    named: smallvec::SmallVec<[&'a [u8]; 4]>,
+}
+
+impl<'a> ResponseHops<'a> {
+    /// The rule for a response with `status` whose `Connection` fields
+    /// are `connection`.
+    pub fn new(status: u16, connection: impl Iterator<Item = &'a [u8]>) -> Self {
+        let named = connection
+            .flat_map(tokens)
+            .filter(|t| !is_framing(t) && !t.eq_ignore_ascii_case(b"close"))
+            .filter(|t| !t.eq_ignore_ascii_case(b"keep-alive"))
+            .collect();
+        ResponseHops {
+            switching: status == 101,
+            named,
+        }
+    }
+
+    /// Whether the field `name` goes on to the client (framing fields
+    /// always do: the writer decides on them).
+    pub fn keeps(&self, name: &[u8]) -> bool {
+        if is_framing(name) {
+            return true;
+        }
+        let named = |n: &[u8]| name.eq_ignore_ascii_case(n);
+        if self.switching && (named(b"connection") || named(b"upgrade")) {
+            return true;
+        }
+        let hop = std::str::from_utf8(name).map_or(true, is_hop_by_hop);
+        !hop && !self.named.iter().any(|n| named(n))
+    }
+}
+
+/// `Content-Length` or `Transfer-Encoding`: framing, which each writer
+/// sets for the body it writes.
+fn is_framing(name: &[u8]) -> bool {
+    name.eq_ignore_ascii_case(b"content-length") || name.eq_ignore_ascii_case(b"transfer-encoding")
 }
 
 /// A shard's `101 Switching Protocols` to a request that asked for no
@@ -219,32 +283,29 @@ pub fn canonical_ip(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// Removes hop-by-hop fields from a shard's response: those of
-/// [`HOP_BY_HOP`] and the fields `Connection` names, keeping a 101's
-/// `Connection` and `Upgrade`. `Transfer-Encoding` stays: it describes the
-/// framing Pingora writes.
+/// Removes hop-by-hop fields from a shard's response (the rule of
+/// [`ResponseHops`]) in a Pingora response head. `Transfer-Encoding`
+/// stays: it describes the framing Pingora writes.
 pub fn strip_response_hop_by_hop(resp: &mut ResponseHeader) {
     let hop = |k: &HeaderName| k != http::header::TRANSFER_ENCODING && is_hop_by_hop(k.as_str());
     // Most responses carry none: one pass over the names decides.
     if !resp.headers.keys().any(hop) {
         return;
     }
-    let switching = resp.status == http::StatusCode::SWITCHING_PROTOCOLS;
-    let mut gone: Vec<HeaderName> = resp.headers.keys().filter(|k| hop(k)).cloned().collect();
-    if switching {
-        gone.retain(|k| k != CONNECTION && k != UPGRADE);
-    } else {
-        gone.extend(
+    let gone: Vec<HeaderName> = {
+        let hops = ResponseHops::new(
+            resp.status.as_u16(),
             resp.headers
                 .get_all(CONNECTION)
                 .iter()
-                .flat_map(|v| tokens(v.as_bytes()))
-                .filter_map(|token| HeaderName::from_bytes(token).ok())
-                .filter(|name| {
-                    name != http::header::TRANSFER_ENCODING && name != http::header::CONTENT_LENGTH
-                }),
+                .map(|v| v.as_bytes()),
         );
-    }
+        resp.headers
+            .keys()
+            .filter(|k| !hops.keeps(k.as_str().as_bytes()))
+            .cloned()
+            .collect()
+    };
     for name in gone {
         resp.remove_header(&name);
     }
@@ -329,6 +390,41 @@ mod tests {
         let mut req = request();
         forward(&mut req, true, Some("10.1.1.1".parse().unwrap()));
         assert_eq!(req.headers["x-forwarded-for"], "1.2.3.4, 5.6.7.8, 10.1.1.1");
+    }
+
+    #[test]
+    fn websocket_handshakes_are_one_shape() {
+        let ws = |method, http11, connection: &[&str], upgrade: &[&str]| {
+            websocket_handshake(
+                method,
+                http11,
+                connection.iter().map(|v| v.as_bytes()),
+                upgrade.iter().map(|v| v.as_bytes()),
+            )
+        };
+        assert!(ws("GET", true, &["keep-alive, Upgrade"], &["websocket"]));
+        assert!(ws("GET", true, &["x", "upgrade"], &[" WebSocket "]));
+        assert!(
+            !ws("GET", true, &[], &["websocket"]),
+            "no Connection: upgrade"
+        );
+        assert!(!ws("POST", true, &["upgrade"], &["websocket"]));
+        assert!(!ws("GET", false, &["upgrade"], &["websocket"]), "HTTP/1.0");
+        assert!(!ws("GET", true, &["upgrade"], &["h2c"]));
+        assert!(!ws("GET", true, &["upgrade"], &["websocket", "websocket"]));
+    }
+
+    #[test]
+    fn a_response_field_connection_names_goes_and_date_is_one_like_any() {
+        let hops = ResponseHops::new(200, [&b"close, Date, x-secret"[..]].into_iter());
+        assert!(!hops.keeps(b"date") && !hops.keeps(b"X-Secret"));
+        assert!(hops.keeps(b"x-kept") && hops.keeps(b"content-length"));
+        assert!(!hops.keeps(b"keep-alive") && !hops.keeps(b"connection"));
+        let hops = ResponseHops::new(101, [&b"Upgrade"[..]].into_iter());
+        assert!(hops.keeps(b"connection") && hops.keeps(b"upgrade"));
+        // Named framing fields stay: the writer frames the body.
+        let hops = ResponseHops::new(200, [&b"content-length"[..]].into_iter());
+        assert!(hops.keeps(b"Content-Length"));
     }
 
     #[test]

@@ -122,37 +122,44 @@ impl Framing {
     /// rest, if any, is beyond its end). A malformed chunk stream is an
     /// error.
     pub fn consume(&mut self, bytes: &[u8]) -> Result<usize, BadFraming> {
-        self.consume_data(bytes, |_| {})
+        self.decode(bytes, |_| {})
     }
 
-    /// As [`Framing::consume`], handing `data` each range of `bytes` that
-    /// is the body's content (chunk data, without sizes or trailers): what
-    /// a message framed otherwise (HTTP/2's DATA frames) carries.
-    pub fn consume_data(
+    /// As [`Framing::consume`], handing `part` what the bytes hold: the
+    /// body's content (chunk data, without sizes or trailers — what a
+    /// message framed otherwise carries), each chunk's announced size
+    /// before its data, and the trailer section's field lines.
+    pub fn decode(
         &mut self,
         bytes: &[u8],
-        mut data: impl FnMut(Range<usize>),
+        mut part: impl FnMut(Part),
     ) -> Result<usize, BadFraming> {
         match self {
             Framing::Length(left) => {
                 let take = (*left).min(bytes.len() as u64);
                 *left -= take;
-                data(0..take as usize);
+                if take > 0 {
+                    part(Part::Data(0..take as usize));
+                }
                 Ok(take as usize)
             }
             Framing::UntilClose => {
-                data(0..bytes.len());
+                if !bytes.is_empty() {
+                    part(Part::Data(0..bytes.len()));
+                }
                 Ok(bytes.len())
             }
             Framing::Chunked(state) => {
                 let mut at = 0;
+                // Where the trailer bytes being stepped through began.
+                let mut trailer: Option<usize> = None;
                 while at < bytes.len() {
                     *state = match *state {
-                        ChunkState::Done => return Ok(at),
+                        ChunkState::Done => break,
                         // Chunk data is skipped over, not stepped through.
                         ChunkState::Data { left } => {
                             let take = left.min((bytes.len() - at) as u64);
-                            data(at..at + take as usize);
+                            part(Part::Data(at..at + take as usize));
                             at += take as usize;
                             match left - take {
                                 0 => ChunkState::DataCr,
@@ -160,15 +167,51 @@ impl Framing {
                             }
                         }
                         other => {
+                            let b = bytes[at];
+                            let in_trailer = match other {
+                                ChunkState::TrailerLine | ChunkState::TrailerLf => true,
+                                // Its CR starts the final CRLF instead.
+                                ChunkState::TrailerStart => b != b'\r',
+                                _ => false,
+                            };
+                            match (in_trailer, trailer) {
+                                (true, None) => trailer = Some(at),
+                                (false, Some(start)) => {
+                                    part(Part::Trailer(start..at));
+                                    trailer = None;
+                                }
+                                _ => {}
+                            }
                             at += 1;
-                            other.step(bytes[at - 1])?
+                            let next = other.step(b)?;
+                            if let (ChunkState::SizeLf { .. }, ChunkState::Data { left }) =
+                                (other, next)
+                            {
+                                part(Part::Chunk(left));
+                            }
+                            next
                         }
                     };
+                }
+                if let Some(start) = trailer {
+                    part(Part::Trailer(start..at));
                 }
                 Ok(at)
             }
         }
     }
+}
+
+/// What a stretch of body bytes holds (see [`Framing::decode`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// Content: chunk data, or the bytes of a body framed otherwise.
+    Data(Range<usize>),
+    /// A chunk announced this many bytes of data (sent before them).
+    Chunk(u64),
+    /// Bytes of the trailer section after the last chunk: whole field
+    /// lines with their CRLFs once the body is done.
+    Trailer(Range<usize>),
 }
 
 #[cfg(test)]
@@ -208,22 +251,35 @@ mod tests {
         let mut framing = chunked();
         let wire = b"5;ext=1\r\nhello\r\n3\r\n, w\r\n0\r\nTrailer: x\r\n\r\nNEXT";
         let mut content = Vec::new();
-        let used = framing.consume_data(wire, |r| content.extend_from_slice(&wire[r]));
+        let mut trailer = Vec::new();
+        let used = framing.decode(wire, |p| match p {
+            Part::Data(r) => content.extend_from_slice(&wire[r]),
+            Part::Trailer(r) => trailer.extend_from_slice(&wire[r]),
+            Part::Chunk(_) => {}
+        });
         assert_eq!(used, Ok(wire.len() - 4));
         assert_eq!(content, b"hello, w");
+        assert_eq!(trailer, b"Trailer: x\r\n");
         assert!(framing.is_done());
-        // Split anywhere, the content is the same.
+        // Split anywhere, the content, sizes and trailers are the same.
         for cut in 1..wire.len() - 4 {
-            let (mut framing, mut content) = (chunked(), Vec::new());
-            for part in [&wire[..cut], &wire[cut..]] {
-                let _ = framing.consume_data(part, |r| content.extend_from_slice(&part[r]));
+            let (mut framing, mut content, mut trailer) = (chunked(), Vec::new(), Vec::new());
+            let mut sizes = Vec::new();
+            for piece in [&wire[..cut], &wire[cut..]] {
+                let _ = framing.decode(piece, |p| match p {
+                    Part::Data(r) => content.extend_from_slice(&piece[r]),
+                    Part::Trailer(r) => trailer.extend_from_slice(&piece[r]),
+                    Part::Chunk(n) => sizes.push(n),
+                });
             }
             assert_eq!(content, b"hello, w", "cut at {cut}");
+            assert_eq!(trailer, b"Trailer: x\r\n", "cut at {cut}");
+            assert_eq!(sizes, vec![5, 3], "cut at {cut}");
         }
         let mut length = Framing::Length(3);
-        let mut ranges = Vec::new();
-        assert_eq!(length.consume_data(b"abcdef", |r| ranges.push(r)), Ok(3));
-        assert_eq!((ranges.len(), ranges.first()), (1, Some(&(0..3))));
+        let mut parts = Vec::new();
+        assert_eq!(length.decode(b"abcdef", |p| parts.push(p)), Ok(3));
+        assert_eq!(parts, vec![Part::Data(0..3)]);
     }
 
     #[test]

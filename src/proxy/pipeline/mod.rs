@@ -9,7 +9,7 @@
 //! - [`fields`]: the hop-by-hop table (both directions), the forwarding
 //!   fields shardgate owns, WebSocket detection, the unrequested-101 check;
 //! - [`message`]: what RFC 9112 lets through in a request head (checked
-//!   by `HeadGuard` for every HTTP/1 head, before either transport);
+//!   by the front end for every HTTP/1 head, before either transport);
 //! - [`framing`]: where an HTTP/1 body ends (length, chunks, close), for
 //!   responses and request bodies alike;
 //! - [`edge`]: what the edge answers before routing (ACME challenges, the

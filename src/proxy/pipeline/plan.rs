@@ -256,13 +256,23 @@ fn may_add(name: &http::HeaderName, tenant_header: &str, trust_forwarded_for: bo
 }
 
 /// The client's host from an absolute-form target's authority, else from
-/// the `Host` values: exactly one, a valid authority without user info.
+/// the `Host` values: exactly one, a valid authority without user info. A
+/// `Host` beside an authority must name the same host (RFC 9112 §3.2.2
+/// lets a server ignore it; a shard that reads it instead could pick
+/// another tenant than the gateway did).
 pub(crate) fn host_from<'a>(
     authority: Option<&'a str>,
     mut hosts: impl Iterator<Item = &'a [u8]>,
 ) -> Result<&'a str, &'static str> {
     if let Some(authority) = authority {
-        return Ok(authority);
+        return match (hosts.next(), hosts.next()) {
+            (Some(h), None) if !h.eq_ignore_ascii_case(authority.as_bytes()) => {
+                Err("host-mismatch")
+            }
+            (Some(_), Some(_)) => Err("duplicate-host"),
+            _ if authority.is_empty() => Err("missing-host"),
+            _ => valid_host(authority),
+        };
     }
     let host = match (hosts.next(), hosts.next()) {
         (None, _) => return Err("missing-host"),
@@ -272,7 +282,11 @@ pub(crate) fn host_from<'a>(
     if host.is_empty() {
         return Err("missing-host");
     }
-    // Host must be a valid authority (no spaces, no user info, no path).
+    valid_host(host)
+}
+
+/// A host must be a valid authority (no spaces, no user info, no path).
+fn valid_host(host: &str) -> Result<&str, &'static str> {
     match http::uri::Authority::try_from(host) {
         Ok(a) if !a.as_str().contains('@') => Ok(host),
         _ => Err("invalid-host"),

@@ -1,0 +1,214 @@
+//! A connection to a shard, plain or TLS (`https` shards), and the client
+//! side of upstream TLS: rustls with the ring provider Pingora is built
+//! with, SNI = the shard's host name, the certificate verified against
+//! `server.ca_file` (else the system's roots) unless
+//! `upstream.tls_verify: false`.
+
+use crate::proxy::pipeline::watch::quiet;
+use pingora::tls::{ClientTlsStream, RootCertStore, ServerName, TlsConnector};
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+/// A connection to a shard.
+pub(crate) enum Conn {
+    Plain(TcpStream),
+    Tls(Box<ClientTlsStream<TcpStream>>),
+}
+
+impl Conn {
+    /// The TCP socket under it.
+    pub(crate) fn tcp(&self) -> &TcpStream {
+        match self {
+            Conn::Plain(tcp) => tcp,
+            Conn::Tls(tls) => tls.get_ref().0,
+        }
+    }
+
+    /// Whether an idle connection has nothing to read: neither closed by
+    /// the shard nor sent bytes no request asked for (which must never
+    /// answer the next request). One non-blocking system call (the
+    /// reactor may not have seen bytes that just arrived): a peek, or on
+    /// TLS a read through rustls, which takes in records that carry no
+    /// data (a session ticket sent after the response).
+    pub(crate) fn is_quiet(&mut self) -> bool {
+        match self {
+            Conn::Plain(tcp) => quiet(tcp.as_raw_fd()),
+            Conn::Tls(tls) => {
+                let mut byte = [0u8; 1];
+                let mut buf = ReadBuf::new(&mut byte);
+                let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+                Pin::new(&mut **tls)
+                    .poll_read(&mut cx, &mut buf)
+                    .is_pending()
+            }
+        }
+    }
+
+    /// Ready when a read would find bytes, the end or an error, without
+    /// holding a buffer: the reactor's readiness (no system call), or at
+    /// once if TLS already holds decrypted bytes.
+    pub(crate) fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Conn::Tls(tls) = self {
+            let buffered = tls.get_mut().1.process_new_packets().map_or(true, |state| {
+                state.plaintext_bytes_to_read() > 0 || state.peer_has_closed()
+            });
+            if buffered {
+                return Poll::Ready(Ok(()));
+            }
+        }
+        self.tcp().poll_read_ready(cx)
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
+            Conn::Tls(tls) => Pin::new(&mut **tls).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(tcp) => Pin::new(tcp).poll_write(cx, buf),
+            Conn::Tls(tls) => Pin::new(&mut **tls).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(tcp) => Pin::new(tcp).poll_flush(cx),
+            Conn::Tls(tls) => Pin::new(&mut **tls).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(tcp) => Pin::new(tcp).poll_shutdown(cx),
+            Conn::Tls(tls) => Pin::new(&mut **tls).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Which pooled connections may serve a shard: the same address, and for
+/// TLS the same verified name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct UpstreamKey {
+    pub addr: SocketAddr,
+    /// The name TLS verifies and sends as SNI; `None` for plain HTTP.
+    pub tls: Option<ServerName<'static>>,
+}
+
+/// The client side of upstream TLS, built once.
+pub(crate) struct UpstreamTls(TlsConnector);
+
+impl UpstreamTls {
+    /// Trusts the CAs in `ca_file` (PEM), else the system's roots; with
+    /// `verify` false, any certificate (development only).
+    pub(crate) fn new(ca_file: Option<&str>, verify: bool) -> Result<Self, String> {
+        use pingora::tls::{version, ClientConfig};
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
+            .with_protocol_versions(&[&version::TLS13, &version::TLS12])
+            .map_err(|e| format!("upstream TLS: {e}"))?;
+        let mut config = if verify {
+            let mut roots = RootCertStore::empty();
+            match ca_file {
+                Some(path) => pingora::tls::load_ca_file_into_store(path, &mut roots)
+                    .map_err(|e| format!("server.ca_file `{path}`: {e}"))?,
+                None => {
+                    if let Err(e) =
+                        pingora::tls::load_platform_certs_incl_env_into_store(&mut roots)
+                    {
+                        log::warn!("upstream TLS: the system's CA certificates: {e}");
+                    }
+                }
+            }
+            builder.with_root_certificates(roots).with_no_client_auth()
+        } else {
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+                .with_no_client_auth()
+        };
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(UpstreamTls(TlsConnector::from(Arc::new(config))))
+    }
+
+    /// The TLS handshake on `tcp` for the shard named `name`.
+    pub(crate) async fn connect(
+        &self,
+        name: ServerName<'static>,
+        tcp: TcpStream,
+    ) -> io::Result<Conn> {
+        let tls = self.0.connect(name, tcp).await?;
+        Ok(Conn::Tls(Box::new(tls)))
+    }
+}
+
+/// `upstream.tls_verify: false`: any certificate for any name is taken
+/// (the handshake's signatures are still checked, so the peer holds the
+/// key of the certificate it sent).
+#[derive(Debug)]
+struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &pingora::tls::CertificateDer<'_>,
+        _intermediates: &[pingora::tls::CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: pingora::tls::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &pingora::tls::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &pingora::tls::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}

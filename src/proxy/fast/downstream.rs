@@ -1,0 +1,446 @@
+//! The client's side of one request, as the exchange with the shards sees
+//! it, whatever the protocol: its body (as the shard receives it), whether
+//! the client went away, and where the answer goes. [`H1Client`] reads and
+//! writes an HTTP/1 connection's bytes; [`H2Client`] one HTTP/2 stream
+//! through Pingora's session (its flow control is the backpressure).
+
+use super::body::{BodyError, H1Body, H2Body, BODY_READ};
+use super::poll_read_buf;
+use super::response::{h2_response_head, response_head, Encoding, ParsedResponse, Persist};
+use crate::proxy::client::poll_watch;
+use crate::proxy::hooks::ResponseEdit;
+use crate::proxy::pipeline::answer::Refusal;
+use crate::proxy::pipeline::fields::is_hop_by_hop;
+use bytes::{Bytes, BytesMut};
+use pingora::protocols::http::v2::server::HttpSession as H2Stream;
+use pingora::protocols::Stream;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use tokio::io::AsyncWrite;
+
+/// A shard's response head, on its way to the client.
+pub(super) struct ResponseStart<'a> {
+    /// The bytes the head was read in.
+    pub buf: &'a [u8],
+    pub parsed: &'a ParsedResponse,
+    pub edit: Option<&'a ResponseEdit>,
+    /// The client's connection closes after this response.
+    pub close: bool,
+}
+
+/// The client's side of one request (see the module documentation).
+/// Everything is polled: the exchange moves both directions in one task.
+pub(super) trait Downstream {
+    /// The next bytes of the request body as the shard receives them
+    /// (framing included); `None` once it all went.
+    fn poll_body(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, BodyError>>;
+
+    /// Whether the client has no more body to send.
+    fn body_done(&self) -> bool;
+
+    /// Ready when the client went away; polled only once its body is read.
+    fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<()>;
+
+    /// Starts the response with the shard's head. `Err`: one this client
+    /// cannot be sent (answered 502 instead).
+    fn start(&mut self, head: ResponseStart<'_>) -> Result<(), ()>;
+
+    /// Queues body content; with `end`, the body's end and its trailer
+    /// section (HTTP/1 field lines).
+    fn queue(&mut self, content: Bytes, end: Option<&[u8]>);
+
+    /// Writes what is queued; ready once it all went.
+    fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+
+    /// Whether something queued is still to be written.
+    fn sending(&self) -> bool;
+
+    /// Queues shardgate's own answer, whole; `close`: the connection
+    /// closes after it (and says so).
+    fn queue_answer(&mut self, refusal: &Refusal, close: bool);
+
+    /// The response was cut short: make sure the client sees it so (an
+    /// HTTP/1 connection does once it closes; an HTTP/2 stream is reset).
+    fn abort(&mut self) {}
+}
+
+/// An HTTP/1 client connection, for one request.
+pub(super) struct H1Client<'c> {
+    stream: &'c mut Stream,
+    /// Bytes read past the request head: its body's start, then the next
+    /// request's.
+    ahead: &'c mut BytesMut,
+    body: H1Body,
+    /// The most bytes of a next request kept while this one is served.
+    head_limit: usize,
+    http10: bool,
+    head_only: bool,
+    /// The connection closes after this exchange.
+    pub close: bool,
+    /// `Expect: 100-continue`, not answered yet.
+    expect_continue: bool,
+    encoding: Encoding,
+    /// Bytes for the client, written before `pending`.
+    out: Vec<u8>,
+    written: usize,
+    /// Content for the client, written as it is (no copy).
+    pending: Bytes,
+}
+
+/// What an HTTP/1 request is, beside its body.
+pub(super) struct H1Request {
+    pub http10: bool,
+    pub head_only: bool,
+    pub close: bool,
+    pub expect_continue: bool,
+    pub head_limit: usize,
+}
+
+impl<'c> H1Client<'c> {
+    pub(super) fn new(
+        stream: &'c mut Stream,
+        ahead: &'c mut BytesMut,
+        body: H1Body,
+        request: H1Request,
+    ) -> Self {
+        H1Client {
+            stream,
+            ahead,
+            body,
+            head_limit: request.head_limit,
+            http10: request.http10,
+            head_only: request.head_only,
+            close: request.close,
+            // A client that sent body bytes with its head did not wait.
+            expect_continue: request.expect_continue,
+            encoding: Encoding::Bodiless,
+            out: Vec::new(),
+            written: 0,
+            pending: Bytes::new(),
+        }
+    }
+
+    /// The connection, once the exchange is over.
+    pub(super) fn stream(&mut self) -> &mut Stream {
+        self.stream
+    }
+
+    /// Writes `out` then `pending`.
+    fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.written < self.out.len() {
+            let n = ready!(Pin::new(&mut *self.stream).poll_write(cx, &self.out[self.written..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.written += n;
+        }
+        if !self.out.is_empty() {
+            self.out.clear();
+            self.written = 0;
+        }
+        while !self.pending.is_empty() {
+            let n = ready!(Pin::new(&mut *self.stream).poll_write(cx, &self.pending))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            let _ = self.pending.split_to(n);
+        }
+        Pin::new(&mut *self.stream).poll_flush(cx)
+    }
+}
+
+impl Downstream for H1Client<'_> {
+    fn poll_body(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, BodyError>> {
+        if std::mem::take(&mut self.expect_continue)
+            && self.ahead.is_empty()
+            && !self.body.is_done()
+        {
+            // RFC 9110 §10.1.1, as nginx: the gateway asks for the body
+            // once it is ready to send it (admitted, and a shard connected).
+            self.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+        }
+        if !self.out.is_empty() {
+            ready!(self.poll_write_out(cx)).map_err(|_| BodyError::Gone)?;
+        }
+        loop {
+            if self.body.is_done() {
+                return Poll::Ready(Ok(None));
+            }
+            if !self.ahead.is_empty() {
+                let bytes = self.body.take(self.ahead)?;
+                if !bytes.is_empty() {
+                    return Poll::Ready(Ok(Some(bytes)));
+                }
+                continue;
+            }
+            self.ahead.reserve(BODY_READ);
+            match ready!(poll_read_buf(&mut *self.stream, cx, self.ahead)) {
+                Ok(0) | Err(_) => return Poll::Ready(Err(BodyError::Gone)),
+                Ok(_) => {}
+            }
+        }
+    }
+
+    fn body_done(&self) -> bool {
+        self.body.is_done()
+    }
+
+    fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        poll_watch(Pin::new(&mut *self.stream), self.ahead, self.head_limit, cx).map(|_| ())
+    }
+
+    fn start(&mut self, head: ResponseStart<'_>) -> Result<(), ()> {
+        self.encoding = Encoding::of(head.parsed, self.http10);
+        self.close |= head.close || self.encoding == Encoding::Close;
+        let persist = match (self.close, self.http10) {
+            (true, _) => Persist::Close,
+            (false, true) => Persist::KeepAlive,
+            (false, false) => Persist::Default,
+        };
+        self.out = response_head(head.buf, head.parsed, self.encoding, persist, head.edit);
+        self.written = 0;
+        Ok(())
+    }
+
+    fn queue(&mut self, content: Bytes, end: Option<&[u8]>) {
+        match self.encoding {
+            Encoding::Bodiless => {}
+            Encoding::Length | Encoding::Close => {
+                if self.out.is_empty() && self.pending.is_empty() && content.len() > 4096 {
+                    self.pending = content;
+                } else {
+                    self.out.extend_from_slice(&self.pending);
+                    self.pending = Bytes::new();
+                    self.out.extend_from_slice(&content);
+                }
+            }
+            Encoding::Chunked => {
+                self.out.extend_from_slice(&self.pending);
+                self.pending = Bytes::new();
+                if !content.is_empty() {
+                    self.out
+                        .extend_from_slice(format!("{:x}\r\n", content.len()).as_bytes());
+                    self.out.extend_from_slice(&content);
+                    self.out.extend_from_slice(b"\r\n");
+                }
+                if let Some(trailers) = end {
+                    self.out.extend_from_slice(b"0\r\n");
+                    for line in trailer_lines(trailers) {
+                        self.out.extend_from_slice(line);
+                    }
+                    self.out.extend_from_slice(b"\r\n");
+                }
+            }
+        }
+    }
+
+    fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_write_out(cx)
+    }
+
+    fn sending(&self) -> bool {
+        !self.out.is_empty() || !self.pending.is_empty()
+    }
+
+    fn queue_answer(&mut self, refusal: &Refusal, close: bool) {
+        self.close |= close;
+        self.out = refusal.http1_to(self.head_only, self.close, self.http10);
+        self.written = 0;
+        self.pending = Bytes::new();
+    }
+}
+
+/// A response's trailer section, line by line, without hop-by-hop fields
+/// and without a length (the chunks framed the body).
+fn trailer_lines(block: &[u8]) -> impl Iterator<Item = &[u8]> {
+    block.split_inclusive(|b| *b == b'\n').filter(|line| {
+        let name = line.split(|b| *b == b':').next().unwrap_or_default();
+        let name = std::str::from_utf8(name.trim_ascii()).unwrap_or_default();
+        !name.is_empty() && !is_hop_by_hop(name) && !name.eq_ignore_ascii_case("content-length")
+    })
+}
+
+/// An HTTP/2 stream, for its one request.
+pub(super) struct H2Client {
+    pub(super) session: Box<H2Stream>,
+    body: H2Body,
+    body_done: bool,
+    head_only: bool,
+    /// The response body's writer, once the head went.
+    writer: Option<h2::SendStream<Bytes>>,
+    queued: Bytes,
+    /// The end is queued (with trailers if any).
+    end: Option<Option<http::HeaderMap>>,
+    ended: bool,
+}
+
+impl H2Client {
+    pub(super) fn new(session: Box<H2Stream>, body: H2Body, head_only: bool) -> Self {
+        H2Client {
+            body_done: session.is_body_empty(),
+            session,
+            body,
+            head_only,
+            writer: None,
+            queued: Bytes::new(),
+            end: None,
+            ended: false,
+        }
+    }
+}
+
+impl Downstream for H2Client {
+    fn poll_body(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, BodyError>> {
+        loop {
+            if self.body_done {
+                return Poll::Ready(Ok(None));
+            }
+            match ready!(self.session.poll_read_body_bytes(cx)) {
+                Some(Ok(data)) => {
+                    let data = self.body.data(data)?;
+                    if !data.is_empty() {
+                        return Poll::Ready(Ok(Some(data)));
+                    }
+                }
+                Some(Err(_)) => return Poll::Ready(Err(BodyError::Gone)),
+                None => {
+                    self.body_done = true;
+                    let end = self.body.end();
+                    if !end.is_empty() {
+                        return Poll::Ready(Ok(Some(end)));
+                    }
+                }
+            }
+        }
+    }
+
+    fn body_done(&self) -> bool {
+        self.body_done
+    }
+
+    fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let reset = match &mut self.writer {
+            Some(writer) => writer.poll_reset(cx).map(|_| ()),
+            None => Pin::new(&mut self.session.idle()).poll(cx).map(|_| ()),
+        };
+        reset
+    }
+
+    fn start(&mut self, head: ResponseStart<'_>) -> Result<(), ()> {
+        let header = h2_response_head(head.buf, head.parsed, head.edit)?;
+        let end = head.parsed.bodiless
+            || matches!(
+                head.parsed.framing,
+                crate::proxy::pipeline::framing::Framing::Length(0)
+            );
+        self.session
+            .write_response_header(Box::new(header), end)
+            .map_err(|_| ())?;
+        self.writer = self.session.take_response_body_writer();
+        self.ended = end;
+        Ok(())
+    }
+
+    fn queue(&mut self, content: Bytes, end: Option<&[u8]>) {
+        if self.ended {
+            return;
+        }
+        if self.queued.is_empty() {
+            self.queued = content;
+        } else if !content.is_empty() {
+            let mut joined = BytesMut::from(&self.queued[..]);
+            joined.extend_from_slice(&content);
+            self.queued = joined.freeze();
+        }
+        if let Some(trailers) = end {
+            self.end = Some(h2_trailers(trailers));
+        }
+    }
+
+    fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.ended {
+            self.queued = Bytes::new();
+            return Poll::Ready(Ok(()));
+        }
+        let Some(writer) = self.writer.as_mut() else {
+            return Poll::Ready(Err(io::ErrorKind::NotConnected.into()));
+        };
+        let closed = |_| io::Error::from(io::ErrorKind::BrokenPipe);
+        while !self.queued.is_empty() {
+            writer.reserve_capacity(self.queued.len());
+            match ready!(writer.poll_capacity(cx)) {
+                Some(Ok(n)) => {
+                    let chunk = self.queued.split_to(n.min(self.queued.len()));
+                    let last = self.queued.is_empty() && matches!(self.end, Some(None));
+                    writer.send_data(chunk, last).map_err(closed)?;
+                    self.ended |= last;
+                }
+                Some(Err(e)) => return Poll::Ready(Err(closed(e))),
+                None => return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
+            }
+        }
+        if let (Some(end), false) = (self.end.take(), self.ended) {
+            match end {
+                Some(trailers) => writer.send_trailers(trailers).map_err(closed)?,
+                None => writer.send_data(Bytes::new(), true).map_err(closed)?,
+            }
+            self.ended = true;
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn sending(&self) -> bool {
+        !self.queued.is_empty() || (self.end.is_some() && !self.ended)
+    }
+
+    /// Resets the stream (a response cut short must not look complete).
+    /// (After a whole answer, the reset says only that the rest of the
+    /// request body is not wanted: `NO_ERROR`, RFC 9113 §8.1.)
+    fn abort(&mut self) {
+        if let Some(writer) = &mut self.writer {
+            let reason = match self.ended {
+                true => h2::Reason::NO_ERROR,
+                false => h2::Reason::INTERNAL_ERROR,
+            };
+            writer.send_reset(reason);
+        } else {
+            self.session.shutdown();
+        }
+        self.ended = true;
+    }
+
+    fn queue_answer(&mut self, refusal: &Refusal, _close: bool) {
+        let Ok(head) = refusal.response_header() else {
+            return;
+        };
+        let body = !self.head_only && !refusal.body.is_empty();
+        if self.session.write_response_header(head, !body).is_err() {
+            self.ended = true;
+            return;
+        }
+        self.writer = self.session.take_response_body_writer();
+        self.ended = !body;
+        if body {
+            self.queued = Bytes::from(refusal.body.clone());
+            self.end = Some(None);
+        }
+    }
+}
+
+/// A response's trailer section as HTTP/2 trailers (none if empty or
+/// unreadable: the body then simply ends).
+fn h2_trailers(block: &[u8]) -> Option<http::HeaderMap> {
+    let mut map = http::HeaderMap::new();
+    for line in trailer_lines(block) {
+        let mut parts = line.splitn(2, |b| *b == b':');
+        let (Some(name), Some(value)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let name = http::HeaderName::from_bytes(name.trim_ascii()).ok()?;
+        let value = http::HeaderValue::from_bytes(value.trim_ascii()).ok()?;
+        map.append(name, value);
+    }
+    (!map.is_empty()).then_some(map)
+}

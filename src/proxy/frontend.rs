@@ -1,0 +1,215 @@
+//! Each client connection's front end: the listener's role (TLS, the
+//! https redirect), the TLS handshake, then its requests — HTTP/1 heads
+//! read one at a time under the head limits ([`super::head`]), what the
+//! edge answers itself (ACME challenges, the redirect), and each request
+//! handed to the fast transport, or to Pingora's proxy when the fast
+//! transport is off; HTTP/2 connections to `frontend_h2`.
+
+use super::client::{linger, OneRequest};
+use super::fast::FastPath;
+use super::head::{read_head, HeadError, HeadLimits};
+use super::pipeline::answer::Refusal;
+use super::pipeline::edge::edge_answer;
+use super::pipeline::framing::Framing;
+use crate::tls::{Edge, Roles};
+use bytes::BytesMut;
+use pingora::apps::{HttpServerApp, ServerApp};
+use pingora::protocols::http::ServerSession;
+use pingora::protocols::{Stream, ALPN};
+use pingora::server::ShutdownWatch;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+
+/// The front end of every client connection, in front of `inner` (the
+/// Pingora proxy) and the fast transport (if on).
+pub struct Frontend<A> {
+    pub(super) inner: Arc<A>,
+    limits: HeadLimits,
+    pub(super) fast: Option<FastPath>,
+    /// What each listener is (TLS, redirecting), and the edge's state.
+    edge: Option<(Arc<Roles>, Arc<Edge>)>,
+}
+
+impl<A> Frontend<A> {
+    pub fn new(inner: A, limits: HeadLimits) -> Self {
+        Frontend {
+            inner: Arc::new(inner),
+            limits,
+            fast: None,
+            edge: None,
+        }
+    }
+
+    /// Runs each TLS listener's handshake, and answers what the edge
+    /// answers before routing (ACME challenges, the https redirect).
+    pub fn with_edge(mut self, roles: Arc<Roles>, edge: Arc<Edge>) -> Self {
+        self.edge = Some((roles, edge));
+        self
+    }
+
+    /// Lets `fast` serve every request (else Pingora's proxy does).
+    pub fn with_fast_path(mut self, fast: Option<FastPath>) -> Self {
+        self.fast = fast;
+        self
+    }
+}
+
+/// Writes a final answer on a connection that is about to close.
+async fn refuse(stream: &mut Stream, error: HeadError) {
+    let refusal = match error {
+        HeadError::Timeout => Refusal::error(408, "request-timeout"),
+        HeadError::TooLarge => Refusal::error(431, "header-too-large"),
+        HeadError::Refused(refused) => Refusal::error(refused.status, refused.code),
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = stream.write_all(&refusal.http1(false, true)).await;
+        let _ = stream.flush().await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
+    linger(stream).await;
+}
+
+#[async_trait::async_trait]
+impl<A> ServerApp for Frontend<A>
+where
+    A: HttpServerApp + Send + Sync + 'static,
+{
+    async fn process_new(
+        self: &Arc<Self>,
+        stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        let role = match &self.edge {
+            Some((roles, _)) => match roles.of(&stream) {
+                Ok(role) => role.cloned(),
+                // Never serve a TLS listener's connection as plain HTTP.
+                Err(_) => return None,
+            },
+            None => None,
+        };
+        let stream = match role.as_ref().and_then(|r| r.tls.as_ref()) {
+            Some(handshake) => handshake.accept(stream).await?,
+            None => stream,
+        };
+        let tls = role.as_ref().is_some_and(|r| r.tls.is_some());
+        let redirect = role.as_ref().and_then(|r| r.redirect_https);
+        let h2c = self
+            .inner
+            .server_options()
+            .is_some_and(|o| o.h2c || o.force_custom);
+        if h2c
+            || matches!(
+                stream.selected_alpn_proto(),
+                Some(ALPN::H2) | Some(ALPN::Custom(_))
+            )
+        {
+            if let (false, Some(fast)) = (h2c, &self.fast) {
+                if stream.selected_alpn_proto() == Some(ALPN::H2) {
+                    self.serve_h2(fast, stream, shutdown).await;
+                    return None;
+                }
+            }
+            // HTTP/2 without the fast transport (and custom protocols) keep
+            // Pingora's own handling.
+            return ServerApp::process_new(&self.inner, stream, shutdown).await;
+        }
+        let mut stream = stream;
+        let mut settings = None;
+        let mut watch = shutdown.clone();
+        let mut first = true;
+        // What the client sent past the last request: the next one's start.
+        let mut ahead = BytesMut::new();
+        loop {
+            let mut buf = std::mem::take(&mut ahead);
+            buf.reserve(4096);
+            // A new connection's first request is read even while shutting
+            // down (one accepted during a graceful upgrade is served); only
+            // connections idle between requests close when shutdown starts.
+            let idle_watch = (!first).then_some(&mut watch);
+            first = false;
+            let head = match read_head(&mut stream, &mut buf, &self.limits, idle_watch).await {
+                Ok(Some(head)) => head,
+                Ok(None) => return None,
+                Err(e) => {
+                    refuse(&mut stream, e).await;
+                    return None;
+                }
+            };
+            // Past the head: the body's start, then the next request's.
+            ahead = buf.split_off(head.len);
+            if let (false, Some((_, edge))) = (tls, &self.edge) {
+                if let Some(answer) = edge_answer(&buf, redirect, edge) {
+                    // A request with a body (or a protocol switch) is not
+                    // read on: the connection closes after the answer.
+                    let bodiless = matches!(head.body, Framing::Length(0));
+                    let more = bodiless && !answer.close && !*shutdown.borrow();
+                    let sent = async {
+                        stream.write_all(&answer.bytes).await?;
+                        stream.flush().await
+                    };
+                    let sent = tokio::time::timeout(self.limits.keepalive_timeout, sent).await;
+                    if matches!(sent, Ok(Ok(()))) && more {
+                        continue;
+                    }
+                    let _ = tokio::time::timeout(Duration::from_secs(1), stream.shutdown()).await;
+                    linger(&mut stream).await;
+                    return None;
+                }
+            }
+            if let Some(fast) = &self.fast {
+                let closing = *shutdown.borrow();
+                match fast
+                    .serve(stream, buf, head.body, &mut ahead, closing)
+                    .await
+                {
+                    Some(next) => {
+                        stream = next;
+                        continue;
+                    }
+                    None => return None,
+                }
+            }
+            // Pingora's path: the head and the body bytes read with it are
+            // this request's; anything after them is the next one's.
+            let mut body = head.body;
+            let mut rest = ahead;
+            let used = body.consume(&rest).unwrap_or_else(|_| {
+                body = Framing::UntilClose;
+                rest.len()
+            });
+            ahead = rest.split_off(used);
+            buf.unsplit(rest);
+            if matches!(body, Framing::UntilClose) {
+                // A protocol switch: whatever the client sent past the head
+                // is Pingora's to see, in order.
+                buf.unsplit(std::mem::take(&mut ahead));
+            }
+            let limit = self.limits.max_header_bytes;
+            let client: Stream = Box::new(OneRequest::new(
+                stream,
+                body,
+                std::mem::take(&mut ahead),
+                limit,
+            ));
+            let mut session = ServerSession::new_http1(client);
+            match settings.take() {
+                Some(s) => pingora::apps::HttpPersistentSettings::apply_to_session(s, &mut session),
+                None => session.set_keepalive(Some(self.limits.keepalive_timeout.as_secs().max(1))),
+            }
+            if *shutdown.borrow() {
+                session.set_keepalive(None);
+            }
+            session.set_pipelined_prefix(buf);
+            let reused = self.inner.process_new_http(session, shutdown).await?;
+            let (next, persistent) = reused.consume();
+            (stream, ahead) = OneRequest::unwrap(next)?;
+            settings = persistent;
+        }
+    }
+
+    async fn cleanup(&self) {
+        self.inner.http_cleanup().await;
+    }
+}
