@@ -91,9 +91,10 @@ impl Builder {
     }
 
     /// With a wrapped proxy ([`Builder::build_with`]): let shardgate's fast
-    /// transport serve every request (`server.fast_path` must be on too). Those requests then skip every phase of the wrapper —
-    /// only [`GatewayHooks`] run for them — so this is off unless asked
-    /// for. The binary's own build follows `server.fast_path` alone.
+    /// transport serve every request (`server.fast_path` must be on too).
+    /// Those requests then skip every phase of the wrapper — only
+    /// [`GatewayHooks`] run for them — so this is off unless asked for.
+    /// The binary's own build follows `server.fast_path` alone.
     pub fn fast_transport(mut self, on: bool) -> Self {
         self.fast_transport = on;
         self
@@ -136,6 +137,7 @@ impl Builder {
             true => Some(FastPath::new(gateway.clone())?),
             false => None,
         };
+        let fast_on = fast.is_some();
         if !fast_transport && control.config.server.fast_path {
             log::info!(
                 "a wrapped proxy: every request takes Pingora's proxy path, so that each of \
@@ -177,9 +179,17 @@ impl Builder {
             // vanished from an idle WebSocket frees its slot.
             let mut options = pingora::listeners::TcpSocketOptions::default();
             options.tcp_keepalive = Some(crate::proxy::fast::tunnel::keepalive());
+            // No write buffer either when the fast transport writes: it
+            // writes each answer whole, and the buffer only cost a copy.
+            // (Pingora's own codec writes a head and its body apart, and
+            // relies on it to send them together.)
+            let buffers = match fast_on {
+                true => L4BufferSettings::unbuffered(),
+                false => L4BufferSettings::default().read(0),
+            };
             let endpoint = ListenerConfig::tcp(listener.addr.to_string())
                 .tcp_socket_options(options)
-                .l4_buffer(L4BufferSettings::default().read(0));
+                .l4_buffer(buffers);
             proxy.add_listener(endpoint);
         }
         server.add_service(proxy);

@@ -401,6 +401,21 @@ fn http2_routes_forwards_and_refuses_as_http1_does() {
     let (status, version, body) = curl_h2(gw.port, "shop.apps.test", "/", &ca_file);
     assert_eq!((status.as_str(), version.as_str()), ("403", "2"));
     assert!(body.contains("denied"), "{body}");
+    // A refused stream with a body gets its answer whole too (the body it
+    // still sends is not wanted, and the stream is not reset before the
+    // answer went).
+    let file = certs.path().join("upload.bin");
+    std::fs::write(&file, vec![b'x'; 200_000]).expect("upload file");
+    let upload = format!("@{}", file.display());
+    let (status, version, body) = curl_h2_with(
+        gw.port,
+        "shop.apps.test",
+        "/",
+        &ca_file,
+        &["--data-binary", &upload],
+    );
+    assert_eq!((status.as_str(), version.as_str()), ("403", "2"), "{body}");
+    assert!(body.contains("denied"), "{body}");
     let (status, _, _) = curl_h2(gw.port, "other.apps.test", "/", &ca_file);
     assert_eq!(status, "200");
 }

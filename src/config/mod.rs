@@ -99,9 +99,8 @@ pub struct ServerSettings {
     pub grace_period_seconds: u64,
     pub graceful_shutdown_timeout_seconds: u64,
     pub work_stealing: bool,
-    /// shardgate's own forwarding for bodiless HTTP/1.1 requests and
-    /// WebSocket handshakes (`proxy::fast`); off: everything takes Pingora's
-    /// proxy path.
+    /// shardgate's own forwarding for every request (`proxy::fast`); off:
+    /// everything takes Pingora's proxy path.
     pub fast_path: bool,
     pub listener_tasks_per_fd: usize,
     pub upstream_keepalive_pool_size: usize,

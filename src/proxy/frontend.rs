@@ -160,10 +160,7 @@ where
             }
             if let Some(fast) = &self.fast {
                 let closing = *shutdown.borrow();
-                match fast
-                    .serve(stream, buf, head.body, &mut ahead, closing)
-                    .await
-                {
+                match fast.serve(stream, buf, head, &mut ahead, closing).await {
                     Some(next) => {
                         stream = next;
                         continue;

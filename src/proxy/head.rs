@@ -13,6 +13,9 @@ use super::pipeline::message::{check_framing, check_request_line, Refused};
 use bytes::BytesMut;
 use pingora::protocols::Stream;
 use pingora::server::ShutdownWatch;
+use smallvec::SmallVec;
+use std::mem::MaybeUninit;
+use std::ops::Range;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
@@ -36,6 +39,49 @@ pub struct Head {
     pub len: usize,
     /// The framing of its body.
     pub body: Framing,
+    /// Where its parts are, so that no transport parses it again.
+    pub layout: Layout,
+}
+
+/// Where the parts of a request head are in its buffer (byte offsets).
+#[derive(Clone, Debug, Default)]
+pub struct Layout {
+    pub method: Range<u32>,
+    pub target: Range<u32>,
+    pub http10: bool,
+    /// Each field's name and value.
+    pub fields: SmallVec<[(Range<u32>, Range<u32>); 32]>,
+}
+
+impl Layout {
+    /// Parses the complete head at the start of `buf` (tests and fuzzing).
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn parse(buf: &[u8]) -> Option<Layout> {
+        let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; 256];
+        let mut req = httparse::Request::new(&mut []);
+        match req.parse_with_uninit_headers(buf, &mut slots) {
+            Ok(httparse::Status::Complete(_)) => Some(Layout::of(buf, &req)),
+            _ => None,
+        }
+    }
+
+    /// The layout of a head httparse read from `buf`.
+    fn of(buf: &[u8], req: &httparse::Request<'_, '_>) -> Layout {
+        let at = |part: &[u8]| {
+            let start = (part.as_ptr() as usize - buf.as_ptr() as usize) as u32;
+            start..start + part.len() as u32
+        };
+        Layout {
+            method: at(req.method.unwrap_or_default().as_bytes()),
+            target: at(req.path.unwrap_or_default().as_bytes()),
+            http10: req.version == Some(0),
+            fields: req
+                .headers
+                .iter()
+                .map(|h| (at(h.name.as_bytes()), at(h.value)))
+                .collect(),
+        }
+    }
 }
 
 /// Why a head was refused.
@@ -103,6 +149,9 @@ pub async fn read_head(
     }
 }
 
+// A parse's outcome, returned and matched at once, never kept: the size of
+// a whole head's layout (on the stack, no allocation) is the point.
+#[allow(clippy::large_enum_variant)]
 enum Parsed {
     Complete(Head),
     Partial,
@@ -123,16 +172,17 @@ const MALFORMED: Refused = Refused {
 const STACK_HEADERS: usize = 128;
 
 fn parse(buf: &[u8], limits: &HeadLimits) -> Parsed {
-    let mut on_stack = [httparse::EMPTY_HEADER; STACK_HEADERS];
+    // Not initialised: httparse writes the slots it fills, no more.
+    let mut on_stack = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; STACK_HEADERS];
     let mut on_heap = Vec::new();
-    let headers: &mut [httparse::Header<'_>] = if limits.max_headers <= STACK_HEADERS {
+    let headers: &mut [MaybeUninit<httparse::Header<'_>>] = if limits.max_headers <= STACK_HEADERS {
         &mut on_stack[..limits.max_headers]
     } else {
-        on_heap.resize(limits.max_headers, httparse::EMPTY_HEADER);
+        on_heap.resize_with(limits.max_headers, MaybeUninit::uninit);
         &mut on_heap
     };
-    let mut req = httparse::Request::new(headers);
-    match req.parse(buf) {
+    let mut req = httparse::Request::new(&mut []);
+    match req.parse_with_uninit_headers(buf, headers) {
         Ok(httparse::Status::Complete(len)) if len > limits.max_header_bytes => Parsed::TooLarge,
         Ok(httparse::Status::Complete(len)) => {
             let fields = req.headers.iter().map(|h| (h.name, h.value));
@@ -157,8 +207,13 @@ fn parse(buf: &[u8], limits: &HeadLimits) -> Parsed {
                 Ok(_) if websocket => Parsed::Complete(Head {
                     len,
                     body: Framing::UntilClose,
+                    layout: Layout::of(buf, &req),
                 }),
-                Ok(body) => Parsed::Complete(Head { len, body }),
+                Ok(body) => Parsed::Complete(Head {
+                    len,
+                    body,
+                    layout: Layout::of(buf, &req),
+                }),
                 Err(refused) => Parsed::Refused(refused),
             }
         }

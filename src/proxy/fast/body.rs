@@ -69,6 +69,13 @@ pub(super) struct H1Body {
 
 impl H1Body {
     pub(super) fn new(framing: Framing, limits: BodyLimits) -> Self {
+        // A request body is never framed by the close (the head reader says
+        // so only of a WebSocket handshake, which has none): whatever
+        // follows is not a body.
+        let framing = match framing {
+            Framing::UntilClose => Framing::Length(0),
+            framing => framing,
+        };
         H1Body {
             chunked: matches!(framing, Framing::Chunked(_)),
             framing,
@@ -84,7 +91,6 @@ impl H1Body {
             Framing::Chunked(_) => Outgoing::Chunked,
             Framing::Length(0) if !announced_length => Outgoing::None,
             Framing::Length(n) => Outgoing::Length(*n),
-            // A request body is never framed by the close.
             Framing::UntilClose => Outgoing::None,
         }
     }

@@ -32,22 +32,36 @@ impl Conn {
 
     /// Whether an idle connection has nothing to read: neither closed by
     /// the shard nor sent bytes no request asked for (which must never
-    /// answer the next request). One non-blocking system call (the
-    /// reactor may not have seen bytes that just arrived): a peek, or on
-    /// TLS a read through rustls, which takes in records that carry no
-    /// data (a session ticket sent after the response).
+    /// answer the next request). One non-blocking peek, a real system call
+    /// (the reactor may not have seen bytes that just arrived). On TLS,
+    /// bytes there are read into rustls (without the reactor, which may
+    /// not know of them either): records that carry no data, a session
+    /// ticket sent after the response, leave the connection quiet.
     pub(crate) fn is_quiet(&mut self) -> bool {
-        match self {
-            Conn::Plain(tcp) => quiet(tcp.as_raw_fd()),
-            Conn::Tls(tls) => {
-                let mut byte = [0u8; 1];
-                let mut buf = ReadBuf::new(&mut byte);
-                let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
-                Pin::new(&mut **tls)
-                    .poll_read(&mut cx, &mut buf)
-                    .is_pending()
+        let fd = self.tcp().as_raw_fd();
+        if quiet(fd) {
+            return match self {
+                Conn::Plain(_) => true,
+                Conn::Tls(tls) => !has_plaintext(tls),
+            };
+        }
+        let Conn::Tls(tls) = self else {
+            return false;
+        };
+        let session = tls.get_mut().1;
+        let mut socket = RawRead(fd);
+        // A few records at most: more is a shard talking out of turn.
+        for _ in 0..8 {
+            match session.read_tls(&mut socket) {
+                Ok(0) => return false,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return !has_plaintext(tls);
+                }
+                Err(_) => return false,
             }
         }
+        false
     }
 
     /// Ready when a read would find bytes, the end or an error, without
@@ -55,14 +69,41 @@ impl Conn {
     /// once if TLS already holds decrypted bytes.
     pub(crate) fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if let Conn::Tls(tls) = self {
-            let buffered = tls.get_mut().1.process_new_packets().map_or(true, |state| {
-                state.plaintext_bytes_to_read() > 0 || state.peer_has_closed()
-            });
-            if buffered {
+            if has_plaintext(tls) {
                 return Poll::Ready(Ok(()));
             }
         }
         self.tcp().poll_read_ready(cx)
+    }
+}
+
+/// Whether rustls holds decrypted bytes or the shard's close (after
+/// processing what it has read).
+fn has_plaintext(tls: &mut ClientTlsStream<TcpStream>) -> bool {
+    tls.get_mut().1.process_new_packets().map_or(true, |state| {
+        state.plaintext_bytes_to_read() > 0 || state.peer_has_closed()
+    })
+}
+
+/// Reads a socket without the reactor: `recv` with `MSG_DONTWAIT`.
+struct RawRead(std::os::fd::RawFd);
+
+impl io::Read for RawRead {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        // SAFETY: `buf` is valid for `buf.len()` bytes; on a closed or
+        // foreign descriptor recv fails, which is returned.
+        let n = unsafe {
+            libc::recv(
+                self.0,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        match n {
+            n if n >= 0 => Ok(n as usize),
+            _ => Err(io::Error::last_os_error()),
+        }
     }
 }
 

@@ -66,6 +66,9 @@ pub(super) trait Downstream {
     fn abort(&mut self) {}
 }
 
+/// The interim answer to `Expect: 100-continue`.
+const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
 /// An HTTP/1 client connection, for one request.
 pub(super) struct H1Client<'c> {
     stream: &'c mut Stream,
@@ -81,6 +84,8 @@ pub(super) struct H1Client<'c> {
     pub close: bool,
     /// `Expect: 100-continue`, not answered yet.
     expect_continue: bool,
+    /// How much of the `100 Continue` went out, while it is being written.
+    interim: Option<usize>,
     encoding: Encoding,
     /// Bytes for the client, written before `pending`.
     out: Vec<u8>,
@@ -115,10 +120,20 @@ impl<'c> H1Client<'c> {
             close: request.close,
             // A client that sent body bytes with its head did not wait.
             expect_continue: request.expect_continue,
+            interim: None,
             encoding: Encoding::Bodiless,
             out: Vec::new(),
             written: 0,
             pending: Bytes::new(),
+        }
+    }
+
+    /// A final answer comes before the `100 Continue` went: none goes
+    /// (one already under way is finished first).
+    fn forgo_continue(&mut self) {
+        self.expect_continue = false;
+        if self.interim == Some(0) {
+            self.interim = None;
         }
     }
 
@@ -127,8 +142,20 @@ impl<'c> H1Client<'c> {
         self.stream
     }
 
-    /// Writes `out` then `pending`.
+    /// Writes the `100 Continue` under way, then `out`, then `pending`.
     fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while let Some(sent) = self.interim {
+            let rest = &CONTINUE[sent..];
+            if rest.is_empty() {
+                self.interim = None;
+                break;
+            }
+            let n = ready!(Pin::new(&mut *self.stream).poll_write(cx, rest))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.interim = Some(sent + n);
+        }
         while self.written < self.out.len() {
             let n = ready!(Pin::new(&mut *self.stream).poll_write(cx, &self.out[self.written..]))?;
             if n == 0 {
@@ -159,9 +186,9 @@ impl Downstream for H1Client<'_> {
         {
             // RFC 9110 §10.1.1, as nginx: the gateway asks for the body
             // once it is ready to send it (admitted, and a shard connected).
-            self.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            self.interim = Some(0);
         }
-        if !self.out.is_empty() {
+        if self.interim.is_some() {
             ready!(self.poll_write_out(cx)).map_err(|_| BodyError::Gone)?;
         }
         loop {
@@ -192,6 +219,7 @@ impl Downstream for H1Client<'_> {
     }
 
     fn start(&mut self, head: ResponseStart<'_>) -> Result<(), ()> {
+        self.forgo_continue();
         self.encoding = Encoding::of(head.parsed, self.http10);
         self.close |= head.close || self.encoding == Encoding::Close;
         let persist = match (self.close, self.http10) {
@@ -241,10 +269,11 @@ impl Downstream for H1Client<'_> {
     }
 
     fn sending(&self) -> bool {
-        !self.out.is_empty() || !self.pending.is_empty()
+        self.interim.is_some() || !self.out.is_empty() || !self.pending.is_empty()
     }
 
     fn queue_answer(&mut self, refusal: &Refusal, close: bool) {
+        self.forgo_continue();
         self.close |= close;
         self.out = refusal.http1_to(self.head_only, self.close, self.http10);
         self.written = 0;
@@ -288,6 +317,24 @@ impl H2Client {
             end: None,
             ended: false,
         }
+    }
+}
+
+impl H2Client {
+    /// Reads off what the client still sends of its body (and drops it),
+    /// for at most a second and 1 MiB, as the HTTP/1 lingering close.
+    pub(super) async fn drain(&mut self) {
+        let mut left = 1usize << 20;
+        let drained = std::future::poll_fn(|cx| loop {
+            if self.body_done || left == 0 {
+                return Poll::Ready(());
+            }
+            match ready!(self.session.poll_read_body_bytes(cx)) {
+                Some(Ok(data)) => left = left.saturating_sub(data.len()),
+                Some(Err(_)) | None => self.body_done = true,
+            }
+        });
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), drained).await;
     }
 }
 
@@ -395,18 +442,17 @@ impl Downstream for H2Client {
         !self.queued.is_empty() || (self.end.is_some() && !self.ended)
     }
 
-    /// Resets the stream (a response cut short must not look complete).
-    /// (After a whole answer, the reset says only that the rest of the
-    /// request body is not wanted: `NO_ERROR`, RFC 9113 §8.1.)
+    /// Resets the stream: a response cut short must not look complete. (A
+    /// whole answer is never reset: a reset drops the frames still queued
+    /// for the stream. Dropped with its body unread, the stream ends with
+    /// an implicit `NO_ERROR` reset after them, RFC 9113 §8.1.)
     fn abort(&mut self) {
-        if let Some(writer) = &mut self.writer {
-            let reason = match self.ended {
-                true => h2::Reason::NO_ERROR,
-                false => h2::Reason::INTERNAL_ERROR,
-            };
-            writer.send_reset(reason);
-        } else {
-            self.session.shutdown();
+        if self.ended {
+            return;
+        }
+        match &mut self.writer {
+            Some(writer) => writer.send_reset(h2::Reason::INTERNAL_ERROR),
+            None => self.session.shutdown(),
         }
         self.ended = true;
     }

@@ -129,7 +129,7 @@ impl Outbound {
                     Poll::Ready(Ok(n)) if n > 0 => {
                         self.bytes.advance(n);
                         self.unflushed = true;
-                        self.progressed = Some(coarsetime::Instant::now());
+                        self.progressed = Some(coarsetime::Instant::now_without_cache_update());
                     }
                     Poll::Ready(_) => {
                         self.broken = true;
@@ -168,12 +168,18 @@ impl Outbound {
     }
 }
 
-/// A timer polled inside an exchange's poll loop, reset only when its
-/// deadline moves.
-fn poll_timer(sleep: &mut Pin<&mut Sleep>, at: Option<Instant>, cx: &mut Context<'_>) -> Poll<()> {
+/// A timer polled inside an exchange's poll loop, made when first
+/// needed (most responses need none) and reset only when its deadline
+/// moves.
+fn poll_timer(
+    sleep: &mut Option<Pin<Box<Sleep>>>,
+    at: Option<Instant>,
+    cx: &mut Context<'_>,
+) -> Poll<()> {
     let Some(at) = at else {
         return Poll::Pending;
     };
+    let sleep = sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
     if sleep.deadline() != at {
         sleep.as_mut().reset(at);
     }
@@ -203,7 +209,12 @@ impl FastPath {
                 return Exchanged::Closed(self.answer(client, ctx, refusal, true).await);
             };
             ctx.attempts += 1;
-            let mut out = Outbound::new(request.bytes.clone(), Instant::now());
+            // The first attempt starts with the request (no clock read).
+            let now = match ctx.attempts {
+                1 => Instant::from_std(ctx.started),
+                _ => Instant::now(),
+            };
+            let mut out = Outbound::new(request.bytes.clone(), now);
             let failure = match self.connection(&peer).await {
                 Err(failure) => Failed::Shard(failure),
                 Ok(connection) => {
@@ -341,7 +352,12 @@ impl FastPath {
                 if let Some(since) = out.awaiting_body {
                     due = due.min(since + self.body_timeout);
                 }
-                poll_timer(&mut sleep.as_mut(), Some(due), cx).map(|()| AttemptEvent::Due)
+                // Armed for every attempt: on the stack, reset only when the
+                // deadline moves.
+                if sleep.deadline() != due {
+                    sleep.as_mut().reset(due);
+                }
+                sleep.as_mut().poll(cx).map(|()| AttemptEvent::Due)
             })
             .await;
             match event {
@@ -350,8 +366,13 @@ impl FastPath {
                 AttemptEvent::Due => {
                     if let Some(at) = out.progressed.take() {
                         // The deadline counts from the last progress.
-                        let ago = Duration::from(at.elapsed());
+                        let now = coarsetime::Instant::now_without_cache_update();
+                        let ago = Duration::from(now - at);
                         out.moved = out.moved.max(Instant::now() - ago);
+                        waiting.progressed(out.moved);
+                    }
+                    if out.awaiting_body.is_some() {
+                        waiting.progressed(Instant::now());
                     }
                     if out
                         .awaiting_body
@@ -400,7 +421,7 @@ impl FastPath {
         let mut trailers = Vec::new();
         // Body bytes that break the framing before anything was sent: the
         // client still gets an answer.
-        let Ok(first) = decode_body(&mut framing, &mut buf, &mut trailers) else {
+        let Ok(first) = decode_body(&mut framing, &mut buf, &mut trailers, self.head_limit) else {
             let refusal = Refusal::error(502, "upstream-invalid-response");
             return Exchanged::Closed(self.answer(client, ctx, refusal, true).await);
         };
@@ -425,8 +446,7 @@ impl FastPath {
         client.queue(first, done.then_some(&trailers[..]));
         let until_close = matches!(framing, Framing::UntilClose);
         let mut stalled: Option<Instant> = None;
-        let sleep = tokio::time::sleep_until(Instant::now());
-        tokio::pin!(sleep);
+        let mut sleep = None;
         let ended = poll_fn(|cx| loop {
             if client.sending() {
                 match client.poll_send(cx) {
@@ -452,7 +472,9 @@ impl FastPath {
                     // Cut short: the client must see it so.
                     Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(End::Cut),
                     Poll::Ready(Ok(_)) => {
-                        let Ok(content) = decode_body(&mut framing, &mut buf, &mut trailers) else {
+                        let Ok(content) =
+                            decode_body(&mut framing, &mut buf, &mut trailers, self.head_limit)
+                        else {
                             return Poll::Ready(End::Cut);
                         };
                         reusable &= buf.is_empty();
@@ -478,7 +500,7 @@ impl FastPath {
                 let body = since + self.body_timeout;
                 due = Some(due.map_or(body, |d| d.min(body)));
             }
-            return match poll_timer(&mut sleep.as_mut(), due, cx) {
+            return match poll_timer(&mut sleep, due, cx) {
                 Poll::Ready(()) => Poll::Ready(End::Cut),
                 Poll::Pending => Poll::Pending,
             };
@@ -489,10 +511,10 @@ impl FastPath {
                 if reusable && out.finished && !out.broken {
                     self.release(key, conn);
                 }
-                match out.finished {
-                    true => Exchanged::Done(status),
-                    false => Exchanged::Closed(status),
-                }
+                // Whether the client's connection goes on is the client's
+                // side: its body read whole (the shard may have answered
+                // before it took it all, then the connection is not pooled).
+                Exchanged::Done(status)
             }
             End::Cut => {
                 client.abort();
@@ -509,10 +531,22 @@ impl FastPath {
         refusal: Refusal,
         close: bool,
     ) -> u16 {
+        self.answered(client, ctx, refusal, close).await.0
+    }
+
+    /// As [`FastPath::answer`], and whether it went out whole (else the
+    /// connection must close: the client could not tell where it ends).
+    pub(super) async fn answered<D: Downstream>(
+        &self,
+        client: &mut D,
+        ctx: &mut RequestCtx,
+        refusal: Refusal,
+        close: bool,
+    ) -> (u16, bool) {
         ctx.answered = Some(refusal.status);
         client.queue_answer(&refusal, close);
-        let _ = tokio::time::timeout(self.send_timeout, poll_fn(|cx| client.poll_send(cx))).await;
-        refusal.status
+        let sent = tokio::time::timeout(self.send_timeout, poll_fn(|cx| client.poll_send(cx)));
+        (refusal.status, matches!(sent.await, Ok(Ok(()))))
     }
 }
 
@@ -534,6 +568,7 @@ fn decode_body(
     framing: &mut Framing,
     buf: &mut BytesMut,
     trailers: &mut Vec<u8>,
+    max_trailers: usize,
 ) -> Result<Bytes, ()> {
     if !matches!(framing, Framing::Chunked(_)) {
         let used = framing.consume(buf).map_err(|_| ())?;
@@ -547,6 +582,37 @@ fn decode_body(
             Part::Chunk(_) => {}
         })
         .map_err(|_| ())?;
+    if trailers.len() > max_trailers {
+        // A shard's trailer section is held until it ends: bounded as a
+        // head is.
+        return Err(());
+    }
     buf.advance(used);
     Ok(content.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_response_body_leaves_what_lies_beyond_it_and_its_trailers_are_bounded() {
+        let mut framing = Framing::Length(5);
+        let mut buf = BytesMut::from(&b"helloHTTP/1.1"[..]);
+        let content = decode_body(&mut framing, &mut buf, &mut Vec::new(), 64).unwrap();
+        assert_eq!((&content[..], &buf[..]), (&b"hello"[..], &b"HTTP/1.1"[..]));
+        let mut framing = Framing::chunked();
+        let mut trailers = Vec::new();
+        let mut buf = BytesMut::from(&b"3\r\nabc\r\n0\r\nX-Sum: 1\r\n\r\nextra"[..]);
+        let content = decode_body(&mut framing, &mut buf, &mut trailers, 64).unwrap();
+        assert_eq!(&content[..], b"abc");
+        assert_eq!(trailers, b"X-Sum: 1\r\n");
+        assert_eq!(&buf[..], b"extra");
+        // A shard's endless trailer section is cut, not held.
+        let mut framing = Framing::chunked();
+        let mut trailers = Vec::new();
+        let endless = format!("0\r\n{}", "X-Pad: aaaaaaaaaaaaaaaa\r\n".repeat(10));
+        let mut buf = BytesMut::from(endless.as_bytes());
+        assert!(decode_body(&mut framing, &mut buf, &mut trailers, 64).is_err());
+    }
 }

@@ -5,7 +5,7 @@
 //! HTTP/1.1 through the same exchange as an HTTP/1 request's.
 
 use super::body::H2Body;
-use super::downstream::{Downstream, H2Client};
+use super::downstream::H2Client;
 use super::exchange::{Exchanged, Request};
 use super::request::{Outgoing, UpstreamHead};
 use super::{FastPath, OrEmpty};
@@ -74,10 +74,6 @@ impl FastPath {
                 }
             }
         };
-        if !client.body_done() {
-            // The answer is whole; the rest of the body is not wanted.
-            client.abort();
-        }
         // Logged as Pingora's path logs an HTTP/2 request: its URI.
         let req = client.session.req_header();
         gw.finish(
@@ -87,6 +83,12 @@ impl FastPath {
             &req.uri,
             status,
         );
+        // An answer came before the body ended (a refusal, a shard that
+        // answered early): the rest is read off a while, its admission
+        // already released, so that the stream ends cleanly. (Reset at
+        // once, some clients throw the answer away with it: curl 7.88
+        // does, for a `NO_ERROR` reset after a whole response.)
+        client.drain().await;
     }
 }
 

@@ -39,10 +39,10 @@ pub mod fuzzing;
 
 use super::client::linger;
 use super::ctx::RequestCtx;
+use super::head::Head;
 use super::hooks::{RequestView, ResponseEdit};
 use super::pipeline::answer::Refusal;
 use super::pipeline::fields::Forwarding;
-use super::pipeline::framing::Framing;
 use super::pipeline::message::request_target;
 use super::Gateway;
 use body::{BodyLimits, H1Body};
@@ -51,7 +51,7 @@ use downstream::{Downstream, H1Client, H1Request};
 use exchange::{Exchanged, Request};
 use http::Method;
 use pingora::protocols::Stream;
-use request::{parse_head, UpstreamHead};
+use request::{head_in, UpstreamHead};
 use std::fmt;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -140,11 +140,12 @@ impl FastPath {
         &self,
         mut client: Stream,
         head: BytesMut,
-        body: Framing,
+        read: Head,
         ahead: &mut BytesMut,
         closing: bool,
     ) -> Option<Stream> {
-        let Some(parsed) = parse_head(&head) else {
+        let body = read.body;
+        let Some(parsed) = head_in(&head, &read.layout) else {
             let refusal = Refusal::error(400, "bad-request");
             let _ = self
                 .send_all(&mut client, &refusal.http1(false, true))
@@ -167,11 +168,6 @@ impl FastPath {
             );
         };
         let announced_length = parsed.values("content-length").next().is_some();
-        // What follows a WebSocket handshake is the tunnel's, not a body.
-        let body = match parsed.websocket {
-            true => Framing::Length(0),
-            false => body,
-        };
         let mut h1_body = H1Body::new(body, self.body_limits);
         let outgoing = h1_body.outgoing(announced_length);
         // A body that came whole with its head goes with it, and stays
@@ -188,7 +184,8 @@ impl FastPath {
             http10: parsed.http10,
             head_only: parsed.head_only(),
             close: parsed.close || closing,
-            expect_continue: parsed.expect_continue && whole_body.is_none(),
+            // RFC 9110 §10.1.1: an HTTP/1.0 client is never sent a 100.
+            expect_continue: parsed.expect_continue && whole_body.is_none() && !parsed.http10,
             head_limit: self.head_limit,
         };
         let method = Method::from_bytes(parsed.method.as_bytes()).unwrap_or(Method::GET);
@@ -218,7 +215,10 @@ impl FastPath {
                 // The client's connection goes on only if its body was
                 // read whole (it came with the head).
                 let close = !c.body_done();
-                Exchanged::Done(self.answer(&mut c, &mut ctx, refusal, close).await)
+                match self.answered(&mut c, &mut ctx, refusal, close).await {
+                    (status, true) => Exchanged::Done(status),
+                    (status, false) => Exchanged::Closed(status),
+                }
             }
             Ok(host_seen) => {
                 let tls = c.stream().get_ssl_digest().is_some();
@@ -252,13 +252,14 @@ impl FastPath {
                 return Some(client);
             }
             Exchanged::Done(status) | Exchanged::Closed(status) => {
+                finish(&mut ctx, status);
                 if unread {
                     // The client may still be sending its body: read it
-                    // off a while, so that closing does not reset the
-                    // answer away.
+                    // off a while (its admission already released), so
+                    // that closing does not reset the answer away.
                     linger(&mut client).await;
                 }
-                status
+                return None;
             }
             Exchanged::Upgraded(upstream) => {
                 // A tunnel may stay open for hours: of the head, only the

@@ -4,14 +4,14 @@
 //! owns, `Expect` (answered here) and the framing fields (written anew
 //! for the body as it is forwarded), plus the pipeline's forwarding fields.
 
+use crate::proxy::head::Layout;
 use crate::proxy::pipeline::fields::{
     is_hop_by_hop, same_field, tokens, websocket_handshake, Forwarding,
 };
 use http::{HeaderName, HeaderValue};
 
-/// Request heads with more fields are refused by the head limits first
-/// (`limits.max_headers` is at most 256).
-const MAX_REQUEST_HEADERS: usize = 256;
+/// A request's fields, on the stack for most heads.
+pub(super) type Fields<'b> = smallvec::SmallVec<[(&'b str, &'b [u8]); 32]>;
 
 /// A client's HTTP/1 request head, borrowing the buffer it came in.
 pub(super) struct RequestHead<'b> {
@@ -19,7 +19,7 @@ pub(super) struct RequestHead<'b> {
     /// The target as sent.
     pub target: &'b str,
     pub http10: bool,
-    pub headers: Vec<(&'b str, &'b [u8])>,
+    pub headers: Fields<'b>,
     /// The connection closes after this exchange: the client said
     /// `Connection: close`, or is HTTP/1.0 without `keep-alive`.
     pub close: bool,
@@ -43,18 +43,19 @@ impl<'b> RequestHead<'b> {
     }
 }
 
-/// Parses the complete head at the start of `buf` (the front end read it
-/// under the head limits and the message rules). `None`: not a head
-/// httparse reads (answered 400).
-pub(super) fn parse_head(buf: &[u8]) -> Option<RequestHead<'_>> {
-    let mut slots = [httparse::EMPTY_HEADER; MAX_REQUEST_HEADERS];
-    let mut req = httparse::Request::new(&mut slots);
-    let Ok(httparse::Status::Complete(_)) = req.parse(buf) else {
-        return None;
+/// A request head from the parts the head reader found in `buf` (it read
+/// it under the head limits and the message rules). `None`: parts that
+/// are not text where they must be (never, for a head httparse read).
+pub(super) fn head_in<'b>(buf: &'b [u8], layout: &Layout) -> Option<RequestHead<'b>> {
+    let text = |r: &std::ops::Range<u32>| {
+        std::str::from_utf8(buf.get(r.start as usize..r.end as usize)?).ok()
     };
-    let (method, target, version) = (req.method?, req.path?, req.version?);
-    let http10 = version == 0;
-    let headers: Vec<(&str, &[u8])> = req.headers.iter().map(|h| (h.name, h.value)).collect();
+    let bytes = |r: &std::ops::Range<u32>| buf.get(r.start as usize..r.end as usize);
+    let (method, target, http10) = (text(&layout.method)?, text(&layout.target)?, layout.http10);
+    let mut headers = Fields::with_capacity(layout.fields.len());
+    for (name, value) in &layout.fields {
+        headers.push((text(name)?, bytes(value)?));
+    }
     let (mut close, mut keep_alive, mut expect_continue) = (false, false, false);
     for (name, value) in &headers {
         if name.eq_ignore_ascii_case("connection") {
@@ -82,6 +83,13 @@ pub(super) fn parse_head(buf: &[u8]) -> Option<RequestHead<'_>> {
         expect_continue,
         headers,
     })
+}
+
+/// Parses the complete head at the start of `buf` (tests and fuzzing; the
+/// gateway takes the head reader's parts, [`head_in`]).
+#[cfg(any(test, feature = "fuzzing"))]
+pub(super) fn parse_head(buf: &[u8]) -> Option<RequestHead<'_>> {
+    head_in(buf, &Layout::parse(buf)?)
 }
 
 /// How the request body goes to the shard.

@@ -10,6 +10,7 @@ use crate::proxy::pipeline::fields::{tokens, unrequested_switch, ResponseHops};
 use crate::proxy::pipeline::framing::Framing;
 use pingora::http::ResponseHeader;
 use pingora::protocols::http::date::get_cached_date;
+use std::mem::MaybeUninit;
 use std::ops::Range;
 
 /// Response heads larger than this are refused (502).
@@ -212,10 +213,14 @@ pub(super) fn parse_response(
 ) -> Result<Option<ParsedResponse>, ()> {
     let mut offset = 0;
     loop {
-        let mut slots = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
-        let mut resp = httparse::Response::new(&mut slots);
+        // Not initialised: httparse writes the slots it fills, no more.
+        let mut slots =
+            [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_RESPONSE_HEADERS];
+        let mut resp = httparse::Response::new(&mut []);
         let rest = &buf[offset..];
-        let len = match resp.parse(rest) {
+        let parsed = httparse::ParserConfig::default()
+            .parse_response_with_uninit_headers(&mut resp, rest, &mut slots);
+        let len = match parsed {
             Ok(httparse::Status::Complete(len)) => len,
             Ok(httparse::Status::Partial) => return Ok(None),
             Err(_) => return Err(()),

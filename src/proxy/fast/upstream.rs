@@ -10,7 +10,7 @@ use crate::proxy::pipeline::failure::AttemptFailure;
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use thread_local::ThreadLocal;
 use tokio::net::TcpStream;
 
@@ -23,7 +23,24 @@ const SWEEP_MAX: Duration = Duration::from_secs(5);
 /// Idle upstream connections of one worker thread, per shard endpoint.
 #[derive(Default)]
 pub(super) struct Pool {
-    idle: HashMap<UpstreamKey, Vec<(Conn, Instant)>>,
+    idle: HashMap<UpstreamKey, Vec<(Conn, Idle)>, foldhash::fast::RandomState>,
+}
+
+/// Since when a connection is idle, on the coarse clock (a few
+/// nanoseconds a read; a keep-alive timeout needs no finer).
+#[derive(Clone, Copy)]
+pub(super) struct Idle(coarsetime::Instant);
+
+impl Idle {
+    fn now() -> Idle {
+        Idle(coarsetime::Instant::now_without_cache_update())
+    }
+
+    /// Idle for less than `timeout`.
+    fn fresh(self, timeout: Duration) -> bool {
+        let now = coarsetime::Instant::now_without_cache_update();
+        Duration::from(now - self.0) < timeout
+    }
 }
 
 /// Every worker thread's pool. A thread's own requests take and return
@@ -75,7 +92,7 @@ impl FastPath {
         let mut pool = self.pool();
         let idle = pool.idle.get_mut(key)?;
         while let Some((mut conn, since)) = idle.pop() {
-            if since.elapsed() < self.idle_timeout && conn.is_quiet() {
+            if since.fresh(self.idle_timeout) && conn.is_quiet() {
                 return Some(conn);
             }
         }
@@ -108,7 +125,7 @@ impl FastPath {
             None => pool.idle.entry(key.clone()).or_default(),
         };
         if idle.len() < self.pool_per_shard {
-            idle.push((conn, Instant::now()));
+            idle.push((conn, Idle::now()));
         }
     }
 }
@@ -137,9 +154,7 @@ async fn sweep(
         for pool in pools.iter() {
             pool.lock().idle.retain(|key, idle| {
                 let known = current.contains(key);
-                idle.retain_mut(|(conn, since)| {
-                    known && since.elapsed() < timeout && conn.is_quiet()
-                });
+                idle.retain_mut(|(conn, since)| known && since.fresh(timeout) && conn.is_quiet());
                 !idle.is_empty()
             });
         }

@@ -33,7 +33,14 @@ pub const HOP_BY_HOP: [&str; 10] = [
 
 /// Whether `name` is a hop-by-hop field of [`HOP_BY_HOP`].
 pub fn is_hop_by_hop(name: &str) -> bool {
-    HOP_BY_HOP.iter().any(|f| name.eq_ignore_ascii_case(f))
+    is_hop_by_hop_name(name.as_bytes())
+}
+
+/// [`is_hop_by_hop`] for a name as bytes.
+pub fn is_hop_by_hop_name(name: &[u8]) -> bool {
+    HOP_BY_HOP
+        .iter()
+        .any(|f| name.eq_ignore_ascii_case(f.as_bytes()))
 }
 
 /// Comma-separated tokens of a field value, trimmed, empty ones skipped.
@@ -104,8 +111,7 @@ impl<'a> ResponseHops<'a> {
         if self.switching && (named(b"connection") || named(b"upgrade")) {
             return true;
         }
-        let hop = std::str::from_utf8(name).map_or(true, is_hop_by_hop);
-        !hop && !self.named.iter().any(|n| named(n))
+        !is_hop_by_hop_name(name) && !self.named.iter().any(|n| named(n))
     }
 }
 

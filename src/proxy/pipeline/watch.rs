@@ -170,6 +170,7 @@ fn conclude(shared: &Shared, socket: &Socket, verdict: u8) {
 
 async fn watch(shared: Arc<Shared>, socket: Socket, settings: WatchSettings) {
     let mut waiting = Waiting::new(settings, shared.start);
+    let mut seen_activity = 0;
     loop {
         let activity = Duration::from_millis(shared.last_activity_ms.load(Ordering::Relaxed));
         let deadline = shared.start + activity + settings.headers_timeout;
@@ -177,8 +178,12 @@ async fn watch(shared: Arc<Shared>, socket: Socket, settings: WatchSettings) {
         if shared.state.load(Ordering::Acquire) != WAITING {
             return;
         }
-        let activity = Duration::from_millis(shared.last_activity_ms.load(Ordering::Relaxed));
-        let deadline = shared.start + activity + settings.headers_timeout;
+        let activity_ms = shared.last_activity_ms.load(Ordering::Relaxed);
+        if activity_ms != seen_activity {
+            seen_activity = activity_ms;
+            waiting.progressed(shared.start + Duration::from_millis(activity_ms));
+        }
+        let deadline = shared.start + Duration::from_millis(activity_ms) + settings.headers_timeout;
         match waiting.look(deadline, socket.peer).await {
             Verdict::None => {}
             Verdict::TimedOut => return conclude(&shared, &socket, TIMED_OUT),
@@ -202,6 +207,15 @@ impl Waiting {
         Waiting {
             next_probe: settings.liveness.map(|l| start + l.after),
             settings,
+        }
+    }
+
+    /// The request moved (body bytes went to the shard, or the client's
+    /// body is awaited): a shard taking a body is alive, so the next
+    /// liveness probe waits a full interval from `now`.
+    pub fn progressed(&mut self, now: Instant) {
+        if let Some(liveness) = self.settings.liveness {
+            self.next_probe = Some(now + liveness.after);
         }
     }
 
