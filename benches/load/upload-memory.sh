@@ -295,7 +295,7 @@ measure() {
       sent=$((sent + n))
     fi
   done
-  recv=$(tail -c +$((from + 1)) "$backend_log" | awk '$1 == "BODY" { s += $3 } END { printf "%d", s }')
+  recv=$(tail -c +$((from + 1)) "$backend_log" | awk '$1 == "BODY" { s += $3 } END { printf "%.0f", s }')
 
   R_OK[$proxy]=$ok R_IDLE[$proxy]=$idle R_PEAK[$proxy]=$peak R_SENT[$proxy]=$sent
   R_RECV[$proxy]=$recv R_WALL[$proxy]=$((t1 - t0))

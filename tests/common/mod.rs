@@ -192,10 +192,20 @@ impl Backend {
         port: u16,
         handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static,
     ) -> Backend {
+        Backend::at(name, "127.0.0.1", port, handler)
+    }
+
+    /// A backend on a given loopback address and port (0 = any).
+    pub fn at(
+        name: &str,
+        ip: &str,
+        port: u16,
+        handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static,
+    ) -> Backend {
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let handler: Arc<Handler> = Arc::new(handler);
         let listener = runtime()
-            .block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))
+            .block_on(tokio::net::TcpListener::bind((ip, port)))
             .expect("bind backend");
         let addr = listener.local_addr().expect("backend address");
         let rec = Arc::clone(&seen);

@@ -203,8 +203,16 @@ impl Forwarding<'_> {
         emit("X-Forwarded-Host", self.host);
         emit("X-Forwarded-Proto", self.proto);
         if let Some(ip) = self.peer_ip.map(canonical_ip) {
+            if !self.trust_forwarded_for {
+                // The common case, without an allocation.
+                let text = IpText::of(ip);
+                emit("X-Forwarded-For", text.as_str());
+                emit("X-Real-IP", text.as_str());
+                emit(self.tenant_header, self.tenant);
+                return;
+            }
             let mut chain = String::with_capacity(48);
-            if self.trust_forwarded_for {
+            {
                 let prior: Vec<&[u8]> = prior_xff.collect();
                 if prior.iter().all(|v| is_text(v)) {
                     for value in prior {
@@ -257,6 +265,31 @@ impl Forwarding<'_> {
             }
         });
         applied
+    }
+}
+
+/// An IP address as text, on the stack (an IPv6 address is at most 45
+/// characters).
+struct IpText {
+    bytes: [u8; 48],
+    len: usize,
+}
+
+impl IpText {
+    fn of(ip: IpAddr) -> IpText {
+        let mut text = IpText {
+            bytes: [0; 48],
+            len: 0,
+        };
+        let mut cursor = std::io::Cursor::new(&mut text.bytes[..]);
+        let _ = std::io::Write::write_fmt(&mut cursor, format_args!("{ip}"));
+        text.len = cursor.position() as usize;
+        text
+    }
+
+    fn as_str(&self) -> &str {
+        // Written by `Display` for an address: ASCII.
+        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
     }
 }
 
