@@ -164,7 +164,7 @@ pub(super) struct ParsedResponse {
     pub(super) status: u16,
     /// The reason phrase ("OK"), possibly empty.
     pub(super) reason: Range<usize>,
-    pub(super) headers: smallvec::SmallVec<[(Range<usize>, Range<usize>); 16]>,
+    pub(super) headers: Vec<(Range<usize>, Range<usize>)>,
     /// The shard will close the connection after this response.
     pub(super) upstream_close: bool,
     /// No body by rule: to HEAD; 101, 204, 304.
@@ -246,7 +246,7 @@ pub(super) fn parse_response(
         let mut parsed = ParsedResponse {
             status,
             reason,
-            headers: smallvec::SmallVec::with_capacity(resp.headers.len()),
+            headers: Vec::with_capacity(resp.headers.len()),
             upstream_close: http10,
             bodiless: head_only || matches!(status, 101 | 204 | 304),
             announced_body: false,
