@@ -19,10 +19,7 @@ impl RedisCluster {
     fn start() -> RedisCluster {
         let nodes: Vec<Redis> = (0..3)
             .map(|_| {
-                Redis::on(
-                    free_port(),
-                    &["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"],
-                )
+                Redis::cluster_node(&["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
             })
             .collect();
         let addrs: Vec<String> = nodes

@@ -24,22 +24,41 @@ impl HostsLine {
         line.point(Some(ip)).then_some(line)
     }
 
-    /// Rewrites the line (`None`: removes it).
+    /// Rewrites the line (`None`: removes it), and any a killed run of
+    /// this test left behind.
     fn point(&self, ip: Option<&str>) -> bool {
+        use std::io::{Seek, Write};
+        use std::os::fd::AsRawFd;
+        // One suite at a time edits the file.
+        let Ok(lock) = std::fs::File::create(std::env::temp_dir().join("shardgate-dns-test.lock"))
+        else {
+            return false;
+        };
+        // SAFETY: flock on a descriptor we own; released when it closes.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return false;
+        }
         let Ok(text) = std::fs::read_to_string("/etc/hosts") else {
             return false;
         };
-        let mut kept: Vec<String> = text
-            .lines()
-            .filter(|l| !l.split_whitespace().skip(1).any(|n| n == self.name))
-            .map(str::to_string)
-            .collect();
-        if let Some(ip) = ip {
-            kept.push(format!("{ip} {}", self.name));
-        }
-        // In place: /etc/hosts may be a bind mount, which a rename would
-        // not replace.
-        std::fs::write("/etc/hosts", kept.join("\n") + "\n").is_ok()
+        let ours = |line: &str| {
+            line.split_whitespace()
+                .skip(1)
+                .any(|n| n.ends_with(".dns-test.invalid"))
+        };
+        let mut kept: Vec<&str> = text.lines().filter(|l| !ours(l)).collect();
+        let line = ip.map(|ip| format!("{ip} {}", self.name));
+        kept.extend(line.as_deref());
+        let new = kept.join("\n") + "\n";
+        // In place (/etc/hosts may be a bind mount, which a rename would not
+        // replace), and written whole before the file is cut to length:
+        // an interrupted write leaves every line there.
+        let Ok(mut file) = std::fs::OpenOptions::new().write(true).open("/etc/hosts") else {
+            return false;
+        };
+        file.rewind().is_ok()
+            && file.write_all(new.as_bytes()).is_ok()
+            && file.set_len(new.len() as u64).is_ok()
     }
 }
 

@@ -1,9 +1,10 @@
-//! The fast path's parsers on arbitrary bytes: a shard's response head and
-//! body framing (`parse_response`, `response_head`, `Framing`) and a
-//! client's request head (`classify`). They never panic, and the
-//! invariants of `shardgate::proxy::fast::fuzzing` hold: one well-formed
-//! head for the client, no hop-by-hop fields, never both framings, the
-//! same body length however the bytes arrive.
+//! The fast transport's parsers on arbitrary bytes: a shard's response
+//! head and body framing (`parse_response`, `response_head`, `Framing`)
+//! and a client's request head (`parse_head`, and the head the shard
+//! receives from it). They never panic, and the invariants of
+//! `shardgate::proxy::fast::fuzzing` hold: one well-formed head for the
+//! client and for the shard, no hop-by-hop fields, never both framings,
+//! the same body length however the bytes arrive.
 #![no_main]
 
 use arbitrary::Arbitrary;

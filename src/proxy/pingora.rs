@@ -99,6 +99,13 @@ impl ProxyHttp for Gateway {
             Err(refusal) => {
                 ctx.answered = Some(refusal.status);
                 refusal.send(session).await?;
+                if session.req_header().version == http::Version::HTTP_2 {
+                    // As the fast transport: the body still coming is read
+                    // off a while, so that the stream ends without a reset
+                    // that some clients take for a failed answer.
+                    let drain = session.as_mut().drain_request_body();
+                    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), drain).await;
+                }
                 Ok(true)
             }
         }

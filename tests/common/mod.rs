@@ -1341,15 +1341,35 @@ impl Redis {
     }
 
     pub fn on(port: u16, extra: &[&str]) -> Redis {
+        Redis::try_on(port, extra).expect("redis-server did not listen")
+    }
+
+    /// A Redis Cluster node: its port and its cluster bus port (the port +
+    /// 10 000, which may be taken by anyone's connection: it lies in the
+    /// kernel's ephemeral range) both free, another pair tried if Redis
+    /// could not bind them after all.
+    pub fn cluster_node(extra: &[&str]) -> Redis {
+        for _ in 0..5 {
+            let port = free_port();
+            let bus_free = std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok();
+            if let Some(redis) = bus_free.then(|| Redis::try_on(port, extra)).flatten() {
+                return redis;
+            }
+        }
+        panic!("no Redis Cluster node could listen");
+    }
+
+    /// Starts on `port`; `None` if it does not listen within 10 s.
+    pub fn try_on(port: u16, extra: &[&str]) -> Option<Redis> {
         let dir = tempfile::tempdir().expect("temp dir");
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let child = spawn_redis(port, dir.path(), &extra);
-        Redis {
+        let child = spawn_redis(port, dir.path(), &extra)?;
+        Some(Redis {
             port,
             child,
             _dir: dir,
             extra,
-        }
+        })
     }
 
     pub fn url(&self) -> String {
@@ -1364,7 +1384,8 @@ impl Redis {
     /// Starts again on the same port (empty: nothing was saved).
     pub fn restart(&mut self) {
         self.kill9();
-        self.child = spawn_redis(self.port, self._dir.path(), &self.extra);
+        self.child = spawn_redis(self.port, self._dir.path(), &self.extra)
+            .expect("redis-server did not listen");
     }
 }
 
@@ -1374,7 +1395,9 @@ impl Drop for Redis {
     }
 }
 
-pub fn spawn_redis(port: u16, dir: &std::path::Path, extra: &[String]) -> Child {
+/// A `redis-server` on `port`, once it listens (`None`: not within 10 s;
+/// it is killed).
+pub fn spawn_redis(port: u16, dir: &std::path::Path, extra: &[String]) -> Option<Child> {
     let child = Command::new("redis-server")
         .arg("--port")
         .arg(port.to_string())
@@ -1391,10 +1414,15 @@ pub fn spawn_redis(port: u16, dir: &std::path::Path, extra: &[String]) -> Child 
         .stderr(Stdio::null())
         .spawn()
         .expect("redis-server (scripts/prereqs.sh installs it)");
+    let mut child = child;
     let deadline = Instant::now() + Duration::from_secs(10);
     while !listens(child.id(), port) {
-        assert!(Instant::now() < deadline, "redis-server did not listen");
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
-    child
+    Some(child)
 }

@@ -92,6 +92,8 @@ pub(super) struct H1Client<'c> {
     written: usize,
     /// Content for the client, written as it is (no copy).
     pending: Bytes,
+    /// Bytes were written and not yet flushed.
+    unflushed: bool,
 }
 
 /// What an HTTP/1 request is, beside its body.
@@ -125,6 +127,7 @@ impl<'c> H1Client<'c> {
             out: Vec::new(),
             written: 0,
             pending: Bytes::new(),
+            unflushed: false,
         }
     }
 
@@ -155,6 +158,7 @@ impl<'c> H1Client<'c> {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
             self.interim = Some(sent + n);
+            self.unflushed = true;
         }
         while self.written < self.out.len() {
             let n = ready!(Pin::new(&mut *self.stream).poll_write(cx, &self.out[self.written..]))?;
@@ -162,6 +166,7 @@ impl<'c> H1Client<'c> {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
             self.written += n;
+            self.unflushed = true;
         }
         if !self.out.is_empty() {
             self.out.clear();
@@ -173,8 +178,15 @@ impl<'c> H1Client<'c> {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
             let _ = self.pending.split_to(n);
+            self.unflushed = true;
         }
-        Pin::new(&mut *self.stream).poll_flush(cx)
+        // Written is not sent: TLS holds what it took until flushed, and
+        // nothing else would flush it once the exchange is over.
+        if self.unflushed {
+            ready!(Pin::new(&mut *self.stream).poll_flush(cx))?;
+            self.unflushed = false;
+        }
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -188,7 +200,7 @@ impl Downstream for H1Client<'_> {
             // once it is ready to send it (admitted, and a shard connected).
             self.interim = Some(0);
         }
-        if self.interim.is_some() {
+        if self.interim.is_some() || self.unflushed {
             ready!(self.poll_write_out(cx)).map_err(|_| BodyError::Gone)?;
         }
         loop {
@@ -269,7 +281,7 @@ impl Downstream for H1Client<'_> {
     }
 
     fn sending(&self) -> bool {
-        self.interim.is_some() || !self.out.is_empty() || !self.pending.is_empty()
+        self.interim.is_some() || !self.out.is_empty() || !self.pending.is_empty() || self.unflushed
     }
 
     fn queue_answer(&mut self, refusal: &Refusal, close: bool) {

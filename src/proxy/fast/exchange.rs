@@ -371,9 +371,7 @@ impl FastPath {
                         out.moved = out.moved.max(Instant::now() - ago);
                         waiting.progressed(out.moved);
                     }
-                    if out.awaiting_body.is_some() {
-                        waiting.progressed(Instant::now());
-                    }
+
                     if out
                         .awaiting_body
                         .is_some_and(|since| since.elapsed() >= self.body_timeout)

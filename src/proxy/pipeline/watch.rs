@@ -210,9 +210,10 @@ impl Waiting {
         }
     }
 
-    /// The request moved (body bytes went to the shard, or the client's
-    /// body is awaited): a shard taking a body is alive, so the next
-    /// liveness probe waits a full interval from `now`.
+    /// The request moved (body bytes went to the shard at `now`): a shard
+    /// taking a body is alive, so the next liveness probe waits a full
+    /// interval. (Bytes a vanished host no longer takes stop moving once
+    /// the socket's send buffer is full, and the probes resume.)
     pub fn progressed(&mut self, now: Instant) {
         if let Some(liveness) = self.settings.liveness {
             self.next_probe = Some(now + liveness.after);
