@@ -50,7 +50,7 @@ pub struct Layout {
     pub target: Range<u32>,
     pub http10: bool,
     /// Each field's name and value.
-    pub fields: SmallVec<[(Range<u32>, Range<u32>); 32]>,
+    pub fields: SmallVec<[(Range<u32>, Range<u32>); 16]>,
 }
 
 impl Layout {

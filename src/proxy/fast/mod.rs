@@ -13,7 +13,8 @@
 //! (`upstream.rs`, `conn.rs`), while the response head is awaited
 //! (`exchange.rs`); the response parsed once and its body copied to the
 //! client framed for it (`response.rs`), through the one responder for
-//! HTTP/1 and HTTP/2 clients alike (`downstream.rs`); or the socket
+//! HTTP/1 and HTTP/2 clients alike (`respond.rs`, writing through
+//! `downstream.rs`); or the socket
 //! tunnelled (`tunnel.rs`).
 //!
 //! This transport only moves bytes: planning, the forwarding fields, the
@@ -27,6 +28,7 @@ mod downstream;
 mod exchange;
 pub(crate) mod h2;
 mod request;
+mod respond;
 mod response;
 pub(crate) mod tunnel;
 mod upstream;

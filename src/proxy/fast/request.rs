@@ -11,7 +11,7 @@ use crate::proxy::pipeline::fields::{
 use http::{HeaderName, HeaderValue};
 
 /// A request's fields, on the stack for most heads.
-pub(super) type Fields<'b> = smallvec::SmallVec<[(&'b str, &'b [u8]); 32]>;
+pub(super) type Fields<'b> = smallvec::SmallVec<[(&'b str, &'b [u8]); 16]>;
 
 /// A client's HTTP/1 request head, borrowing the buffer it came in.
 pub(super) struct RequestHead<'b> {
@@ -47,8 +47,16 @@ impl<'b> RequestHead<'b> {
 /// it under the head limits and the message rules). `None`: parts that
 /// are not text where they must be (never, for a head httparse read).
 pub(super) fn head_in<'b>(buf: &'b [u8], layout: &Layout) -> Option<RequestHead<'b>> {
+    // One check of the whole head (all ASCII, nearly always), then parts
+    // of it; a head with other bytes (obs-text in a field value, say)
+    // part by part.
+    let whole = std::str::from_utf8(buf).ok();
     let text = |r: &std::ops::Range<u32>| {
-        std::str::from_utf8(buf.get(r.start as usize..r.end as usize)?).ok()
+        let range = r.start as usize..r.end as usize;
+        match whole {
+            Some(whole) => whole.get(range),
+            None => std::str::from_utf8(buf.get(range)?).ok(),
+        }
     };
     let bytes = |r: &std::ops::Range<u32>| buf.get(r.start as usize..r.end as usize);
     let (method, target, http10) = (text(&layout.method)?, text(&layout.target)?, layout.http10);

@@ -36,11 +36,21 @@ pub fn is_hop_by_hop(name: &str) -> bool {
     is_hop_by_hop_name(name.as_bytes())
 }
 
-/// [`is_hop_by_hop`] for a name as bytes.
+/// [`is_hop_by_hop`] for a name as bytes: the table, looked up by length
+/// first (every request and response field is asked).
 pub fn is_hop_by_hop_name(name: &[u8]) -> bool {
-    HOP_BY_HOP
-        .iter()
-        .any(|f| name.eq_ignore_ascii_case(f.as_bytes()))
+    let is = |field: &str| name.eq_ignore_ascii_case(field.as_bytes());
+    match name.len() {
+        2 => is("te"),
+        7 => is("trailer") || is("upgrade"),
+        10 => is("connection") || is("keep-alive"),
+        14 => is("http2-settings"),
+        16 => is("proxy-connection"),
+        17 => is("transfer-encoding"),
+        18 => is("proxy-authenticate"),
+        19 => is("proxy-authorization"),
+        _ => false,
+    }
 }
 
 /// Comma-separated tokens of a field value, trimmed, empty ones skipped.
@@ -281,14 +291,38 @@ impl IpText {
             bytes: [0; 48],
             len: 0,
         };
-        let mut cursor = std::io::Cursor::new(&mut text.bytes[..]);
-        let _ = std::io::Write::write_fmt(&mut cursor, format_args!("{ip}"));
-        text.len = cursor.position() as usize;
+        match ip {
+            // The common case, digit by digit (no formatter).
+            IpAddr::V4(v4) => {
+                for (i, octet) in v4.octets().into_iter().enumerate() {
+                    if i > 0 {
+                        text.push(b'.');
+                    }
+                    if octet >= 100 {
+                        text.push(b'0' + octet / 100);
+                    }
+                    if octet >= 10 {
+                        text.push(b'0' + octet / 10 % 10);
+                    }
+                    text.push(b'0' + octet % 10);
+                }
+            }
+            IpAddr::V6(_) => {
+                let mut cursor = std::io::Cursor::new(&mut text.bytes[..]);
+                let _ = std::io::Write::write_fmt(&mut cursor, format_args!("{ip}"));
+                text.len = cursor.position() as usize;
+            }
+        }
         text
     }
 
+    fn push(&mut self, byte: u8) {
+        self.bytes[self.len] = byte;
+        self.len += 1;
+    }
+
     fn as_str(&self) -> &str {
-        // Written by `Display` for an address: ASCII.
+        // An address's digits, dots and colons: ASCII.
         std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
     }
 }
@@ -429,6 +463,24 @@ mod tests {
         let mut req = request();
         forward(&mut req, true, Some("10.1.1.1".parse().unwrap()));
         assert_eq!(req.headers["x-forwarded-for"], "1.2.3.4, 5.6.7.8, 10.1.1.1");
+    }
+
+    #[test]
+    fn the_hop_by_hop_lookup_is_the_table() {
+        for field in HOP_BY_HOP {
+            assert!(is_hop_by_hop(field) && is_hop_by_hop(&field.to_uppercase()));
+        }
+        for other in ["host", "te2", "tee", "upgrades", "connections", "x-upgrade"] {
+            assert!(!is_hop_by_hop(other), "{other}");
+        }
+    }
+
+    #[test]
+    fn addresses_are_written_as_display_writes_them() {
+        for ip in ["0.0.0.0", "127.0.0.1", "10.20.255.9", "::1", "2001:db8::5"] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert_eq!(IpText::of(ip).as_str(), ip.to_string());
+        }
     }
 
     #[test]

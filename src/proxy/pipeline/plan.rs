@@ -286,9 +286,65 @@ pub(crate) fn host_from<'a>(
 }
 
 /// A host must be a valid authority (no spaces, no user info, no path).
+/// A name of letters, digits, `.` and `-`, with a port of digits or none
+/// (nearly every host), is one without parsing it as a URI.
 fn valid_host(host: &str) -> Result<&str, &'static str> {
+    let (name, port) = match host.rsplit_once(':') {
+        Some((name, port)) => (name, Some(port)),
+        None => (host, None),
+    };
+    let plain_name = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-');
+    let plain_port = port.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 5
+            && p.bytes().all(|b| b.is_ascii_digit())
+            && p.parse::<u16>().is_ok()
+    });
+    if plain_name && plain_port {
+        return Ok(host);
+    }
     match http::uri::Authority::try_from(host) {
         Ok(a) if !a.as_str().contains('@') => Ok(host),
         _ => Err("invalid-host"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_hosts_are_taken_as_the_uri_parser_takes_them() {
+        for host in [
+            "a.example",
+            "A-1.example:8080",
+            "127.0.0.1",
+            "x:0",
+            "x:65535",
+            "x:65536",
+            "x:080",
+            "x:",
+            ":80",
+            "a b",
+            "a@b",
+            "[::1]:80",
+            "a/b",
+            "a%20b",
+            "a_b.example",
+            "a..b",
+            "-a",
+            "a:b",
+            "a:8080:1",
+            "é.example",
+        ] {
+            let parsed = http::uri::Authority::try_from(host)
+                .ok()
+                .filter(|a| !a.as_str().contains('@'))
+                .map(|_| host);
+            assert_eq!(valid_host(host).ok(), parsed, "{host:?}");
+        }
     }
 }
