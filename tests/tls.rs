@@ -291,6 +291,93 @@ fn a_client_that_stalls_its_handshake_is_dropped_at_the_deadline() {
 }
 
 #[test]
+fn silent_clients_are_closed_at_the_keepalive_deadline_on_every_protocol() {
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+    let ca = Ca::new();
+    let certs = tempfile::tempdir().expect("dir");
+    ca.issue(certs.path(), "apps", &["*.apps.test"]);
+    let backend = Backend::start("a");
+    let (gw, plain) = edge(
+        &backend,
+        certs.path(),
+        "  default_cert: apps\nlimits: { keepalive_timeout_ms: 800 }\n",
+        "",
+    );
+    /// How long the gateway took to close a connection that has been
+    /// silent since `since` (whatever it sent meanwhile is read off).
+    async fn closed_after<S: AsyncRead + Unpin>(mut stream: S, since: Instant) -> Duration {
+        let mut buf = [0u8; 4096];
+        let wait = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Ok(n) = stream.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+            }
+        });
+        assert!(wait.await.is_ok(), "still open after 10 s");
+        since.elapsed()
+    }
+    let within = |took: Duration, what: &str| {
+        assert!(
+            took >= Duration::from_millis(700) && took < Duration::from_millis(2_500),
+            "{what}: closed after {took:?}"
+        );
+    };
+    let tls = |alpn: &[&[u8]]| {
+        let since = Instant::now();
+        let h = handshake(gw.port, Some("shop.apps.test"), alpn).expect("handshake");
+        (h, since)
+    };
+    // TLS with ALPN h2, then nothing: no preface.
+    let (h, since) = tls(&[b"h2"]);
+    assert_eq!(h.alpn.as_deref(), Some(&b"h2"[..]));
+    within(
+        runtime().block_on(closed_after(h.stream, since)),
+        "h2, no preface",
+    );
+    // The preface and empty settings, then pings only: no request.
+    let (h, since) = tls(&[b"h2"]);
+    let mut stream = h.stream;
+    let took = runtime().block_on(async move {
+        let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        hello.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        stream.write_all(&hello).await.expect("preface");
+        let ping = [0, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
+        let (mut read, mut write) = tokio::io::split(stream);
+        let pinger = tokio::spawn(async move {
+            for _ in 0..20 {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if write.write_all(&ping).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let took = closed_after(&mut read, since).await;
+        pinger.abort();
+        took
+    });
+    within(took, "h2, preface and pings, no request");
+    // TLS HTTP/1.1 and plain TCP, silent.
+    let (h, since) = tls(&[b"http/1.1"]);
+    within(
+        runtime().block_on(closed_after(h.stream, since)),
+        "TLS HTTP/1.1",
+    );
+    let took = runtime().block_on(async {
+        let since = Instant::now();
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", plain))
+            .await
+            .expect("connect");
+        closed_after(tcp, since).await
+    });
+    within(took, "plain");
+    // A connection that made a request is still served.
+    let ca_file = ca.pem_file(certs.path());
+    let (status, version, body) = curl_h2(gw.port, "shop.apps.test", "/", &ca_file);
+    assert_eq!((status.as_str(), version.as_str()), ("200", "2"), "{body}");
+}
+
+#[test]
 fn a_plain_listener_redirects_to_https_except_acme_challenges() {
     let ca = Ca::new();
     let certs = tempfile::tempdir().expect("dir");

@@ -25,7 +25,7 @@ use tokio::io::AsyncWriteExt;
 /// Pingora proxy) and the fast transport (if on).
 pub struct Frontend<A> {
     pub(super) inner: Arc<A>,
-    limits: HeadLimits,
+    pub(super) limits: HeadLimits,
     pub(super) fast: Option<FastPath>,
     /// What each listener is (TLS, redirecting), and the edge's state.
     edge: Option<(Arc<Roles>, Arc<Edge>)>,
@@ -105,14 +105,11 @@ where
                 Some(ALPN::H2) | Some(ALPN::Custom(_))
             )
         {
-            if let (false, Some(fast)) = (h2c, &self.fast) {
-                if stream.selected_alpn_proto() == Some(ALPN::H2) {
-                    self.serve_h2(fast, stream, shutdown).await;
-                    return None;
-                }
+            if !h2c && stream.selected_alpn_proto() == Some(ALPN::H2) {
+                self.serve_h2(self.fast.as_ref(), stream, shutdown).await;
+                return None;
             }
-            // HTTP/2 without the fast transport (and custom protocols) keep
-            // Pingora's own handling.
+            // h2c and custom protocols keep Pingora's own handling.
             return ServerApp::process_new(&self.inner, stream, shutdown).await;
         }
         let mut stream = stream;

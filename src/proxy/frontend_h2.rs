@@ -1,6 +1,7 @@
 //! HTTP/2 connections at the front end: Pingora's handshake and stream
-//! checks, each stream served by the fast transport on the connection's
-//! own task.
+//! checks under shardgate's deadlines, each stream served on the
+//! connection's own task by the fast transport (or by Pingora's proxy
+//! when it is off).
 
 use super::fast::FastPath;
 use super::frontend::Frontend;
@@ -45,6 +46,19 @@ async fn serve_stream(fast: &FastPath, session: Box<H2Session>, started: Started
     drop(started);
 }
 
+/// Serves a stream on Pingora's proxy (the fast transport off), counted in
+/// flight until done.
+async fn serve_stream_on_pingora<A: HttpServerApp + Send + Sync + 'static>(
+    app: Arc<A>,
+    session: Box<H2Session>,
+    shutdown: ShutdownWatch,
+    started: Started,
+) {
+    let session = pingora::protocols::http::ServerSession::new_http2(*session);
+    Box::pin(app.process_new_http(session, &shutdown)).await;
+    drop(started);
+}
+
 /// A client that sends more malformed streams than this on one HTTP/2
 /// connection loses it (Pingora's own budget).
 const MAX_MALFORMED_H2_STREAMS: usize = 32;
@@ -55,20 +69,28 @@ where
 {
     /// An HTTP/2 connection, as Pingora's accept loop serves it (its
     /// handshake options, idle timeout, graceful shutdown and stream
-    /// checks), each stream on the fast transport.
+    /// checks), each stream on the fast transport, or on Pingora's proxy
+    /// when `fast` is `None`.
     ///
-    /// The fast transport's streams run on this connection's own task, not
-    /// a task each as Pingora spawns them: a stream's response and the
-    /// connection's next flush are then one wake-up, and no stream pays a
-    /// spawn (about 14 % less CPU per request, `benches/load/README.md`).
-    /// They run side by side, but one connection's streams share one core,
-    /// as they do in nginx and HAProxy.
+    /// A new connection has `limits.keepalive_timeout_ms` for its preface
+    /// and its first request, as an HTTP/1 connection has for its first
+    /// head: a client that completes TLS and then stays silent (or sends
+    /// only a preface, settings and pings) holds a socket no longer than
+    /// an idle one.
+    ///
+    /// Streams run on this connection's own task, not a task each as
+    /// Pingora spawns them: a stream's response and the connection's next
+    /// flush are then one wake-up, and no stream pays a spawn (about 14 %
+    /// less CPU per request, `benches/load/README.md`). They run side by
+    /// side, but one connection's streams share one core, as they do in
+    /// nginx and HAProxy.
     pub(super) async fn serve_h2(
         self: &Arc<Self>,
-        fast: &FastPath,
+        fast: Option<&FastPath>,
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) {
+        use futures_util::future::Either;
         use futures_util::stream::{FuturesUnordered, StreamExt};
         use futures_util::FutureExt;
         use pingora::protocols::http::v2::server::{handshake, H2Accept};
@@ -79,10 +101,16 @@ where
             proxy_digest: stream.get_proxy_digest(),
             socket_digest: stream.get_socket_digest(),
         });
-        let mut conn = match handshake(stream, self.inner.h2_options()).await {
-            Ok(conn) => conn,
-            Err(e) => {
+        let first_by = tokio::time::Instant::now() + self.limits.keepalive_timeout;
+        let handshake = handshake(stream, self.inner.h2_options());
+        let mut conn = match tokio::time::timeout_at(first_by, handshake).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => {
                 log::debug!("HTTP/2 handshake with a client failed: {e}");
+                return;
+            }
+            Err(_) => {
+                log::debug!("an HTTP/2 client sent no preface in time: closed");
                 return;
             }
         };
@@ -96,12 +124,18 @@ where
         // (one inside the h2 crate, holding its lock, ends the connection
         // either way).
         let mut local = FuturesUnordered::new();
+        // Until a first stream is accepted, the connection's deadline.
+        let mut first = Some(first_by);
         loop {
+            let first_at = first;
             let idle = async {
                 while active.count.load(Ordering::Acquire) != 0 {
                     active.idle.notified().await;
                 }
-                tokio::time::sleep(idle_timeout.unwrap_or_default()).await;
+                match first_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => tokio::time::sleep(idle_timeout.unwrap_or_default()).await,
+                }
             };
             let accepted = tokio::select! {
                 biased;
@@ -115,8 +149,9 @@ where
                     continue;
                 }
                 accepted = H2Session::from_h2_conn(&mut conn, Arc::clone(&digest)) => accepted,
-                // Idle with nothing in flight: the socket closes now.
-                () = idle, if idle_timeout.is_some() && !closing => return,
+                // Idle with nothing in flight, or no first request in time:
+                // the socket closes now.
+                () = idle, if (idle_timeout.is_some() || first.is_some()) && !closing => return,
             };
             let session = match accepted {
                 Ok(Some(H2Accept::Session(session))) => Box::new(session),
@@ -131,7 +166,17 @@ where
                 // Closed, or a connection error.
                 Ok(None) | Err(_) => break,
             };
-            let serve = serve_stream(fast, session, InFlight::start(&active));
+            first = None;
+            let started = InFlight::start(&active);
+            let serve = match fast {
+                Some(fast) => Either::Left(serve_stream(fast, session, started)),
+                None => Either::Right(serve_stream_on_pingora(
+                    Arc::clone(&self.inner),
+                    session,
+                    shutdown.clone(),
+                    started,
+                )),
+            };
             local.push(std::panic::AssertUnwindSafe(serve).catch_unwind());
         }
         // The connection is over: streams still in flight see it closed
