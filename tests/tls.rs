@@ -378,6 +378,90 @@ fn silent_clients_are_closed_at_the_keepalive_deadline_on_every_protocol() {
 }
 
 #[test]
+fn http2_rapid_resets_get_goaway_and_neither_spend_a_token_nor_reach_a_shard() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ca = Ca::new();
+    let certs = tempfile::tempdir().expect("dir");
+    ca.issue(certs.path(), "apps", &["*.apps.test"]);
+    let backend = Backend::start("a");
+    let (gw, _) = edge(
+        &backend,
+        certs.path(),
+        "  default_cert: apps\nlimits:\n  rate: { tokens: 3, refill_per_second: 0.01 }\n",
+        "",
+    );
+    let h = handshake(gw.port, Some("shop.apps.test"), &[b"h2"]).expect("handshake");
+    assert_eq!(h.alpn.as_deref(), Some(&b"h2"[..]));
+    let frame = |kind: u8, flags: u8, stream: u32, payload: &[u8]| {
+        let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+        f.extend_from_slice(&[kind, flags]);
+        f.extend_from_slice(&stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    };
+    // GET https://shop.apps.test/ in HPACK: :method GET, :scheme https,
+    // :path / from the static table, :authority as a literal.
+    let authority = b"shop.apps.test";
+    let mut block = vec![0x82, 0x87, 0x84, 0x01, authority.len() as u8];
+    block.extend_from_slice(authority);
+    let mut stream = h.stream;
+    let frames = runtime().block_on(async move {
+        let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        hello.extend(frame(4, 0, 0, &[]));
+        stream.write_all(&hello).await.expect("preface");
+        // Each stream opened (END_STREAM | END_HEADERS) and cancelled in one
+        // write, so one TLS record: the gateway sees both or neither. Paced,
+        // so that each is accepted before the next comes (a burst trips the
+        // h2 crate's own limit on reset streams awaiting accept instead).
+        for i in 0..200u32 {
+            let id = 1 + 2 * i;
+            let mut pair = frame(1, 0x5, id, &block);
+            pair.extend(frame(3, 0, id, &8u32.to_be_bytes()));
+            if stream.write_all(&pair).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let mut out = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), async {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stream.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                out.extend_from_slice(&buf[..n]);
+            }
+        });
+        assert!(read.await.is_ok(), "the connection stayed open");
+        out
+    });
+    // The server's frames: a GOAWAY with ENHANCE_YOUR_CALM among them.
+    let mut at = 0;
+    let mut goaway = None;
+    while at + 9 <= frames.len() {
+        let len = u32::from_be_bytes([0, frames[at], frames[at + 1], frames[at + 2]]) as usize;
+        let payload = frames.get(at + 9..at + 9 + len).unwrap_or_default();
+        if frames[at + 3] == 7 && payload.len() >= 8 {
+            goaway = Some(u32::from_be_bytes([
+                payload[4], payload[5], payload[6], payload[7],
+            ]));
+        }
+        at += 9 + len;
+    }
+    assert_eq!(goaway, Some(0xb), "GOAWAY(ENHANCE_YOUR_CALM)");
+    assert!(
+        backend.requests().is_empty(),
+        "a reset stream reached the shard"
+    );
+    // Every token is still there: three requests pass, the fourth is 429.
+    let ca_file = ca.pem_file(certs.path());
+    for expected in ["200", "200", "200", "429"] {
+        let (status, _, body) = curl_h2(gw.port, "shop.apps.test", "/", &ca_file);
+        assert_eq!(status, expected, "{body}");
+    }
+}
+
+#[test]
 fn a_plain_listener_redirects_to_https_except_acme_challenges() {
     let ca = Ca::new();
     let certs = tempfile::tempdir().expect("dir");

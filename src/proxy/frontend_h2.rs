@@ -63,6 +63,12 @@ async fn serve_stream_on_pingora<A: HttpServerApp + Send + Sync + 'static>(
 /// connection loses it (Pingora's own budget).
 const MAX_MALFORMED_H2_STREAMS: usize = 32;
 
+/// A client whose streams are found reset when accepted more often than
+/// this, and more often than it let a stream be served, gets GOAWAY
+/// (`ENHANCE_YOUR_CALM`): a rapid reset. The h2 crate's own limit on reset
+/// streams awaiting accept (20) holds only while accepting lags behind.
+const MAX_EARLY_RESETS: usize = 32;
+
 impl<A> Frontend<A>
 where
     A: HttpServerApp + Send + Sync + 'static,
@@ -119,6 +125,7 @@ where
         let mut watch = shutdown.clone();
         let mut closing = false;
         let mut malformed = 0;
+        let (mut early_resets, mut served) = (0usize, 0usize);
         // The fast transport's streams in flight, driven by this task. A
         // panic in one ends that stream only, as it would in its own task
         // (one inside the h2 crate, holding its lock, ends the connection
@@ -151,9 +158,9 @@ where
                 accepted = H2Session::from_h2_conn(&mut conn, Arc::clone(&digest)) => accepted,
                 // Idle with nothing in flight, or no first request in time:
                 // the socket closes now.
-                () = idle, if (idle_timeout.is_some() || first.is_some()) && !closing => return,
+                () = idle, if first.is_some() || (idle_timeout.is_some() && !closing) => return,
             };
-            let session = match accepted {
+            let mut session = match accepted {
                 Ok(Some(H2Accept::Session(session))) => Box::new(session),
                 Ok(Some(H2Accept::Rejected)) => {
                     malformed += 1;
@@ -166,6 +173,21 @@ where
                 // Closed, or a connection error.
                 Ok(None) | Err(_) => break,
             };
+            // A stream its client already reset is dropped here: it spends
+            // no token and reaches no shard.
+            if session.idle().now_or_never().is_some() {
+                early_resets += 1;
+                if early_resets > MAX_EARLY_RESETS && early_resets > served {
+                    log::warn!(
+                        "an HTTP/2 client reset {early_resets} streams before they were \
+                         served (rapid reset): GOAWAY"
+                    );
+                    conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
+                    closing = true;
+                }
+                continue;
+            }
+            served += 1;
             first = None;
             let started = InFlight::start(&active);
             let serve = match fast {
