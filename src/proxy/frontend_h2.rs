@@ -11,6 +11,7 @@ use pingora::protocols::Stream;
 use pingora::server::ShutdownWatch;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The streams in flight on an HTTP/2 connection, and a wake-up when the
 /// last one ends (its idle timeout starts then).
@@ -183,7 +184,12 @@ where
                          served (rapid reset): GOAWAY"
                     );
                     conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
-                    closing = true;
+                    // The GOAWAY goes out while the connection is driven:
+                    // a second at most (a client that stopped reading
+                    // does not hold the socket).
+                    let flushed = std::future::poll_fn(|cx| conn.poll_closed(cx));
+                    let _ = tokio::time::timeout(Duration::from_secs(1), flushed).await;
+                    break;
                 }
                 continue;
             }
