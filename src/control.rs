@@ -103,6 +103,7 @@ impl Control {
             deny: config.limits.deny.clone(),
             allow: Some(Arc::new(HookAllow(Arc::clone(&hooks)))),
             load,
+            max_tracked_tenants: config.limits.max_tracked_tenants,
             ..Default::default()
         });
         let fallback = config

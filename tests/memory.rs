@@ -1,6 +1,7 @@
 //! Bounded tenant state: tenants that are idle with full buckets are
 //! forgotten, which keeps the table bounded under invented tenant ids and
-//! changes no decision.
+//! changes no decision; past `limits.max_tracked_tenants`, the least
+//! recently seen idle tenants go too (buckets that never refill).
 
 use shardgate::limits::{Limits, RateRule, FORGETTABLE_BOUND};
 use shardgate::routing::{Balance, ManualClock, RouteRequest, Router, RouterOptions, Shard};
@@ -48,6 +49,71 @@ fn a_million_distinct_tenants_keep_the_table_bounded() {
         peak <= FORGETTABLE_BOUND + 2 * 1_000,
         "tenant table grew to {peak} (bound {FORGETTABLE_BOUND})"
     );
+}
+
+#[test]
+fn buckets_that_never_refill_are_bounded_least_recently_seen_first() {
+    // A one-off allowance: a spent bucket is never full again, so only the
+    // bound forgets it.
+    let clock = Arc::new(ManualClock::new(0.0));
+    let router = Router::new(RouterOptions {
+        shards: shards(),
+        limits: Limits::new(None, RateRule::new(1.0, 0.0), []),
+        clock: clock.clone(),
+        max_tracked_tenants: 6_400,
+        ..Default::default()
+    });
+    // A tenant that keeps coming back spends its one token, then is
+    // refused: it stays the most recently seen.
+    let regular = RouteRequest::new("regular");
+    assert!(router.route(&regular).is_allowed());
+    let mut peak = 0;
+    for i in 0..200_000u32 {
+        let tenant = format!("x{i:x}");
+        assert!(router.route(&RouteRequest::new(&tenant)).is_allowed());
+        clock.advance(1.0);
+        if i % 100 == 0 {
+            assert!(!router.route(&regular).is_allowed(), "a fresh allowance");
+        }
+        if i % 1_000 == 0 {
+            peak = peak.max(router.tenant_count());
+        }
+    }
+    peak = peak.max(router.tenant_count());
+    eprintln!("peak tenant table: {peak} entries after 200 000 one-off tenants (bound 6 400)");
+    // Each of the 64 table shards holds 100 at most, plus one before it
+    // sweeps.
+    assert!(peak <= 6_400 + 64, "tenant table grew to {peak}");
+    assert!(peak >= 4_800, "the bound is not a floor: {peak}");
+    // The least recently seen went first: the newest tenants are still
+    // known (their token spent), the oldest were forgotten (a new
+    // allowance, which is the bound's price).
+    assert!(!router
+        .route(&RouteRequest::new(&format!("x{:x}", 199_999)))
+        .is_allowed());
+    assert!(router.route(&RouteRequest::new("x0")).is_allowed());
+}
+
+#[test]
+fn tenants_holding_admissions_are_never_forgotten_by_the_bound() {
+    let clock = Arc::new(ManualClock::new(0.0));
+    let router = Router::new(RouterOptions {
+        shards: shards(),
+        limits: Limits::new(Some(1), RateRule::new(1.0, 0.0), []),
+        clock: clock.clone(),
+        max_tracked_tenants: 64,
+        ..Default::default()
+    });
+    let held = router.admit(&RouteRequest::new("held"));
+    assert!(held.is_allowed());
+    for i in 0..10_000u32 {
+        let tenant = format!("x{i:x}");
+        let _ = router.route(&RouteRequest::new(&tenant));
+        clock.advance(1.0);
+    }
+    // Still capped: its admission (and its state) survived the bound.
+    assert!(!router.admit(&RouteRequest::new("held")).is_allowed());
+    drop(held);
 }
 
 /// A small deterministic generator (xorshift64*).

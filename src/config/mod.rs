@@ -239,6 +239,9 @@ pub struct LimitsConfig {
     pub send_timeout: Duration,
     /// How long an idle client keep-alive connection stays open.
     pub keepalive_timeout: Duration,
+    /// Tenants whose state is kept at most (the least recently seen idle
+    /// ones go first past it).
+    pub max_tracked_tenants: usize,
 }
 
 #[derive(Clone, Debug)]

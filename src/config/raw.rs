@@ -181,6 +181,7 @@ pub struct RawLimits {
     pub body_timeout_ms: Option<u64>,
     pub send_timeout_ms: Option<u64>,
     pub keepalive_timeout_ms: Option<u64>,
+    pub max_tracked_tenants: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -776,7 +776,19 @@ fn check_limits(c: &mut Checker<'_>, l: RawLimits) -> LimitsConfig {
     if !(1..=256).contains(&max_headers) {
         c.error("limits.max_headers", "must be between 1 and 256");
     }
+    let max_tracked_tenants = match l.max_tracked_tenants {
+        None => crate::limits::DEFAULT_MAX_TRACKED,
+        Some(n @ 64..=100_000_000) => n as usize,
+        Some(_) => {
+            c.error(
+                "limits.max_tracked_tenants",
+                "must be between 64 and 100000000",
+            );
+            crate::limits::DEFAULT_MAX_TRACKED
+        }
+    };
     LimitsConfig {
+        max_tracked_tenants,
         connection_cap,
         rate,
         routes,

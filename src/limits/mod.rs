@@ -13,7 +13,8 @@ pub use admission::AdmissionGuard;
 pub use bucket::{RateRule, TokenBucket};
 pub use deny::DenyList;
 pub use tenants::{
-    TenantBuckets, TenantEntry, TenantState, TenantTable, FORGETTABLE_BOUND, SWEEP_FLOOR,
+    TenantBuckets, TenantEntry, TenantState, TenantTable, DEFAULT_MAX_TRACKED, FORGETTABLE_BOUND,
+    SWEEP_FLOOR,
 };
 pub use top::{TopRefused, TopTenant};
 

@@ -9,6 +9,9 @@
 //! forgotten when a shard grows, so invented tenant ids cannot grow the table
 //! without bound; a forgotten entry is marked dead under its own lock, and a
 //! thread that finds a dead entry in its cache goes back to the table.
+//! Entries that do carry information but never lose it (a bucket that never
+//! refills) are bounded too: past `limits.max_tracked_tenants` the least
+//! recently seen idle ones go first.
 
 use super::bucket::TokenBucket;
 use compact_str::CompactString;
@@ -37,6 +40,9 @@ pub const SWEEP_FLOOR: usize = 256;
 
 /// The bound [`SWEEP_FLOOR`] gives when every tenant is forgettable.
 pub const FORGETTABLE_BOUND: usize = TABLE_SHARDS * SWEEP_FLOOR;
+
+/// `limits.max_tracked_tenants` when the config does not say.
+pub const DEFAULT_MAX_TRACKED: usize = 1_000_000;
 
 /// The buckets of one tenant: its own, and one per limited route it used.
 #[derive(Clone, Debug)]
@@ -71,6 +77,9 @@ pub struct TenantEntry {
     /// check and its increment are one step); decremented lock-free by
     /// guards, which can only make a later check more permissive.
     pub(crate) active: AtomicU64,
+    /// When the tenant was last looked up to be routed or admitted (clock
+    /// milliseconds): the least recently seen go first past the bound.
+    seen: AtomicU64,
     state: Mutex<TenantState>,
 }
 
@@ -80,6 +89,7 @@ impl TenantEntry {
             id: CompactString::from(id),
             hash,
             active: AtomicU64::new(active),
+            seen: AtomicU64::new(0),
             state: Mutex::new(TenantState {
                 alive: true,
                 buckets,
@@ -95,6 +105,14 @@ impl TenantEntry {
 
     pub fn active(&self) -> u64 {
         self.active.load(Ordering::Acquire)
+    }
+
+    fn see(&self, now: u64) {
+        // Relaxed, and only when it moves: a stamp that lags by a race
+        // costs an eviction order, nothing else.
+        if self.seen.load(Ordering::Relaxed) != now {
+            self.seen.store(now, Ordering::Relaxed);
+        }
     }
 
     /// Decrements `active`, never below zero.
@@ -125,6 +143,40 @@ impl TableShard {
     fn find(&self, hash: u64, tenant: &str) -> Option<&Arc<TenantEntry>> {
         self.entries.find(hash, |e| e.id.as_str() == tenant)
     }
+
+    /// Forgets the least recently seen entries that hold no admission and
+    /// no cluster lease until at most `target` remain (or none of those is
+    /// left). Each is marked dead under its own lock, after checking again
+    /// that nothing was admitted meanwhile (admissions take that lock).
+    fn evict_least_recent(&mut self, target: usize) {
+        let excess = self.entries.len().saturating_sub(target);
+        if excess == 0 {
+            return;
+        }
+        let idle = |e: &TenantEntry| e.active() == 0;
+        let mut stamps: Vec<u64> = (self.entries.iter())
+            .filter(|e| idle(e))
+            .map(|e| e.seen.load(Ordering::Relaxed))
+            .collect();
+        if stamps.is_empty() {
+            return;
+        }
+        let k = excess.min(stamps.len());
+        let (_, &mut cut, _) = stamps.select_nth_unstable(k - 1);
+        let mut left = k;
+        self.entries.retain(|e| {
+            if left == 0 || !idle(e) || e.seen.load(Ordering::Relaxed) > cut {
+                return true;
+            }
+            let mut state = e.state.lock();
+            if !idle(e) || state.shared.is_some() {
+                return true;
+            }
+            state.alive = false;
+            left -= 1;
+            false
+        });
+    }
 }
 
 type LocalCache = RefCell<HashTable<Arc<TenantEntry>>>;
@@ -132,6 +184,9 @@ type LocalCache = RefCell<HashTable<Arc<TenantEntry>>>;
 /// Concurrent map tenant id → [`TenantEntry`].
 pub struct TenantTable {
     shards: Box<[CachePadded<Mutex<TableShard>>]>,
+    /// Entries a table shard holds at most before its least recently seen
+    /// idle ones are forgotten (`limits.max_tracked_tenants` / shards).
+    shard_cap: usize,
     hasher: foldhash::fast::RandomState,
     local: ThreadLocal<LocalCache>,
 }
@@ -144,15 +199,24 @@ impl Default for TenantTable {
 
 impl TenantTable {
     pub fn new() -> Self {
+        Self::bounded(DEFAULT_MAX_TRACKED)
+    }
+
+    /// A table that holds about `max` tenants at most (rounded down to a
+    /// multiple of its shard count, at least one per shard), plus what
+    /// threads' caches keep alive.
+    pub fn bounded(max: usize) -> Self {
+        let shard_cap = (max / TABLE_SHARDS).max(1);
         TenantTable {
             shards: (0..TABLE_SHARDS)
                 .map(|_| {
                     CachePadded::new(Mutex::new(TableShard {
                         entries: HashTable::new(),
-                        high_water: SWEEP_FLOOR,
+                        high_water: SWEEP_FLOOR.min(shard_cap),
                     }))
                 })
                 .collect(),
+            shard_cap,
             hasher: foldhash::fast::RandomState::default(),
             local: ThreadLocal::new(),
         }
@@ -214,13 +278,16 @@ impl TenantTable {
     }
 
     /// Runs `f` on the tenant's entry and its locked state, creating the
-    /// entry with `fresh` if missing. Before a table shard grows past its
-    /// high-water mark it forgets every entry `forgettable` approves (an
-    /// entry `f` holds cannot be forgotten meanwhile: forgetting takes the
-    /// entry's lock).
+    /// entry with `fresh` if missing, and stamps it seen at `now` (clock
+    /// milliseconds). Before a table shard grows past its high-water mark
+    /// it forgets every entry `forgettable` approves, then, if it still
+    /// holds its share of the bound, the least recently seen idle entries
+    /// down to three quarters of it (an entry `f` holds cannot be
+    /// forgotten meanwhile: forgetting takes the entry's lock).
     pub fn with_entry<R>(
         &self,
         tenant: &str,
+        now: u64,
         fresh: impl Fn() -> TenantBuckets,
         forgettable: impl Fn(&Arc<TenantEntry>, &TenantState) -> bool,
         f: impl FnOnce(&Arc<TenantEntry>, &mut TenantState) -> R,
@@ -233,6 +300,7 @@ impl TenantTable {
             if let Some(entry) = cache.find(hash, |e| e.id.as_str() == tenant) {
                 let state = entry.lock_alive();
                 if let Some(mut state) = state {
+                    entry.see(now);
                     return f(entry, &mut state);
                 }
             }
@@ -242,6 +310,7 @@ impl TenantTable {
             self.remember(&entry);
             let state = entry.lock_alive();
             if let Some(mut state) = state {
+                entry.see(now);
                 return f(&entry, &mut state);
             }
         }
@@ -266,8 +335,17 @@ impl TenantTable {
                 state.alive &= !forget;
                 !forget
             });
+            if shard.entries.len() >= self.shard_cap {
+                shard.evict_least_recent(self.shard_cap - self.shard_cap / 4);
+            }
             shard.entries.shrink_to(0, |e| e.hash);
-            shard.high_water = SWEEP_FLOOR.max(shard.entries.len() * 2);
+            // Twice what survived, up to the bound; past it only when what
+            // survived holds admissions (then a quarter of the bound more
+            // before the next sweep, not a sweep per new tenant).
+            let survivors = shard.entries.len();
+            shard.high_water = SWEEP_FLOOR
+                .max(survivors * 2)
+                .min(self.shard_cap.max(survivors + self.shard_cap / 4 + 1));
         }
         let entry = TenantEntry::new(tenant, hash, 0, fresh());
         shard
@@ -315,7 +393,7 @@ impl TenantTable {
                 e.kill();
             }
             guard.entries = HashTable::new();
-            guard.high_water = SWEEP_FLOOR;
+            guard.high_water = SWEEP_FLOOR.min(self.shard_cap);
         }
     }
 

@@ -102,6 +102,11 @@ pub struct RouterOptions {
     /// (default). Such a tenant is indistinguishable from a new one, so no
     /// decision changes; turning it off only costs memory.
     pub forget_idle_tenants: bool,
+    /// The tenant table's bound (`limits.max_tracked_tenants`): past it the
+    /// least recently seen idle tenants are forgotten even if their
+    /// buckets are not full (a bucket that never refills otherwise stays
+    /// for ever).
+    pub max_tracked_tenants: usize,
 }
 
 impl Default for RouterOptions {
@@ -116,6 +121,7 @@ impl Default for RouterOptions {
             load: Load::None,
             clock: Arc::new(MonotonicClock::new()),
             forget_idle_tenants: true,
+            max_tracked_tenants: crate::limits::DEFAULT_MAX_TRACKED,
         }
     }
 }
@@ -209,7 +215,7 @@ impl Router {
         Router {
             shards: ArcSwap::from_pointee(set),
             membership: Mutex::new(membership),
-            tenants: TenantTable::new(),
+            tenants: TenantTable::bounded(options.max_tracked_tenants),
             cursors: Cursors::new(),
             limits: options.limits,
             allow: options.allow,
@@ -440,6 +446,7 @@ impl Router {
         let forget = self.forget_idle_tenants;
         self.tenants.with_entry(
             req.tenant,
+            now as u64,
             || limits.fresh_buckets(now),
             |e, s| forget && limits.is_forgettable(e, s, now),
             |entry, state| {
@@ -538,6 +545,7 @@ impl Router {
         let forget = self.forget_idle_tenants;
         let entry = self.tenants.with_entry(
             tenant,
+            now as u64,
             || limits.fresh_buckets(now),
             |e, s| forget && limits.is_forgettable(e, s, now),
             |entry, _| {
