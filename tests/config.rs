@@ -68,6 +68,7 @@ const BROKEN: &[(&str, &str, &str, usize)] = &[
     ("negative refill", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nlimits:\n  routes:\n    /x: { tokens: 1, refill_per_second: -2 }\n", "limits.routes./x.refill_per_second", 6),
     ("negative cap", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nlimits:\n  connection_cap: -5\n", "limits.connection_cap", 5),
     ("too few tracked tenants", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nlimits:\n  max_tracked_tenants: 10\n", "limits.max_tracked_tenants", 5),
+    ("too many tracked tenants", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nlimits:\n  max_tracked_tenants: 200000000\n", "limits.max_tracked_tenants", 5),
     ("route without slash", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nlimits:\n  routes:\n    api: { tokens: 1, refill_per_second: 1 }\n", "limits.routes.api", 6),
     ("negative weight", "listen: [{ addr: 127.0.0.1:80 }]\nshards:\n  - { id: a, url: \"http://127.0.0.1:1\", weight: -1 }\ndomains: {}\n", "shards[0].weight", 3),
     ("weight not a number", "listen: [{ addr: 127.0.0.1:80 }]\nshards:\n  - { id: a, url: \"http://127.0.0.1:1\", weight: heavy }\ndomains: {}\n", "shards[0].weight", 3),

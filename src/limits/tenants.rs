@@ -154,8 +154,10 @@ impl TableShard {
             return;
         }
         let idle = |e: &TenantEntry| e.active() == 0;
+        // Only entries that may go: the cut is then theirs, and `left`
+        // reaches zero unless one was admitted meanwhile.
         let mut stamps: Vec<u64> = (self.entries.iter())
-            .filter(|e| idle(e))
+            .filter(|e| idle(e) && e.state.lock().shared.is_none())
             .map(|e| e.seen.load(Ordering::Relaxed))
             .collect();
         if stamps.is_empty() {
@@ -336,16 +338,18 @@ impl TenantTable {
                 !forget
             });
             if shard.entries.len() >= self.shard_cap {
-                shard.evict_least_recent(self.shard_cap - self.shard_cap / 4);
+                shard.evict_least_recent(self.shard_cap - (self.shard_cap / 4).max(1));
             }
             shard.entries.shrink_to(0, |e| e.hash);
-            // Twice what survived, up to the bound; past it only when what
-            // survived holds admissions (then a quarter of the bound more
-            // before the next sweep, not a sweep per new tenant).
+            // Twice what survived, up to the bound (a quarter of it more
+            // than what survives an eviction). What survived past the bound
+            // cannot go (admissions, leases): twice that, so that a sweep
+            // still comes once per as many new tenants as it walks.
             let survivors = shard.entries.len();
-            shard.high_water = SWEEP_FLOOR
-                .max(survivors * 2)
-                .min(self.shard_cap.max(survivors + self.shard_cap / 4 + 1));
+            shard.high_water = match survivors >= self.shard_cap {
+                true => survivors * 2,
+                false => SWEEP_FLOOR.max(survivors * 2).min(self.shard_cap),
+            };
         }
         let entry = TenantEntry::new(tenant, hash, 0, fresh());
         shard

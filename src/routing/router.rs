@@ -100,7 +100,8 @@ pub struct RouterOptions {
     pub clock: Arc<dyn Clock>,
     /// Forget tenants that are idle with full buckets once the table grows
     /// (default). Such a tenant is indistinguishable from a new one, so no
-    /// decision changes; turning it off only costs memory.
+    /// decision changes; turning it off only costs memory, up to
+    /// `max_tracked_tenants` (which holds either way).
     pub forget_idle_tenants: bool,
     /// The tenant table's bound (`limits.max_tracked_tenants`): past it the
     /// least recently seen idle tenants are forgotten even if their
