@@ -127,15 +127,13 @@ where
         let mut closing = false;
         let mut malformed = 0;
         let (mut early_resets, mut served) = (0usize, 0usize);
-        // The fast transport's streams in flight, driven by this task. A
-        // panic in one ends that stream only, as it would in its own task
-        // (one inside the h2 crate, holding its lock, ends the connection
-        // either way).
+        // The streams in flight, driven by this task. A panic in one ends
+        // that stream only, as it would in its own task (one inside the h2
+        // crate, holding its lock, ends the connection either way).
         let mut local = FuturesUnordered::new();
-        // Until a first stream is accepted, the connection's deadline.
-        let mut first = Some(first_by);
         loop {
-            let first_at = first;
+            // Until a first stream is served, the connection's deadline.
+            let first_at = (served == 0).then_some(first_by);
             let idle = async {
                 while active.count.load(Ordering::Acquire) != 0 {
                     active.idle.notified().await;
@@ -159,7 +157,7 @@ where
                 accepted = H2Session::from_h2_conn(&mut conn, Arc::clone(&digest)) => accepted,
                 // Idle with nothing in flight, or no first request in time:
                 // the socket closes now.
-                () = idle, if first.is_some() || (idle_timeout.is_some() && !closing) => return,
+                () = idle, if first_at.is_some() || (idle_timeout.is_some() && !closing) => return,
             };
             let mut session = match accepted {
                 Ok(Some(H2Accept::Session(session))) => Box::new(session),
@@ -194,7 +192,6 @@ where
                 continue;
             }
             served += 1;
-            first = None;
             let started = InFlight::start(&active);
             let serve = match fast {
                 Some(fast) => Either::Left(serve_stream(fast, session, started)),
