@@ -3,7 +3,8 @@
 # cmake (Pingora's zlib-ng), a C toolchain, iptables (the blackholed-shard
 # tests), wrk (the fault tests under load), redis-server (cluster mode),
 # pebble (ACME), nghttp2-client and curl (HTTP/2), chromium and
-# chromium-driver (the operator's page). Debian/Ubuntu, as root;
+# chromium-driver (the operator's page), faketime (a node whose clock is
+# off, in the cluster tests). Debian/Ubuntu, as root;
 # otherwise prints what to install.
 set -euo pipefail
 missing=()
@@ -18,6 +19,7 @@ command -v h2load >/dev/null 2>&1 || missing+=(nghttp2-client) # HTTP/2 tests: h
 command -v curl >/dev/null 2>&1 || missing+=(curl)          # HTTP/2 tests: curl --http2
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # the operator's page in a real browser (tests/page.rs)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+command -v faketime >/dev/null 2>&1 || missing+=(faketime)  # tests/cluster.rs: a node with a skewed clock
 [ "${#missing[@]}" -eq 0 ] && exit 0
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing: ${missing[*]}"

@@ -347,18 +347,18 @@ impl AdminApi {
         let Some(cluster) = &self.control.cluster else {
             return json!({ "enabled": false });
         };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        // Stamps are Redis' clock: ages too, never this node's.
+        let now = cluster.redis_now_ms();
+        let alive = cluster.alive_ids();
         let nodes: Vec<Value> = cluster
             .nodes()
             .into_iter()
             .map(|n| {
                 json!({
+                    "alive": alive.contains(&n.id),
                     "id": n.id,
                     "last_seen_ms": n.last_seen_ms,
                     "last_seen_ago_ms": now.saturating_sub(n.last_seen_ms),
-                    "alive": now.saturating_sub(n.last_seen_ms) <= crate::cluster::NODE_TTL_MS,
                 })
             })
             .collect();

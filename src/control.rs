@@ -119,17 +119,15 @@ impl Control {
                 // In cluster mode a new assignment takes the one another
                 // node made first, if this node has read it.
                 let hook = cluster.as_ref().map(|shared| {
-                    let shared = Arc::clone(shared);
-                    Arc::new(move |tenant: &str| {
-                        shared.assigned(tenant);
-                        shared.shared_region(tenant)
-                    }) as Arc<dyn crate::routing::region::AssignHook>
+                    Arc::new(crate::cluster::SharedRegions(Arc::clone(shared)))
+                        as Arc<dyn crate::routing::region::AssignHook>
                 });
                 let clock: Arc<dyn crate::routing::Clock> =
                     Arc::new(crate::routing::MonotonicClock::new());
                 Some(
                     RegionDirectory::with_options(list.clone(), hook, clock)
-                        .map_err(|e| e.to_string())?,
+                        .map_err(|e| e.to_string())?
+                        .bounded(config.limits.max_tracked_tenants),
                 )
             }
         };

@@ -292,6 +292,12 @@ fn families(control: &Control) -> Vec<MetricFamily> {
         .map(|(r, n)| counter(vec![label("result", r)], *n as f64))
         .collect(),
     ));
+    out.push(family(
+        "tenants_tracked",
+        "Tenants whose admissions or buckets this node holds (bounded by limits.max_tracked_tenants).",
+        MetricType::GAUGE,
+        vec![gauge(vec![], control.router.tenant_count() as f64)],
+    ));
     if let Some(cluster) = &control.cluster {
         out.push(family(
             "cluster_redis_up",

@@ -514,3 +514,320 @@ fn a_malformed_cluster_section_names_the_field() {
         assert!(err.contains(field), "`{field}` named in: {err}");
     }
 }
+
+/// `redis-cli` against `redis`; its output, trimmed.
+fn redis_cli(redis: &Redis, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .arg("-p")
+        .arg(redis.port.to_string())
+        .args(args)
+        .output()
+        .expect("redis-cli");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn redis_count(redis: &Redis, args: &[&str]) -> u64 {
+    redis_cli(redis, args).parse().unwrap_or(u64::MAX)
+}
+
+/// One request for each of `n` invented tenants `<prefix><i>.localhost`,
+/// pipelined 500 to a connection; the statuses.
+fn invent(port: u16, prefix: &str, n: usize) -> Vec<u16> {
+    let mut statuses = Vec::new();
+    for start in (0..n).step_by(500) {
+        let end = (start + 500).min(n);
+        let mut raw = String::new();
+        for i in start..end {
+            let close = if i + 1 == end { "Connection: close\r\n" } else { "" };
+            raw.push_str(&format!(
+                "GET / HTTP/1.1\r\nHost: {prefix}{i}.localhost\r\n{close}\r\n"
+            ));
+        }
+        statuses.extend(exchange(port, raw.as_bytes(), Duration::from_secs(20)).0);
+    }
+    statuses
+}
+
+/// A cluster node with two regions (`eu_weight` against 1 for `us`).
+fn regional(redis: &Redis, id: &str, eu: &Backend, us: &Backend, extra: &str) -> Gateway {
+    std::env::set_var("SHARDGATE_TEST_TOKEN", TOKEN);
+    Gateway::start(&format!(
+        "listen: [{{ addr: \"127.0.0.1:{{port}}\" }}]\n\
+         admin: {{ addr: \"127.0.0.1:{{admin}}\", token_env: SHARDGATE_TEST_TOKEN }}\n\
+         cluster: {{ redis: \"{}\", node_id: {id}, key_prefix: \"b{}:\" }}\n\
+         regions:\n  - {{ id: eu }}\n  - {{ id: us }}\n\
+         shards:\n  - {{ id: eu, url: \"{}\", region: eu }}\n  - {{ id: us, url: \"{}\", region: us }}\n\
+         domains:\n  fallback_suffix: .localhost\n{extra}",
+        redis.url(),
+        std::process::id(),
+        eu.url(),
+        us.url(),
+    ))
+}
+
+#[test]
+fn invented_tenants_cost_redis_nothing_while_the_nodes_agree_on_regions() {
+    let redis = Redis::start();
+    let (eu, us) = (Backend::start("eu"), Backend::start("us"));
+    let limits = "limits:\n  max_tracked_tenants: 640\n  rate: { tokens: 5, refill_per_second: 50 }\n";
+    let one = regional(&redis, "gw-1", &eu, &us, limits);
+    let two = regional(&redis, "gw-2", &eu, &us, limits);
+    wait_for(Duration::from_secs(5), "two nodes alive", || {
+        cluster(&one)["nodes_alive"] == 2.0 && cluster(&two)["nodes_alive"] == 2.0
+    });
+    // The nodes read each other's region lists (once a second).
+    std::thread::sleep(Duration::from_millis(1500));
+    let prefix = format!("b{}:", std::process::id());
+    // A few invented tenants, within the table's bound: once idle their
+    // buckets go back full, and their keys go with their leases.
+    assert!(invent(one.port, "few-", 150).iter().all(|s| *s == 200));
+    wait_for(Duration::from_secs(5), "the invented tenants' keys gone", || {
+        redis_cli(&redis, &["--scan", "--pattern", &format!("{prefix}t:*")]).is_empty()
+    });
+    // Many more, through a small bound.
+    let statuses = invent(one.port, "made-up-", 6000);
+    assert_eq!(statuses.len(), 6000);
+    assert!(statuses.iter().all(|s| *s == 200), "every invented tenant is served");
+    let regions = format!("{prefix}{{state}}:regions");
+    let log = format!("{prefix}{{state}}:assigned");
+    assert_eq!(redis_count(&redis, &["HLEN", &regions]), 0, "no assignment in Redis");
+    assert_eq!(redis_count(&redis, &["XLEN", &log]), 0, "no assignment logged");
+    // Both nodes route a tenant to the same region without Redis' help.
+    for t in ["made-up-17", "made-up-4242", "someone-new"] {
+        let region = |gw: &Gateway| {
+            gw.admin("GET", &format!("/v1/route?tenant={t}"), None, Some(TOKEN))
+                .json()["region"]
+                .clone()
+        };
+        assert_eq!(region(&one), region(&two), "{t}");
+    }
+    // Memory: the directory and the tenant table keep to their bounds.
+    let metrics = one.admin("GET", "/v1/metrics", None, Some(TOKEN)).json();
+    let assignments = metrics["regions"]["assignments"].as_u64().unwrap_or(u64::MAX);
+    assert!(assignments <= 640 * 2, "region assignments kept: {assignments}");
+    let tracked = metric_value(&metrics_text(one.admin_port), "shardgate_tenants_tracked");
+    assert!(tracked <= 640 * 2, "tenants tracked: {tracked}");
+}
+
+#[test]
+fn differing_region_lists_share_assignments_within_a_bound_and_prune_them_once_agreed() {
+    let redis = Redis::start();
+    let (eu, us) = (Backend::start("eu"), Backend::start("us"));
+    // The node's lists differ (a rolling change of the regions): node 2
+    // has only eu, so whatever node 1 puts in us must be shared.
+    std::env::set_var("SHARDGATE_TEST_TOKEN", TOKEN);
+    let limits = "limits:\n  max_tracked_tenants: 640\n";
+    let one = regional(&redis, "gw-1", &eu, &us, limits);
+    let mut two = Gateway::start(&format!(
+        "listen: [{{ addr: \"127.0.0.1:{{port}}\" }}]\n\
+         admin: {{ addr: \"127.0.0.1:{{admin}}\", token_env: SHARDGATE_TEST_TOKEN }}\n\
+         cluster: {{ redis: \"{}\", node_id: gw-2, key_prefix: \"b{}:\" }}\n\
+         regions:\n  - {{ id: eu }}\n\
+         shards:\n  - {{ id: eu, url: \"{}\", region: eu }}\n\
+         domains:\n  fallback_suffix: .localhost\n{limits}",
+        redis.url(),
+        std::process::id(),
+        eu.url(),
+    ));
+    wait_for(Duration::from_secs(5), "two nodes alive", || {
+        cluster(&one)["nodes_alive"] == 2.0
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let prefix = format!("b{}:", std::process::id());
+    let regions = format!("{prefix}{{state}}:regions");
+    let statuses = invent(one.port, "shared-", 2000);
+    assert!(statuses.iter().all(|s| *s == 200));
+    // Only the assignments node 2 would make otherwise (us), and no more
+    // than the bound.
+    wait_for(Duration::from_secs(5), "node 1's us assignments shared", || {
+        redis_count(&redis, &["HLEN", &regions]) > 0
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let shared = redis_count(&redis, &["HLEN", &regions]);
+    assert!(shared <= 640, "at most the bound: {shared}");
+    let values = redis_cli(&redis, &["HVALS", &regions]);
+    assert!(
+        values.lines().all(|r| r == "us"),
+        "only what node 2 would pick differently: {values}"
+    );
+    // Node 2 leaves; node 1 is alone, so its list is the cluster's: what
+    // equals its own pick is pruned.
+    two.kill9();
+    wait_for(Duration::from_secs(10), "shared assignments pruned", || {
+        redis_count(&redis, &["HLEN", &regions]) == 0
+    });
+}
+
+#[test]
+fn redis_down_forgets_idle_tenants_and_the_bound_holds() {
+    let mut redis = Redis::start();
+    let shard = Backend::start("a");
+    let gw = node(
+        &format!("\"{}\"", redis.url()),
+        "gw-1",
+        &[("a", shard.url())],
+        "limits:\n  max_tracked_tenants: 640\n  rate: { tokens: 5, refill_per_second: 50 }\n",
+    );
+    wait_for(Duration::from_secs(5), "Redis up", || cluster(&gw)["redis"]["up"] == true);
+    redis.kill9();
+    wait_for(Duration::from_secs(5), "Redis seen down", || {
+        cluster(&gw)["redis"]["up"] == false
+    });
+    let statuses = invent(gw.port, "outage-", 3000);
+    assert!(statuses.iter().all(|s| *s == 200), "served while Redis is down");
+    let tracked = || metric_value(&metrics_text(gw.admin_port), "shardgate_tenants_tracked");
+    assert!(tracked() <= 640, "the table's bound holds: {}", tracked());
+    // Idle for a second with full buckets, they are forgotten with Redis
+    // still down: the next new tenants sweep them all out, where only the
+    // least recently seen quarter would go if they still held leases.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(invent(gw.port, "later-", 200).iter().all(|s| *s == 200));
+    assert!(tracked() < 400, "idle tenants forgotten: {} left", tracked());
+    // A tenant that spent is not: its bucket is refused until it refills.
+    let statuses = exchange(
+        gw.port,
+        "GET / HTTP/1.1\r\nHost: busy.localhost\r\n\r\n"
+            .repeat(12)
+            .as_bytes(),
+        Duration::from_millis(500),
+    )
+    .0;
+    assert!(statuses.contains(&429), "the share is spent: {statuses:?}");
+}
+
+/// libfaketime, which `scripts/prereqs.sh` installs with `faketime`.
+const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+#[test]
+fn a_node_whose_clock_is_off_is_alive_to_the_others_and_its_admissions_count() {
+    assert!(
+        std::path::Path::new(FAKETIME).exists(),
+        "libfaketime missing: run scripts/prereqs.sh"
+    );
+    let redis = Redis::start();
+    let slow = Backend::with("slow", |_| {
+        Reply::After(Duration::from_secs(4), Box::new(Reply::ok("{}")))
+    });
+    let extra = "limits:\n  connection_cap: 2\n";
+    let one = node(&format!("\"{}\"", redis.url()), "gw-1", &[("slow", slow.url())], extra);
+    // Node 2's clock is 3 s behind (the binary, through a wrapper that
+    // keeps its pid, under libfaketime): judged on its own clock, its
+    // heartbeats would look 3 s old, twice the time a node is given.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let wrapper = dir.path().join("shardgate-behind");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nLD_PRELOAD={FAKETIME} FAKETIME=-3s FAKETIME_DONT_FAKE_MONOTONIC=1 exec {} \"$@\"\n",
+            env!("CARGO_BIN_EXE_shardgate")
+        ),
+    )
+    .expect("wrapper");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::env::set_var("SHARDGATE_TEST_TOKEN", TOKEN);
+    let two = Gateway::start_program(
+        &wrapper,
+        &config_yaml(
+            &format!(
+                "listen: [{{ addr: \"127.0.0.1:{{port}}\" }}]\n\
+                 admin: {{ addr: \"127.0.0.1:{{admin}}\", token_env: SHARDGATE_TEST_TOKEN }}\n\
+                 cluster: {{ redis: \"{}\", node_id: gw-2, key_prefix: \"t{}:\", sync_interval_ms: 50 }}\n",
+                redis.url(),
+                std::process::id()
+            ),
+            &[("slow", slow.url())],
+            extra,
+        ),
+    );
+    // The skew is real: node 2's own answers are dated 3 s back.
+    let date = two.get("nobody.invalid", "/").header("date").map(str::to_string);
+    let date = date.and_then(|d| httpdate::parse_http_date(&d).ok());
+    let behind = date.and_then(|d| std::time::SystemTime::now().duration_since(d).ok());
+    assert!(
+        behind.is_some_and(|b| b >= Duration::from_secs(2)),
+        "node 2's clock is behind: {behind:?}"
+    );
+    wait_for(Duration::from_secs(5), "each node sees two alive", || {
+        cluster(&one)["nodes_alive"] == 2.0 && cluster(&two)["nodes_alive"] == 2.0
+    });
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(cluster(&one)["nodes_alive"], 2.0, "node 1 keeps node 2 alive");
+        assert_eq!(cluster(&two)["nodes_alive"], 2.0, "node 2 keeps node 1 alive");
+    }
+    // Admissions held on the node whose clock is off count on the other.
+    let port = two.port;
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            std::thread::spawn(move || {
+                send_raw(
+                    port,
+                    b"GET / HTTP/1.1\r\nHost: capped.localhost\r\nConnection: close\r\n\r\n",
+                )
+                .status
+            })
+        })
+        .collect();
+    wait_for(Duration::from_secs(2), "two admissions on node 2", || {
+        slow.count() == 2
+    });
+    wait_for(Duration::from_secs(2), "node 1 sees them", || {
+        one.admin("GET", "/v1/route?tenant=capped", None, Some(TOKEN))
+            .json()["decision"]
+            == "capped"
+    });
+    assert_eq!(one.get("capped.localhost", "/").status, 429);
+    for h in held {
+        assert_eq!(h.join().ok(), Some(200));
+    }
+}
+
+#[test]
+fn one_off_allowances_keep_redis_bounded_least_recently_settled_first() {
+    let redis = Redis::start();
+    let shard = Backend::start("a");
+    let gw = node(
+        &format!("\"{}\"", redis.url()),
+        "gw-1",
+        &[("a", shard.url())],
+        "limits:\n  max_tracked_tenants: 640\n  rate: { tokens: 3, refill_per_second: 0 }\n",
+    );
+    wait_for(Duration::from_secs(5), "Redis up", || {
+        cluster(&gw)["redis"]["up"] == true
+    });
+    let regular = || {
+        exchange(
+            gw.port,
+            b"GET / HTTP/1.1\r\nHost: regular.localhost\r\nConnection: close\r\n\r\n",
+            Duration::from_secs(2),
+        )
+        .0
+    };
+    for _ in 0..3 {
+        assert_eq!(regular(), [200]);
+    }
+    assert_eq!(regular(), [429], "the allowance is spent");
+    // 2 000 invented tenants, each spending from its own allowance; the
+    // regular tenant keeps coming back between them.
+    for wave in 0..20 {
+        assert!(invent(gw.port, &format!("once-{wave}-"), 100)
+            .iter()
+            .all(|s| *s == 200));
+        assert_eq!(regular(), [429], "a tenant seen often keeps its spent allowance");
+    }
+    let prefix = format!("t{}:", std::process::id());
+    let set = format!("{prefix}oneoff");
+    // Once the last leases went back and the set was trimmed (a second
+    // each), Redis holds a key for at most as many tenants as the bound.
+    std::thread::sleep(Duration::from_millis(3000));
+    let tracked = redis_count(&redis, &["ZCARD", &set]);
+    assert!(tracked <= 640, "one-off tenants in Redis: {tracked}");
+    let keys = redis_cli(&redis, &["--scan", "--pattern", &format!("{prefix}t:*")]);
+    assert!(
+        keys.lines().count() <= 640,
+        "bucket keys: {}",
+        keys.lines().count()
+    );
+    assert_eq!(regular(), [429], "still spent");
+}

@@ -1,26 +1,28 @@
 //! The cluster service: the only code that talks to Redis. Every
 //! `sync_interval` it settles the tenants that spent (their leases topped
 //! up, their credit charged) and publishes this node's live admissions per
-//! capped tenant while reading the others'; every 250 ms it heartbeats;
-//! every 200 ms it exchanges runtime state. Requests never wait on it:
-//! while Redis is down they run on what the node last knew (DESIGN §4).
+//! capped tenant while reading the others'; every 200 ms it exchanges
+//! runtime state (`regions.rs` for the region assignments). The heartbeat
+//! (`heartbeat.rs`) runs beside it on its own task. Requests never wait on
+//! it: while Redis is down they run on what the node last knew (DESIGN §4).
 
-use super::conn::{Conn, TIMEOUT};
-use super::shared::{NodeSeen, Shared};
+use super::conn::TIMEOUT;
+use super::heartbeat::Heartbeat;
+use super::link::Link;
+use super::shared::Shared;
 use super::NODE_TTL_MS;
 use crate::control::Control;
 use crate::limits::TenantState;
 use compact_str::CompactString;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use redis::{Cmd, FromRedisValue, RedisError, Script};
+use redis::Script;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// A tenant untouched this long gives its lease back.
 const IDLE_RELEASE: Duration = Duration::from_secs(1);
-const HEARTBEAT: Duration = Duration::from_millis(250);
 const STATE_POLL: Duration = Duration::from_millis(200);
 /// Settles in flight at once.
 const SETTLE_BATCH: usize = 256;
@@ -30,8 +32,11 @@ const SETTLE_BATCH: usize = 256;
 /// leases; charge the credit this node spent outside the ledger; then
 /// either take back this node's lease (release) or top it up to a fair
 /// share of what is free and leased among the nodes that hold a lease.
-/// Leases of nodes not in the alive list go back. Returns the grants (for
-/// a release: how full each bucket is, as a fraction).
+/// Each lease carries the time of its last settle (`|a|` field). A lease
+/// of a node not in the alive list, or not settled for 10 s (its node
+/// forgot the tenant), counts as spent: it stops counting as leased, and
+/// the bucket refills into it. Returns the grants (for a release: how
+/// full each bucket is, as a fraction).
 const SETTLE_LUA: &str = r"
 local key, me, release = KEYS[1], ARGV[1], ARGV[2] == '1'
 local alive = {}
@@ -41,12 +46,12 @@ local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local flat = redis.call('HGETALL', key)
 local h = {}
 for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
-local out, ttl, forever = {}, 0, false
+local out, ttl, forever, full = {}, 0, false, release
 for b = 0, tonumber(ARGV[4]) - 1 do
   local at = 5 + b * 5
   local name, cap, rate = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
   local held, credit = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
-  local gf, sf, lp = name .. '|g', name .. '|s', name .. '|l|'
+  local gf, sf, lp, ap = name .. '|g', name .. '|s', name .. '|l|', name .. '|a|'
   local g = tonumber(h[gf] or cap)
   local stamp = tonumber(h[sf] or now)
   local leased, holders = 0, 0
@@ -54,11 +59,12 @@ for b = 0, tonumber(ARGV[4]) - 1 do
     if string.sub(f, 1, #lp) == lp then
       local node = string.sub(f, #lp + 1)
       if node ~= me then
-        if alive[node] then
+        local at = tonumber(h[ap .. node])
+        if alive[node] and not (at and now - at > 10000) then
           leased = leased + tonumber(v)
           holders = holders + 1
         else
-          redis.call('HDEL', key, f)
+          redis.call('HDEL', key, f, ap .. node)
         end
       end
     end
@@ -75,8 +81,9 @@ for b = 0, tonumber(ARGV[4]) - 1 do
   if now > stamp then stamp = now end
   local grant = 0
   if release then
-    g = g + held
-    redis.call('HDEL', key, lp .. me)
+    -- a lease dropped as stale was counted as spent already
+    if h[lp .. me] then g = g + held end
+    redis.call('HDEL', key, lp .. me, ap .. me)
     if g > cap then g = cap end
     grant = cap > 0 and math.min(1, math.max(g, 0) / cap) or 1
   else
@@ -85,17 +92,24 @@ for b = 0, tonumber(ARGV[4]) - 1 do
     if fair < 1 then fair = 1 end
     grant = math.min(math.max(g, 0), math.max(0, fair - held))
     g = g - grant
-    redis.call('HSET', key, lp .. me, tostring(held + grant))
+    redis.call('HSET', key, lp .. me, tostring(held + grant), ap .. me, tostring(now))
   end
   if g > cap then g = cap end
+  full = full and g >= cap and holders == 0
   redis.call('HSET', key, gf, tostring(g), sf, tostring(stamp))
   if rate > 0 then
-    local full = (cap - math.min(g, 0)) / rate * 1000 + 60000
-    if full > ttl then ttl = full end
+    local refilled_in = (cap - math.min(g, 0)) / rate * 1000 + 60000
+    if refilled_in > ttl then ttl = refilled_in end
   else
     forever = true
   end
   out[b + 1] = tostring(grant)
+end
+-- a lease given back to buckets now full, with no other lease and no
+-- bucket this settle did not carry, leaves a key like a new one: none
+if full and redis.call('HLEN', key) == 2 * tonumber(ARGV[4]) then
+  redis.call('DEL', key)
+  return out
 end
 -- buckets this settle did not carry keep their expiry: only a longer one
 -- is set on an existing key (a key without expiry keeps none)
@@ -134,19 +148,22 @@ impl BackgroundService for ClusterService {
             return;
         };
         let mut sync = Syncer::new(Arc::clone(&self.control), shared);
-        let mut settle = tokio::time::interval(sync.shared.config.sync_interval);
-        let mut heartbeat = tokio::time::interval(HEARTBEAT);
+        let me = sync.shared().node_id().to_string();
+        let heartbeat = tokio::spawn(
+            Heartbeat::new(Arc::clone(sync.shared()), sync.key("nodes"), sync.caps_key(&me)).run(),
+        );
+        let mut settle = tokio::time::interval(sync.shared().config.sync_interval);
         let mut state = tokio::time::interval(STATE_POLL);
-        for tick in [&mut settle, &mut heartbeat, &mut state] {
+        for tick in [&mut settle, &mut state] {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         }
         loop {
             tokio::select! {
                 _ = shutdown.changed() => {
+                    heartbeat.abort();
                     sync.leave().await;
                     return;
                 }
-                _ = heartbeat.tick() => sync.heartbeat().await,
                 _ = settle.tick() => sync.settle().await,
                 _ = state.tick() => sync.exchange_state().await,
             }
@@ -165,56 +182,47 @@ struct Job {
 /// refill/s, held, credit)`.
 type LeaseBucket = (Option<u16>, String, f64, f64, f64, f64);
 
-struct Syncer {
-    control: Arc<Control>,
-    shared: Arc<Shared>,
-    conn: Option<Conn>,
-    retry_at: Instant,
-    backoff: Duration,
+pub(super) struct Syncer {
+    pub(super) control: Arc<Control>,
+    pub(super) link: Link,
     /// Tenants this node holds state for, with their last request.
     tracked: HashMap<CompactString, Instant>,
     /// This node's admissions per capped tenant as last written.
     caps_written: HashMap<CompactString, u64>,
     /// Version of the shared state last applied (`None`: load it all).
     state_version: Option<i64>,
-    /// The last entry of the assignment log read.
-    assign_log_at: String,
-    alive: Vec<String>,
+    pub(super) regions: super::regions::RegionSync,
     last_settle: Instant,
+    pub(super) one_offs_trimmed_at: Instant,
     settle_script: Script,
     state_script: Script,
-}
-
-fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Syncer {
     fn new(control: Arc<Control>, shared: Arc<Shared>) -> Self {
         Syncer {
             control,
-            shared,
-            conn: None,
-            retry_at: Instant::now(),
-            backoff: Duration::from_millis(100),
+            link: Link::new(shared),
             tracked: HashMap::new(),
             caps_written: HashMap::new(),
             state_version: None,
-            assign_log_at: "0-0".to_string(),
-            alive: Vec::new(),
+            regions: super::regions::RegionSync::default(),
             last_settle: Instant::now(),
+            one_offs_trimmed_at: Instant::now(),
             settle_script: Script::new(SETTLE_LUA),
             state_script: Script::new(STATE_PUT_LUA),
         }
     }
 
-    fn key(&self, suffix: &str) -> String {
-        format!("{}{suffix}", self.shared.config.key_prefix)
+    pub(super) fn shared(&self) -> &Arc<Shared> {
+        &self.link.shared
     }
 
-    fn tenant_key(&self, tenant: &str) -> String {
+    pub(super) fn key(&self, suffix: &str) -> String {
+        format!("{}{suffix}", self.shared().config.key_prefix)
+    }
+
+    pub(super) fn tenant_key(&self, tenant: &str) -> String {
         self.key(&format!("t:{{{tenant}}}"))
     }
 
@@ -222,146 +230,50 @@ impl Syncer {
         self.key(&format!("caps:{{{node}}}"))
     }
 
-    /// A connection, opening one if it is time to try again.
-    async fn connection(&mut self) -> Option<Conn> {
-        if let Some(conn) = &self.conn {
-            return Some(conn.clone());
-        }
-        if Instant::now() < self.retry_at {
-            return None;
-        }
-        match tokio::time::timeout(TIMEOUT, Conn::open(&self.shared.config.redis)).await {
-            Ok(Ok(conn)) => {
-                self.backoff = Duration::from_millis(100);
-                self.conn = Some(conn.clone());
-                Some(conn)
-            }
-            Ok(Err(e)) => {
-                self.unreachable("connect", &e);
-                None
-            }
-            Err(_) => {
-                self.unreachable("connect", &"timed out");
-                None
-            }
-        }
-    }
-
-    /// Redis cannot be reached: limits follow `on_redis_down`, and the
-    /// next attempt waits (100 ms doubling to 2 s).
-    fn unreachable(&mut self, what: &str, e: &dyn std::fmt::Display) {
-        self.shared.sync_error(what, e);
-        if self.conn.take().is_some() || self.shared.redis_up() {
-            log::warn!(
-                "cluster: Redis unreachable ({what}: {e}); limits now {}",
-                self.shared.config.on_redis_down.as_str()
-            );
-        }
-        self.shared.set_redis_up(false);
-        self.state_version = None;
-        // Redis may come back empty: write every count again.
-        self.caps_written.clear();
-        self.retry_at = Instant::now() + self.backoff;
-        self.backoff = (self.backoff * 2).min(Duration::from_secs(2));
-    }
-
-    fn failed(&mut self, what: &str, e: &RedisError) {
-        if e.is_io_error()
-            || e.is_timeout()
-            || e.is_connection_dropped()
-            || e.is_connection_refusal()
-        {
-            self.unreachable(what, e);
-        } else {
-            self.shared.sync_error(what, e);
-        }
-    }
-
-    async fn query<T: FromRedisValue>(&mut self, what: &str, cmd: &Cmd) -> Option<T> {
-        let mut conn = self.connection().await?;
-        match tokio::time::timeout(TIMEOUT, cmd.query_async::<T>(&mut conn)).await {
-            Ok(Ok(v)) => Some(v),
-            Ok(Err(e)) => {
-                self.failed(what, &e);
-                None
-            }
-            Err(_) => {
-                self.unreachable(what, &"timed out");
-                None
-            }
-        }
-    }
-
-    /// Registers this node and reads which nodes are alive.
-    async fn heartbeat(&mut self) {
-        let now = wall_ms();
-        let nodes = self.key("nodes");
-        let me = self.shared.node_id().to_string();
-        let was_up = self.shared.redis_up();
-        let zadd = redis::cmd("ZADD").arg(&nodes).arg(now).arg(&me).to_owned();
-        if self.query::<i64>("heartbeat", &zadd).await.is_none() {
-            return;
-        }
-        let expire = now.saturating_sub(60_000);
-        let trim = redis::cmd("ZREMRANGEBYSCORE")
-            .arg(&nodes)
-            .arg("-inf")
-            .arg(expire)
-            .to_owned();
-        let _ = self.query::<i64>("heartbeat", &trim).await;
-        let list = redis::cmd("ZRANGE")
-            .arg(&nodes)
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .to_owned();
-        let Some(seen) = self.query::<Vec<(String, f64)>>("heartbeat", &list).await else {
-            return;
-        };
-        let caps = self.caps_key(&me);
-        let touch = redis::cmd("PEXPIRE").arg(&caps).arg(NODE_TTL_MS).to_owned();
-        if self.query::<i64>("heartbeat", &touch).await == Some(0) {
-            // The hash is gone (expired, or Redis restarted): rewrite it.
+    /// Forgets what this node believed Redis holds once Redis was lost (it
+    /// may come back empty): every count is written again, and the shared
+    /// state read again.
+    fn after_loss(&mut self) {
+        if self.link.take_lost() {
+            self.state_version = None;
             self.caps_written.clear();
         }
-        let nodes: Vec<NodeSeen> = seen
-            .into_iter()
-            .map(|(id, score)| NodeSeen {
-                id,
-                last_seen_ms: score as u64,
-            })
-            .collect();
-        self.alive = nodes
-            .iter()
-            .filter(|n| now.saturating_sub(n.last_seen_ms) <= NODE_TTL_MS)
-            .map(|n| n.id.clone())
-            .collect();
-        self.shared.set_nodes(nodes, self.alive.len());
-        if !was_up {
-            log::info!(
-                "cluster: Redis reachable; {} node(s) alive",
-                self.alive.len()
-            );
-            self.shared.set_redis_up(true);
+        if self.shared().take_caps_lost() {
+            self.caps_written.clear();
         }
+    }
+
+    pub(super) async fn query<T: redis::FromRedisValue>(
+        &mut self,
+        what: &str,
+        cmd: &redis::Cmd,
+    ) -> Option<T> {
+        self.link.query(what, cmd).await
     }
 
     /// Settles the tenants that spent, gives back idle leases, and shares
     /// admissions of capped tenants.
     async fn settle(&mut self) {
+        self.after_loss();
         let now = Instant::now();
         let elapsed = now.duration_since(self.last_settle);
         self.last_settle = now;
-        for tenant in self.shared.take_queue() {
+        for tenant in self.shared().take_queue() {
             self.tracked.insert(tenant, now);
         }
-        if !self.shared.redis_up() {
+        if !self.shared().redis_up() {
             self.refill_locally(elapsed);
+            self.forget_idle_while_down(now);
             return;
         }
         let jobs = self.jobs(now);
+        let one_offs: Vec<CompactString> = (jobs.iter())
+            .filter(|job| job.buckets.iter().any(|b| b.3 == 0.0))
+            .map(|job| job.tenant.clone())
+            .collect();
+        let alive = self.shared().alive_ids().join("\n");
         for batch in jobs.chunks(SETTLE_BATCH) {
-            let Some(conn) = self.connection().await else {
+            let Some(conn) = self.link.connection().await else {
                 self.restore_credit(batch);
                 continue;
             };
@@ -369,9 +281,9 @@ impl Syncer {
                 let mut conn = conn.clone();
                 let mut invocation = self.settle_script.key(self.tenant_key(&job.tenant));
                 invocation
-                    .arg(self.shared.node_id())
+                    .arg(self.shared().node_id())
                     .arg(if job.release { "1" } else { "0" })
-                    .arg(self.alive.join("\n"))
+                    .arg(&alive)
                     .arg(job.buckets.len());
                 for (_, name, cap, rate, held, credit) in &job.buckets {
                     invocation
@@ -392,15 +304,16 @@ impl Syncer {
                     Ok(Ok(grants)) => self.grant(job, &grants),
                     Ok(Err(e)) => {
                         self.restore_credit(std::slice::from_ref(job));
-                        self.failed("settle", &e);
+                        self.link.failed("settle", &e);
                     }
                     Err(_) => {
                         self.restore_credit(std::slice::from_ref(job));
-                        self.unreachable("settle", &"timed out");
+                        self.link.unreachable("settle", &"timed out");
                     }
                 }
             }
         }
+        self.bound_one_offs(one_offs).await;
         if self.control.router.limits().connection_cap().is_some() {
             self.share_admissions().await;
         }
@@ -642,10 +555,10 @@ impl Syncer {
     /// Redis is down and `local-share` applies: each lease refills at
     /// `1/N` of its rule up to `1/N` of its capacity.
     fn refill_locally(&mut self, elapsed: Duration) {
-        if self.shared.mode() != super::Mode::Shared {
+        if self.shared().mode() != super::Mode::Shared {
             return;
         }
-        let n = self.shared.nodes_alive();
+        let n = self.shared().nodes_alive();
         let secs = elapsed.as_secs_f64();
         let router = &self.control.router;
         let limits = router.limits().clone();
@@ -679,10 +592,51 @@ impl Syncer {
         }
     }
 
+    /// Redis is down: a tenant idle for a second, holding no admission,
+    /// whose buckets are full again at this node's share, is forgotten, as
+    /// it would be with Redis up once its lease went back (its lease in
+    /// Redis is dropped by the next settle of another node once its stamp
+    /// is stale). Without this, every tenant that arrived during an outage
+    /// would stay until Redis came back. A tenant kept is unqueued, so its
+    /// next request queues it again and marks it seen.
+    fn forget_idle_while_down(&mut self, now: Instant) {
+        let router = &self.control.router;
+        let limits = router.limits().clone();
+        let n = self.shared().nodes_alive();
+        let now_ms = router.clock().now_ms();
+        let full = |tokens: f64, rule: &crate::limits::RateRule| {
+            rule.is_unlimited() || tokens >= rule.tokens / n - 1e-9
+        };
+        self.tracked.retain(|tenant, last| {
+            let idle = now.duration_since(*last) >= IDLE_RELEASE;
+            let kept = router.with_tenant(tenant, |entry, state: &mut TenantState| {
+                if let Some(slot) = state.shared.as_deref_mut() {
+                    slot.queued = false;
+                }
+                if entry.active() > 0 || !idle {
+                    return true;
+                }
+                let b = &state.buckets;
+                let refilled = full(b.tenant.tokens, limits.rate())
+                    && b.routes.iter().all(|(i, bucket)| {
+                        limits
+                            .route_rule(*i)
+                            .is_none_or(|rule| full(bucket.tokens, rule))
+                    });
+                if refilled {
+                    state.shared = None;
+                    state.buckets = limits.fresh_buckets(now_ms);
+                }
+                !refilled
+            });
+            kept.unwrap_or(false)
+        });
+    }
+
     /// Writes this node's admissions per capped tenant (changes only) and
     /// reads every other live node's.
     async fn share_admissions(&mut self) {
-        let me = self.shared.node_id().to_string();
+        let me = self.shared().node_id().to_string();
         let key = self.caps_key(&me);
         let router = &self.control.router;
         let mut changes: Vec<(CompactString, u64)> = Vec::new();
@@ -727,11 +681,11 @@ impl Syncer {
             }
         }
         let mut others: HashMap<CompactString, u64> = HashMap::new();
-        for node in self.alive.clone() {
-            if node == me {
+        for node in self.shared().alive_ids().iter() {
+            if *node == me {
                 continue;
             }
-            let read = redis::cmd("HGETALL").arg(self.caps_key(&node)).to_owned();
+            let read = redis::cmd("HGETALL").arg(self.caps_key(node)).to_owned();
             let Some(theirs) = self.query::<HashMap<String, u64>>("caps", &read).await else {
                 return;
             };
@@ -739,72 +693,30 @@ impl Syncer {
                 *others.entry(CompactString::from(tenant)).or_insert(0) += n;
             }
         }
-        self.shared.set_others(others);
+        self.shared().set_others(others);
     }
 
-    /// Writes this node's runtime changes, shares its new region
-    /// assignments, and applies what other nodes changed.
+    /// Writes this node's runtime changes, keeps the region assignments in
+    /// step (`regions.rs`), and applies what other nodes changed.
     async fn exchange_state(&mut self) {
-        if !self.shared.redis_up() {
+        self.after_loss();
+        if !self.shared().redis_up() {
             return;
         }
         let state = self.key("{state}");
         let version = self.key("{state}:v");
-        let regions = self.key("{state}:regions");
-        let pending = self.shared.take_pending();
+        let pending = self.shared().take_pending();
         for (i, (field, value)) in pending.iter().enumerate() {
-            let Some(mut conn) = self.connection().await else {
-                self.shared.requeue_pending(pending[i..].to_vec());
-                return;
-            };
             let mut put = self.state_script.key(&state);
             put.key(&version).arg(field).arg(value);
-            match tokio::time::timeout(TIMEOUT, put.invoke_async::<i64>(&mut conn)).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => {
-                    self.shared.requeue_pending(pending[i..].to_vec());
-                    self.failed("state", &e);
-                    return;
-                }
-                Err(_) => {
-                    self.shared.requeue_pending(pending[i..].to_vec());
-                    self.unreachable("state", &"timed out");
-                    return;
-                }
+            if self.link.invoke::<i64>("state", &put).await.is_none() {
+                self.shared().requeue_pending(pending[i..].to_vec());
+                return;
             }
         }
-        let log = self.key("{state}:assigned");
-        if self.state_version.is_none() {
-            let last = redis::cmd("XREVRANGE")
-                .arg(&log)
-                .arg("+")
-                .arg("-")
-                .arg("COUNT")
-                .arg(1)
-                .to_owned();
-            match self
-                .query::<Vec<(String, Vec<String>)>>("state", &last)
-                .await
-            {
-                Some(entries) => {
-                    self.assign_log_at = entries
-                        .into_iter()
-                        .next()
-                        .map_or_else(|| "0-0".to_string(), |(id, _)| id);
-                }
-                None => return,
-            }
-            let read = redis::cmd("HGETALL").arg(&regions).to_owned();
-            if let Some(all) = self.query::<HashMap<String, String>>("state", &read).await {
-                self.shared.set_regions(
-                    all.into_iter()
-                        .map(|(t, r)| (CompactString::from(t), r))
-                        .collect(),
-                );
-            }
+        if !self.sync_regions(self.state_version.is_none()).await {
+            return;
         }
-        self.share_assignments(&regions, &log).await;
-        self.read_assignments(&log).await;
         let get = redis::cmd("GET").arg(&version).to_owned();
         let Some(v) = self.query::<Option<i64>>("state", &get).await else {
             return;
@@ -812,7 +724,7 @@ impl Syncer {
         let Some(v) = v else {
             // No version: Redis is new or lost its data. Put back what
             // this node knows, so nodes that start later get it.
-            self.shared.republish_known();
+            self.shared().republish_known();
             self.state_version = Some(0);
             return;
         };
@@ -823,113 +735,18 @@ impl Syncer {
         let Some(all) = self.query::<HashMap<String, String>>("state", &read).await else {
             return;
         };
-        for (field, value) in self.shared.news(all) {
+        for (field, value) in self.shared().news(all) {
             self.control.apply_shared(&field, &value);
         }
         self.state_version = Some(v);
     }
 
-    /// First assignment wins: this node's new assignments are offered with
-    /// HSETNX; where another node was first, its region is adopted.
-    async fn share_assignments(&mut self, key: &str, log: &str) {
-        let control = Arc::clone(&self.control);
-        let Some(directory) = &control.regions else {
-            return;
-        };
-        let directory_regions = self.shared.take_assigned();
-        let mut left = directory_regions.into_iter();
-        while let Some(tenant) = left.next() {
-            // Explained tenants reach here too (the hook runs on a peek):
-            // only an assignment the directory holds is offered.
-            let Some(mine) = directory.assigned_region(&tenant) else {
-                continue;
-            };
-            let offer = redis::cmd("HSETNX")
-                .arg(key)
-                .arg(tenant.as_str())
-                .arg(&mine)
-                .to_owned();
-            let Some(won) = self.query::<i64>("regions", &offer).await else {
-                for t in std::iter::once(tenant).chain(left) {
-                    self.shared.assigned(&t);
-                }
-                return;
-            };
-            let region = if won == 1 {
-                let append = redis::cmd("XADD")
-                    .arg(log)
-                    .arg("MAXLEN")
-                    .arg("~")
-                    .arg(100_000)
-                    .arg("*")
-                    .arg(tenant.as_str())
-                    .arg(&mine)
-                    .to_owned();
-                let _ = self.query::<String>("regions", &append).await;
-                mine
-            } else {
-                let get = redis::cmd("HGET").arg(key).arg(tenant.as_str()).to_owned();
-                match self.query::<Option<String>>("regions", &get).await {
-                    Some(Some(theirs)) => {
-                        directory.adopt(&tenant, &theirs);
-                        theirs
-                    }
-                    _ => continue,
-                }
-            };
-            self.shared.add_region_entry(&tenant, &region);
-        }
-    }
-
-    /// Reads the assignments other nodes made since the last read, so a
-    /// tenant's first request here already takes the shared region.
-    async fn read_assignments(&mut self, log: &str) {
-        let Some(directory) = self
-            .control
-            .regions
-            .as_ref()
-            .map(|_| Arc::clone(&self.control))
-        else {
-            return;
-        };
-        loop {
-            let read = redis::cmd("XRANGE")
-                .arg(log)
-                .arg(format!("({}", self.assign_log_at))
-                .arg("+")
-                .arg("COUNT")
-                .arg(1000)
-                .to_owned();
-            let Some(entries) = self
-                .query::<Vec<(String, Vec<String>)>>("regions", &read)
-                .await
-            else {
-                return;
-            };
-            let more = entries.len() == 1000;
-            for (id, fields) in entries {
-                for pair in fields.chunks(2) {
-                    if let [tenant, region] = pair {
-                        self.shared.add_region_entry(tenant, region);
-                        if let Some(d) = &directory.regions {
-                            d.adopt(tenant, region);
-                        }
-                    }
-                }
-                self.assign_log_at = id;
-            }
-            if !more {
-                return;
-            }
-        }
-    }
-
     /// Shutdown: this node leaves at once instead of after its TTL.
     async fn leave(&mut self) {
-        if !self.shared.redis_up() {
+        if !self.shared().redis_up() {
             return;
         }
-        let me = self.shared.node_id().to_string();
+        let me = self.shared().node_id().to_string();
         let zrem = redis::cmd("ZREM")
             .arg(self.key("nodes"))
             .arg(&me)
@@ -937,5 +754,6 @@ impl Syncer {
         let _ = self.query::<i64>("leave", &zrem).await;
         let del = redis::cmd("DEL").arg(self.caps_key(&me)).to_owned();
         let _ = self.query::<i64>("leave", &del).await;
+        self.leave_regions().await;
     }
 }

@@ -5,6 +5,7 @@
 //! fills it from Redis in the background; nothing here ever waits on it.
 
 use crate::config::{ClusterConfig, OnRedisDown};
+use crate::routing::region::{AssignHook, RegionList};
 use arc_swap::ArcSwap;
 use compact_str::CompactString;
 use parking_lot::Mutex;
@@ -79,9 +80,53 @@ impl SharedSlot {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct NodeSeen {
     pub id: String,
-    /// Wall-clock milliseconds of its last heartbeat.
+    /// Milliseconds since the epoch, by Redis' clock, of its last heartbeat.
     pub last_seen_ms: u64,
 }
+
+/// What this node knows of the other alive nodes' region lists. While
+/// they all equal its own, every node computes the same default pick, and
+/// no assignment needs to be shared.
+#[derive(Clone, Debug)]
+pub(crate) struct Peers {
+    /// An alive node whose list has not been read yet (it just started,
+    /// or it is a version that does not publish one).
+    pub unknown: bool,
+    /// The alive nodes' lists that differ from this node's.
+    pub lists: Vec<RegionList>,
+}
+
+impl Peers {
+    pub fn agree(&self) -> bool {
+        !self.unknown && self.lists.is_empty()
+    }
+}
+
+/// The region directory's hook in cluster mode. A tenant another node
+/// assigned first takes that region. A new assignment is queued to be
+/// offered to the others only while their region lists differ from this
+/// node's: otherwise each computes the same pick, and Redis holds nothing
+/// for the tenant (an invented name costs no Redis write).
+pub struct SharedRegions(pub Arc<Shared>);
+
+impl AssignHook for SharedRegions {
+    fn assign(&self, tenant: &str) -> Option<String> {
+        if !self.0.peers.load().agree() {
+            self.0.assigned(tenant);
+        }
+        self.0.shared_region(tenant)
+    }
+
+    /// The answer is the shared assignment or the default pick, the same
+    /// each time: the directory may sweep what equals the default.
+    fn rederivable(&self) -> bool {
+        true
+    }
+}
+
+/// The nodes of the last heartbeat, and Redis' time then (with when it
+/// was read).
+type Heartbeat = (Vec<NodeSeen>, Option<(u64, std::time::Instant)>);
 
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -104,15 +149,21 @@ pub struct Shared {
     queue: Mutex<Vec<CompactString>>,
     /// Live admissions per tenant on the other nodes.
     others: ArcSwap<HashMap<CompactString, u64>>,
-    /// The nodes of the last heartbeat.
-    nodes: Mutex<Vec<NodeSeen>>,
+    nodes: Mutex<Heartbeat>,
+    alive_ids: ArcSwap<Vec<String>>,
+    /// The heartbeat found this node's admissions hash gone (it expired,
+    /// or Redis restarted): the settle loop writes every count again.
+    caps_lost: AtomicBool,
+    /// The other nodes' region lists.
+    pub(crate) peers: ArcSwap<Peers>,
     /// Shared runtime state as last read or written: field → value.
     known: Mutex<HashMap<String, String>>,
     /// Changes made here, not yet in Redis.
     pending: Mutex<Vec<(String, String)>>,
     /// Region assignments made here, to share (first one wins).
     assigned: Mutex<Vec<CompactString>>,
-    /// Region assignments read from Redis.
+    /// Region assignments read from Redis (only those that differ from
+    /// some node's default pick are there).
     regions: Mutex<HashMap<CompactString, String>>,
 }
 
@@ -126,7 +177,13 @@ impl Shared {
             sync_errors: AtomicU64::new(0),
             queue: Mutex::new(Vec::new()),
             others: ArcSwap::from_pointee(HashMap::new()),
-            nodes: Mutex::new(Vec::new()),
+            nodes: Mutex::new((Vec::new(), None)),
+            alive_ids: ArcSwap::from_pointee(Vec::new()),
+            caps_lost: AtomicBool::new(false),
+            peers: ArcSwap::from_pointee(Peers {
+                unknown: true,
+                lists: Vec::new(),
+            }),
             known: Mutex::new(HashMap::new()),
             pending: Mutex::new(Vec::new()),
             assigned: Mutex::new(Vec::new()),
@@ -201,13 +258,38 @@ impl Shared {
     }
 
     pub fn nodes(&self) -> Vec<NodeSeen> {
-        self.nodes.lock().clone()
+        self.nodes.lock().0.clone()
     }
 
-    pub(crate) fn set_nodes(&self, nodes: Vec<NodeSeen>, alive: usize) {
+    /// The last heartbeat's view: every node, those alive, and Redis' time.
+    pub(crate) fn set_nodes(&self, nodes: Vec<NodeSeen>, alive: Vec<String>, redis_ms: u64) {
         self.alive
-            .store(alive.clamp(1, u32::MAX as usize) as u32, Ordering::Relaxed);
-        *self.nodes.lock() = nodes;
+            .store(alive.len().clamp(1, u32::MAX as usize) as u32, Ordering::Relaxed);
+        self.alive_ids.store(Arc::new(alive));
+        let mut seen = self.nodes.lock();
+        seen.0 = nodes;
+        seen.1 = Some((redis_ms, std::time::Instant::now()));
+    }
+
+    /// The ids of the nodes last seen alive (this one included).
+    pub fn alive_ids(&self) -> Arc<Vec<String>> {
+        self.alive_ids.load_full()
+    }
+
+    /// Redis' time now, as the last heartbeat read it plus the time since
+    /// (0 before any heartbeat).
+    pub fn redis_now_ms(&self) -> u64 {
+        self.nodes.lock().1.map_or(0, |(ms, at)| {
+            ms.saturating_add(at.elapsed().as_millis() as u64)
+        })
+    }
+
+    pub(crate) fn lose_caps(&self) {
+        self.caps_lost.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn take_caps_lost(&self) -> bool {
+        self.caps_lost.swap(false, Ordering::Relaxed)
     }
 
     pub(crate) fn set_others(&self, others: HashMap<CompactString, u64>) {
@@ -301,5 +383,10 @@ impl Shared {
         self.regions
             .lock()
             .insert(CompactString::from(tenant), region.to_string());
+    }
+
+    /// Keeps the shared assignments `keep` says yes to.
+    pub(crate) fn retain_regions(&self, mut keep: impl FnMut(&str, &str) -> bool) {
+        self.regions.lock().retain(|t, r| keep(t, r));
     }
 }

@@ -144,10 +144,13 @@ impl TableShard {
         self.entries.find(hash, |e| e.id.as_str() == tenant)
     }
 
-    /// Forgets the least recently seen entries that hold no admission and
-    /// no cluster lease until at most `target` remain (or none of those is
-    /// left). Each is marked dead under its own lock, after checking again
-    /// that nothing was admitted meanwhile (admissions take that lock).
+    /// Forgets the least recently seen entries that hold no admission
+    /// until at most `target` remain (or none of those is left). Each is
+    /// marked dead under its own lock, after checking again that nothing
+    /// was admitted meanwhile (admissions take that lock). In cluster mode
+    /// an entry may hold a lease: forgotten, the lease is left to Redis,
+    /// which drops it as spent once its stamp is stale, and the credit it
+    /// owed is not charged (one opening share, at most, handed back).
     fn evict_least_recent(&mut self, target: usize) {
         let excess = self.entries.len().saturating_sub(target);
         if excess == 0 {
@@ -157,7 +160,7 @@ impl TableShard {
         // Only entries that may go: the cut is then theirs, and `left`
         // reaches zero unless one was admitted meanwhile.
         let mut stamps: Vec<u64> = (self.entries.iter())
-            .filter(|e| idle(e) && e.state.lock().shared.is_none())
+            .filter(|e| idle(e))
             .map(|e| e.seen.load(Ordering::Relaxed))
             .collect();
         if stamps.is_empty() {
@@ -171,7 +174,7 @@ impl TableShard {
                 return true;
             }
             let mut state = e.state.lock();
-            if !idle(e) || state.shared.is_some() {
+            if !idle(e) {
                 return true;
             }
             state.alive = false;
@@ -343,7 +346,7 @@ impl TenantTable {
             shard.entries.shrink_to(0, |e| e.hash);
             // Twice what survived, up to the bound (a quarter of it more
             // than what survives an eviction). What survived past the bound
-            // cannot go (admissions, leases): twice that, so that a sweep
+            // cannot go (admissions): twice that, so that a sweep
             // still comes once per as many new tenants as it walks.
             let survivors = shard.entries.len();
             shard.high_water = match survivors >= self.shard_cap {

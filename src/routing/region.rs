@@ -62,6 +62,14 @@ impl std::error::Error for RegionError {}
 /// falls back to the default pick.
 pub trait AssignHook: Send + Sync {
     fn assign(&self, tenant: &str) -> Option<String>;
+
+    /// Whether a forgotten assignment equal to the default pick may be
+    /// left to the hook to answer again (it answers a tenant the same way
+    /// each time, or the default pick). Only then does the directory sweep
+    /// its assignments: an arbitrary hook may pick anew.
+    fn rederivable(&self) -> bool {
+        false
+    }
 }
 
 impl<F: Fn(&str) -> Option<String> + Send + Sync> AssignHook for F {
@@ -82,6 +90,9 @@ const ASSIGNMENT_SHARDS: usize = 64;
 /// (no override, equal to the default pick over the current regions), so
 /// invented tenant ids cannot grow the directory without bound.
 pub const ASSIGNMENT_SHARD_LIMIT: usize = 4096;
+
+/// Region ids with their weights, in the order they were registered.
+pub type RegionList = Vec<(Arc<str>, f64)>;
 
 type AssignmentMap = hashbrown::HashMap<CompactString, Assignment, foldhash::fast::RandomState>;
 
@@ -131,12 +142,14 @@ pub struct RegionMetrics {
 }
 
 pub struct RegionDirectory {
-    regions: ArcSwap<Vec<(Arc<str>, f64)>>,
+    regions: ArcSwap<RegionList>,
     write: Mutex<()>,
     assignments: Box<[CachePadded<RwLock<AssignmentShard>>]>,
     hasher: foldhash::fast::RandomState,
     assign: Option<Arc<dyn AssignHook>>,
     clock: Arc<dyn Clock>,
+    /// A table shard's size that triggers its first sweep.
+    shard_limit: usize,
 }
 
 impl RegionDirectory {
@@ -172,7 +185,19 @@ impl RegionDirectory {
             hasher: foldhash::fast::RandomState::default(),
             assign,
             clock,
+            shard_limit: ASSIGNMENT_SHARD_LIMIT,
         })
+    }
+
+    /// Sweeps sooner when the tenants tracked are fewer: a shard's first
+    /// sweep comes at `max_tenants / 64` entries (16 at least), never later
+    /// than [`ASSIGNMENT_SHARD_LIMIT`].
+    pub fn bounded(mut self, max_tenants: usize) -> Self {
+        self.shard_limit = (max_tenants / ASSIGNMENT_SHARDS).clamp(16, ASSIGNMENT_SHARD_LIMIT);
+        for shard in self.assignments.iter() {
+            shard.write().high_water = self.shard_limit;
+        }
+        self
     }
 
     fn shard(&self, tenant: &str) -> &RwLock<AssignmentShard> {
@@ -185,7 +210,7 @@ impl RegionDirectory {
     }
 
     /// The reference's default pick: weighted rendezvous over region ids.
-    fn default_pick(list: &[(Arc<str>, f64)], tenant: &str) -> Arc<str> {
+    pub fn default_pick(list: &[(Arc<str>, f64)], tenant: &str) -> Arc<str> {
         let key = RoutingKey::new(tenant, None);
         let i = rendezvous_pick(
             &key,
@@ -230,9 +255,10 @@ impl RegionDirectory {
                 return f(&a.region);
             }
         }
-        if map.len() >= map.high_water && self.assign.is_none() {
+        let sweeps = self.assign.as_ref().is_none_or(|hook| hook.rederivable());
+        if map.len() >= map.high_water && sweeps {
             map.retain(|t, a| a.is_override || a.region != Self::default_pick(&list, t));
-            map.high_water = ASSIGNMENT_SHARD_LIMIT.max(map.len() * 2);
+            map.high_water = self.shard_limit.max(map.len() * 2);
         }
         map.insert(
             CompactString::from(tenant),
@@ -341,6 +367,11 @@ impl RegionDirectory {
         let next: Vec<_> = list.iter().filter(|(r, _)| &**r != id).cloned().collect();
         self.regions.store(Arc::new(next));
         Ok(true)
+    }
+
+    /// The registered regions as the default pick sees them.
+    pub fn list(&self) -> Arc<RegionList> {
+        self.regions.load_full()
     }
 
     pub fn regions(&self) -> Vec<Region> {
@@ -522,5 +553,46 @@ mod tests {
             d.region_for(&format!("x{i}"));
         }
         assert!(d.metrics().assignments <= ASSIGNMENT_SHARD_LIMIT * ASSIGNMENT_SHARDS);
+    }
+
+    /// A hook that answers the same each time (cluster mode's) lets the
+    /// directory sweep; any other keeps every assignment it made.
+    #[test]
+    fn only_a_rederivable_hook_lets_the_directory_sweep() {
+        struct Pinned(bool);
+        impl AssignHook for Pinned {
+            fn assign(&self, tenant: &str) -> Option<String> {
+                tenant.starts_with("pinned").then(|| "b".to_string())
+            }
+            fn rederivable(&self) -> bool {
+                self.0
+            }
+        }
+        let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+        let regions = vec![Region::new("a"), Region::new("b")];
+        let limit = 16 * ASSIGNMENT_SHARDS;
+        for rederivable in [true, false] {
+            let hook: Arc<dyn AssignHook> = Arc::new(Pinned(rederivable));
+            let d = RegionDirectory::with_options(regions.clone(), Some(hook), Arc::clone(&clock))
+                .expect("regions")
+                .bounded(limit);
+            for i in 0..100 {
+                assert_eq!(d.region_for(&format!("pinned{i}")), "b");
+            }
+            for i in 0..limit * 4 {
+                d.region_for(&format!("x{i}"));
+            }
+            let kept = d.metrics().assignments;
+            if rederivable {
+                assert!(kept <= limit * 2, "swept: {kept}");
+            } else {
+                assert_eq!(kept, limit * 4 + 100, "nothing swept");
+            }
+            // The hook's picks stay either way (kept, or equal to the
+            // default pick and answered again).
+            for i in 0..100 {
+                assert_eq!(d.region_for(&format!("pinned{i}")), "b");
+            }
+        }
     }
 }

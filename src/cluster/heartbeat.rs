@@ -1,0 +1,92 @@
+//! The heartbeat: every 250 ms this node registers in the nodes set and
+//! reads who is alive, on its own task and its own Redis connection, so a
+//! slow settle or state pass never gets it declared dead. Liveness is
+//! judged on Redis' clock (`TIME`), never on a node's: a node whose clock
+//! is off still sees the others, and is seen, as alive.
+
+use super::link::Link;
+use super::shared::{NodeSeen, Shared};
+use super::NODE_TTL_MS;
+use redis::Script;
+use std::sync::Arc;
+use std::time::Duration;
+
+const HEARTBEAT: Duration = Duration::from_millis(250);
+
+/// Stamps this node (ARGV[1]) with Redis' time in the nodes set
+/// (KEYS[1]), drops nodes silent for a minute, and returns Redis' time
+/// and every node with its stamp.
+const HEARTBEAT_LUA: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - 60000)
+return {tostring(now), redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')}
+";
+
+pub(super) struct Heartbeat {
+    link: Link,
+    script: Script,
+    nodes_key: String,
+    caps_key: String,
+}
+
+impl Heartbeat {
+    pub fn new(shared: Arc<Shared>, nodes_key: String, caps_key: String) -> Self {
+        Heartbeat {
+            link: Link::new(shared),
+            script: Script::new(HEARTBEAT_LUA),
+            nodes_key,
+            caps_key,
+        }
+    }
+
+    pub async fn run(mut self) {
+        let mut tick = tokio::time::interval(HEARTBEAT);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.beat().await;
+        }
+    }
+
+    /// Registers this node and reads which nodes are alive.
+    async fn beat(&mut self) {
+        let shared = Arc::clone(&self.link.shared);
+        let was_up = shared.redis_up();
+        let mut invocation = self.script.key(&self.nodes_key);
+        invocation.arg(shared.node_id());
+        let Some((now, seen)) = self
+            .link
+            .invoke::<(u64, Vec<(String, f64)>)>("heartbeat", &invocation)
+            .await
+        else {
+            return;
+        };
+        let touch = redis::cmd("PEXPIRE")
+            .arg(&self.caps_key)
+            .arg(NODE_TTL_MS)
+            .to_owned();
+        if self.link.query::<i64>("heartbeat", &touch).await == Some(0) {
+            shared.lose_caps();
+        }
+        let nodes: Vec<NodeSeen> = seen
+            .into_iter()
+            .map(|(id, score)| NodeSeen {
+                id,
+                last_seen_ms: score as u64,
+            })
+            .collect();
+        let alive: Vec<String> = nodes
+            .iter()
+            .filter(|n| now.saturating_sub(n.last_seen_ms) <= NODE_TTL_MS)
+            .map(|n| n.id.clone())
+            .collect();
+        let count = alive.len();
+        shared.set_nodes(nodes, alive, now);
+        if !was_up {
+            log::info!("cluster: Redis reachable; {count} node(s) alive");
+            shared.set_redis_up(true);
+        }
+    }
+}
