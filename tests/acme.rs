@@ -273,12 +273,16 @@ fn in_a_cluster_one_node_orders_each_certificate_and_every_node_serves_it() {
     let plain_a = free_port();
     let pebble = Pebble::start(scratch.path(), plain_a, 3600, &["blocked.example.com"]);
     let backend = Backend::start("a");
+    // The nodes share private keys through Redis, sealed with this.
+    let secret = scratch.path().join("cluster-secret");
+    std::fs::write(&secret, "a secret of more than thirty-two bytes, shared\n").expect("secret");
     let node = |id: &str, plain: u16, directory: &str| {
         Gateway::start(&config_yaml(
             &format!(
-                "listen:\n  - {{ addr: \"127.0.0.1:{{port}}\", tls: true }}\n  - {{ addr: \"127.0.0.1:{plain}\", redirect_https: true }}\nadmin: {{ addr: \"127.0.0.1:{{admin}}\" }}\nstate: false\ncluster: {{ redis: \"{}\", node_id: {id}, key_prefix: \"acme{}:\" }}\ntls:\n  acme:\n    directory: \"{directory}\"\n    storage: \"{{dir}}/acme\"\n    ca_file: \"{}\"\n",
+                "listen:\n  - {{ addr: \"127.0.0.1:{{port}}\", tls: true }}\n  - {{ addr: \"127.0.0.1:{plain}\", redirect_https: true }}\nadmin: {{ addr: \"127.0.0.1:{{admin}}\" }}\nstate: false\ncluster: {{ redis: \"{}\", node_id: {id}, key_prefix: \"acme{}:\", secret_file: \"{}\" }}\ntls:\n  acme:\n    directory: \"{directory}\"\n    storage: \"{{dir}}/acme\"\n    ca_file: \"{}\"\n",
                 redis.url(),
                 std::process::id(),
+                secret.display(),
                 pebble.ca_pem.display()
             ),
             &[("a", backend.url())],
@@ -315,6 +319,19 @@ fn in_a_cluster_one_node_orders_each_certificate_and_every_node_serves_it() {
             gw.admin("GET", "/v1/certs", None, None).text()
         );
     }
+    // No private key in Redis in the clear.
+    let prefix = format!("acme{}:acme:", std::process::id());
+    for host in hosts {
+        let out = Command::new("redis-cli")
+            .args(["-p", &redis.port.to_string(), "HGET"])
+            .arg(format!("{prefix}cert:{{{host}}}"))
+            .arg("key")
+            .output()
+            .expect("redis-cli");
+        let stored = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(stored.starts_with("sealed:v1:"), "{host}'s key in Redis: {stored:.40}");
+        assert!(!stored.contains("PRIVATE KEY"));
+    }
     std::thread::sleep(Duration::from_secs(3));
     let total = |result: &str| acme_counter(&b, result) + acme_counter(&c, result);
     assert_eq!(total("issued"), hosts.len() as u64, "one order per host");
@@ -322,7 +339,6 @@ fn in_a_cluster_one_node_orders_each_certificate_and_every_node_serves_it() {
     assert_eq!(acme_counter(&a, "issued") + acme_counter(&a, "failed"), 0);
     // An entry in Redis naming a path, or a certificate for other names
     // than its host, is never installed.
-    let prefix = format!("acme{}:acme:", std::process::id());
     let stray =
         rcgen::generate_simple_self_signed(vec!["other.example.net".to_string()]).expect("cert");
     for host in ["../../escape", "stray.example.com"] {

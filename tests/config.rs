@@ -98,6 +98,9 @@ const BROKEN: &[(&str, &str, &str, usize)] = &[
     ("more fields than Pingora reads", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nlimits:\n  max_headers: 300\n", "limits.max_headers", 5),
     ("a head larger than Pingora reads", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nlimits:\n  max_header_bytes: 2000000\n", "limits.max_header_bytes", 5),
     ("not yaml", "listen: [\n", "", 2),
+    ("ACME in a cluster without a secret", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ncluster: { redis: \"redis://127.0.0.1:6379\" }\ntls:\n  acme: { directory: \"https://127.0.0.1:9/dir\", storage: /tmp/acme }\n", "cluster.secret_file", 4),
+    ("a secret too short", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ncluster:\n  redis: \"redis://127.0.0.1:6379\"\n  secret_file: /dev/null\n", "cluster.secret_file", 6),
+    ("a secret file missing", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ncluster:\n  redis: \"redis://127.0.0.1:6379\"\n  secret_file: /nonexistent/secret\n", "cluster.secret_file", 6),
 ];
 
 #[test]

@@ -9,7 +9,8 @@
 //! - `{prefix}acme:certs`: host → stamp of its latest certificate, and
 //!   `{prefix}acme:certs:v`, bumped on every new one, so a node reads the
 //!   index only when it changed; `{prefix}acme:cert:{<host>}` the chain and
-//!   key (a hash, fields `crt` and `key`).
+//!   key (a hash, fields `crt` and `key`), the key sealed with
+//!   `cluster.secret_file` (`seal.rs`).
 //! - `{prefix}acme:fail:{<host>}`: the last failed order (its backoff holds
 //!   for the whole cluster).
 //! - `{prefix}acme:orders:<hour>`: orders started in that hour, for
@@ -20,6 +21,7 @@
 //! already received stay on disk and keep being served.
 
 use super::conn::{Conn, TIMEOUT};
+use super::seal::{Opened, Sealer};
 use crate::config::ClusterConfig;
 use redis::{Cmd, FromRedisValue, Script};
 use serde::{Deserialize, Serialize};
@@ -86,11 +88,16 @@ pub struct AcmeRedis {
     token: String,
     /// The last error, logged once until Redis answers again.
     down: bool,
+    /// Seals keys for Redis (`None`: no `cluster.secret_file`, which the
+    /// config allows only without ACME; then no key is stored).
+    sealer: Option<Sealer>,
 }
 
 impl AcmeRedis {
     pub fn new(config: ClusterConfig) -> Self {
+        let sealer = config.secret.as_ref().map(|s| Sealer::new(&s.0));
         AcmeRedis {
+            sealer,
             config,
             conn: None,
             retry_at: Instant::now(),
@@ -223,6 +230,7 @@ impl AcmeRedis {
             .filter(|(host, stamp)| self.have.get(host) != Some(stamp))
             .collect();
         let mut out = Vec::new();
+        let mut resealed: Vec<(String, String)> = Vec::new();
         // Many at once on the shared connection (a node starting in a
         // cluster with thousands of certificates would otherwise wait a
         // round trip for each), each command still naming one key.
@@ -247,14 +255,41 @@ impl AcmeRedis {
                     return Some(out);
                 };
                 self.have.insert(host.clone(), stamp.clone());
-                if let (Some(chain), Some(key)) = pair {
-                    out.push(Stored {
-                        host: host.clone(),
-                        chain,
-                        key,
-                    });
-                }
+                let (Some(chain), Some(stored)) = pair else {
+                    continue;
+                };
+                let Some(sealer) = &self.sealer else {
+                    continue;
+                };
+                let key = match sealer.open(host, &stored) {
+                    Opened::Sealed(key) => key,
+                    Opened::Plain(key) => {
+                        // Left by a version that stored keys in the clear:
+                        // sealed in place now.
+                        resealed.extend(sealer.seal(host, &key).map(|s| (host.clone(), s)));
+                        key
+                    }
+                    Opened::Unreadable => {
+                        log::warn!(
+                            "acme: the key of `{host}` in Redis does not open with cluster.secret_file (another secret on the node that stored it?); not served from Redis"
+                        );
+                        continue;
+                    }
+                };
+                out.push(Stored {
+                    host: host.clone(),
+                    chain,
+                    key,
+                });
             }
+        }
+        for (host, sealed) in resealed {
+            let put = redis::cmd("HSET")
+                .arg(self.key(&format!("cert:{{{host}}}")))
+                .arg("key")
+                .arg(sealed)
+                .to_owned();
+            let _ = self.query::<i64>(&put).await;
         }
         self.version = Some(version);
         Some(out)
@@ -262,13 +297,16 @@ impl AcmeRedis {
 
     /// Stores a certificate this node got, for the others.
     pub async fn put_cert(&mut self, host: &str, chain: &str, key: &str) -> bool {
+        let Some(key) = self.sealer.as_ref().and_then(|s| s.seal(host, key)) else {
+            return false;
+        };
         let stamp = format!("{}:{}", self.config.node_id, wall_ms());
         let cert = redis::cmd("HSET")
             .arg(self.key(&format!("cert:{{{host}}}")))
             .arg("crt")
             .arg(chain)
             .arg("key")
-            .arg(key)
+            .arg(&key)
             .to_owned();
         let index = redis::cmd("HSET")
             .arg(self.key("certs"))

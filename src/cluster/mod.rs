@@ -26,6 +26,7 @@ mod heartbeat;
 mod link;
 mod oneoff;
 mod regions;
+mod seal;
 mod service;
 mod shared;
 

@@ -54,6 +54,19 @@ pub struct ClusterConfig {
     /// How often a node settles with Redis.
     pub sync_interval: Duration,
     pub on_redis_down: OnRedisDown,
+    /// `cluster.secret_file`'s contents: what ACME private keys are sealed
+    /// with in Redis.
+    pub secret: Option<Secret>,
+}
+
+/// Secret bytes, never printed.
+#[derive(Clone)]
+pub struct Secret(pub std::sync::Arc<[u8]>);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -75,6 +75,7 @@ pub struct RawCluster {
     pub key_prefix: Option<String>,
     pub sync_interval_ms: Option<u64>,
     pub on_redis_down: Option<String>,
+    pub secret_file: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

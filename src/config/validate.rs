@@ -200,9 +200,17 @@ fn check(c: &mut Checker<'_>, raw: RawConfig) -> Config {
             },
         },
     };
+    let cluster_secret_given = raw.cluster.as_ref().map(|r| r.secret_file.is_some());
     let cluster = raw.cluster.map(|r| check_cluster(c, r));
     let wanted = listen.iter().any(|l| l.tls == ListenerTls::Section);
     let tls = check_tls(c, raw.tls, wanted);
+    let acme = tls.as_ref().is_some_and(|t| t.acme.is_some());
+    if acme && cluster_secret_given == Some(false) {
+        c.error(
+            "cluster.secret_file",
+            "required with `tls.acme` in cluster mode: the nodes share ACME private keys through Redis, sealed with this secret (a file of at least 32 bytes, the same on every node)",
+        );
+    }
     Config {
         server,
         listen,
@@ -272,12 +280,29 @@ fn check_cluster(c: &mut Checker<'_>, r: RawCluster) -> ClusterConfig {
             OnRedisDown::LocalShare
         }
     };
+    let secret = r.secret_file.and_then(|path| match std::fs::read(&path) {
+        Ok(bytes) if bytes.trim_ascii().len() >= 32 => {
+            Some(super::Secret(bytes.trim_ascii().into()))
+        }
+        Ok(_) => {
+            c.error(
+                "cluster.secret_file",
+                format!("`{path}`: holds fewer than 32 bytes (e.g. `openssl rand -base64 48 > {path}`)"),
+            );
+            None
+        }
+        Err(e) => {
+            c.error("cluster.secret_file", format!("`{path}`: {e}"));
+            None
+        }
+    });
     ClusterConfig {
         redis,
         node_id,
         key_prefix: r.key_prefix.unwrap_or_else(|| "shardgate:".to_string()),
         sync_interval: c.positive_ms("cluster.sync_interval_ms", r.sync_interval_ms, 50),
         on_redis_down,
+        secret,
     }
 }
 
