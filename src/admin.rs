@@ -375,6 +375,7 @@ impl AdminApi {
                 },
             },
             "nodes_alive": cluster.nodes_alive(),
+            "region_lists": self.control.regions.as_ref().map(|_| cluster.region_lists()),
             "nodes": nodes,
             "sync_interval_ms": config.sync_interval.as_millis() as u64,
             "on_redis_down": config.on_redis_down.as_str(),

@@ -548,14 +548,26 @@ fn invent(port: u16, prefix: &str, n: usize) -> Vec<u16> {
     statuses
 }
 
-/// A cluster node with two regions (`eu_weight` against 1 for `us`).
+/// A cluster node with two regions of equal weight.
 fn regional(redis: &Redis, id: &str, eu: &Backend, us: &Backend, extra: &str) -> Gateway {
+    regional_weighted(redis, id, eu, us, "1", extra)
+}
+
+/// A cluster node with regions eu (weight 1) and us (`us_weight`).
+fn regional_weighted(
+    redis: &Redis,
+    id: &str,
+    eu: &Backend,
+    us: &Backend,
+    us_weight: &str,
+    extra: &str,
+) -> Gateway {
     std::env::set_var("SHARDGATE_TEST_TOKEN", TOKEN);
     Gateway::start(&format!(
         "listen: [{{ addr: \"127.0.0.1:{{port}}\" }}]\n\
          admin: {{ addr: \"127.0.0.1:{{admin}}\", token_env: SHARDGATE_TEST_TOKEN }}\n\
          cluster: {{ redis: \"{}\", node_id: {id}, key_prefix: \"b{}:\" }}\n\
-         regions:\n  - {{ id: eu }}\n  - {{ id: us }}\n\
+         regions:\n  - {{ id: eu }}\n  - {{ id: us, weight: {us_weight} }}\n\
          shards:\n  - {{ id: eu, url: \"{}\", region: eu }}\n  - {{ id: us, url: \"{}\", region: us }}\n\
          domains:\n  fallback_suffix: .localhost\n{extra}",
         redis.url(),
@@ -572,11 +584,10 @@ fn invented_tenants_cost_redis_nothing_while_the_nodes_agree_on_regions() {
     let limits = "limits:\n  max_tracked_tenants: 640\n  rate: { tokens: 5, refill_per_second: 50 }\n";
     let one = regional(&redis, "gw-1", &eu, &us, limits);
     let two = regional(&redis, "gw-2", &eu, &us, limits);
-    wait_for(Duration::from_secs(5), "two nodes alive", || {
-        cluster(&one)["nodes_alive"] == 2.0 && cluster(&two)["nodes_alive"] == 2.0
-    });
     // The nodes read each other's region lists (once a second).
-    std::thread::sleep(Duration::from_millis(1500));
+    wait_for(Duration::from_secs(5), "both nodes see the lists agree", || {
+        cluster(&one)["region_lists"] == "agree" && cluster(&two)["region_lists"] == "agree"
+    });
     let prefix = format!("b{}:", std::process::id());
     // A few invented tenants, within the table's bound: once idle their
     // buckets go back full, and their keys go with their leases.
@@ -614,25 +625,14 @@ fn differing_region_lists_share_assignments_within_a_bound_and_prune_them_once_a
     let redis = Redis::start();
     let (eu, us) = (Backend::start("eu"), Backend::start("us"));
     // The node's lists differ (a rolling change of the regions): node 2
-    // has only eu, so whatever node 1 puts in us must be shared.
-    std::env::set_var("SHARDGATE_TEST_TOKEN", TOKEN);
+    // weighs us so little that it puts every tenant in eu, so whatever
+    // node 1 puts in us must be shared.
     let limits = "limits:\n  max_tracked_tenants: 640\n";
     let one = regional(&redis, "gw-1", &eu, &us, limits);
-    let mut two = Gateway::start(&format!(
-        "listen: [{{ addr: \"127.0.0.1:{{port}}\" }}]\n\
-         admin: {{ addr: \"127.0.0.1:{{admin}}\", token_env: SHARDGATE_TEST_TOKEN }}\n\
-         cluster: {{ redis: \"{}\", node_id: gw-2, key_prefix: \"b{}:\" }}\n\
-         regions:\n  - {{ id: eu }}\n\
-         shards:\n  - {{ id: eu, url: \"{}\", region: eu }}\n\
-         domains:\n  fallback_suffix: .localhost\n{limits}",
-        redis.url(),
-        std::process::id(),
-        eu.url(),
-    ));
-    wait_for(Duration::from_secs(5), "two nodes alive", || {
-        cluster(&one)["nodes_alive"] == 2.0
+    let mut two = regional_weighted(&redis, "gw-2", &eu, &us, "0.000001", limits);
+    wait_for(Duration::from_secs(5), "both nodes see the lists differ", || {
+        cluster(&one)["region_lists"] == "differ" && cluster(&two)["region_lists"] == "differ"
     });
-    std::thread::sleep(Duration::from_millis(1500));
     let prefix = format!("b{}:", std::process::id());
     let regions = format!("{prefix}{{state}}:regions");
     let statuses = invent(one.port, "shared-", 2000);
@@ -650,6 +650,16 @@ fn differing_region_lists_share_assignments_within_a_bound_and_prune_them_once_a
         values.lines().all(|r| r == "us"),
         "only what node 2 would pick differently: {values}"
     );
+    // Node 2 follows them: a tenant node 1 placed in us goes to us there.
+    let placed = redis_cli(&redis, &["HKEYS", &regions]);
+    let tenant = placed.lines().next().unwrap_or_default().to_string();
+    wait_for(Duration::from_secs(2), "node 2 follows the shared assignment", || {
+        two.admin("GET", &format!("/v1/route?tenant={tenant}"), None, Some(TOKEN))
+            .json()["region"]
+            == "us"
+    });
+    let r = two.get(&format!("{tenant}.localhost"), "/");
+    assert!(r.text().contains("\"shard\":\"us\""), "{}", r.text());
     // Node 2 leaves; node 1 is alone, so its list is the cluster's: what
     // equals its own pick is pruned.
     two.kill9();
@@ -687,7 +697,7 @@ fn redis_down_forgets_idle_tenants_and_the_bound_holds() {
     let statuses = exchange(
         gw.port,
         "GET / HTTP/1.1\r\nHost: busy.localhost\r\n\r\n"
-            .repeat(12)
+            .repeat(40)
             .as_bytes(),
         Duration::from_millis(500),
     )

@@ -1,6 +1,8 @@
 //! The heartbeat: every 250 ms this node registers in the nodes set and
-//! reads who is alive, on its own task and its own Redis connection, so a
-//! slow settle or state pass never gets it declared dead. Liveness is
+//! reads who is alive, on its own thread (its own runtime: Pingora runs a
+//! background service on one thread, which the sync's passes over every
+//! tenant may hold) and its own Redis connection, so a slow settle or
+//! state pass never gets it declared dead. Liveness is
 //! judged on Redis' clock (`TIME`), never on a node's: a node whose clock
 //! is off still sees the others, and is seen, as alive.
 
@@ -8,6 +10,7 @@ use super::link::Link;
 use super::shared::{NodeSeen, Shared};
 use super::NODE_TTL_MS;
 use redis::Script;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,18 +37,37 @@ pub(super) struct Heartbeat {
 impl Heartbeat {
     pub fn new(shared: Arc<Shared>, nodes_key: String, caps_key: String) -> Self {
         Heartbeat {
-            link: Link::new(shared),
+            link: Link::new(shared, true),
             script: Script::new(HEARTBEAT_LUA),
             nodes_key,
             caps_key,
         }
     }
 
-    pub async fn run(mut self) {
+    /// Beats on a thread of its own until `stop` is set; the handle ends
+    /// once the last beat is done.
+    pub fn start(self, stop: Arc<AtomicBool>) -> std::io::Result<std::thread::JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name("shardgate-heartbeat".to_string())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build();
+                match runtime {
+                    Ok(runtime) => runtime.block_on(self.run(stop)),
+                    Err(e) => log::error!("cluster: no runtime for the heartbeat: {e}"),
+                }
+            })
+    }
+
+    async fn run(mut self, stop: Arc<AtomicBool>) {
         let mut tick = tokio::time::interval(HEARTBEAT);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
             self.beat().await;
         }
     }

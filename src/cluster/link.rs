@@ -1,7 +1,9 @@
 //! A link to Redis: one connection, opened on demand and again with
 //! backoff while Redis cannot be reached, and the errors that say it
 //! cannot. The sync loop and the heartbeat each hold their own, so a slow
-//! settle never delays a heartbeat.
+//! settle never delays a heartbeat. Only the heartbeat's says whether
+//! Redis is up: one slow settle does not switch the node's limits to
+//! `on_redis_down`.
 
 use super::conn::{Conn, TIMEOUT};
 use super::shared::Shared;
@@ -17,16 +19,19 @@ pub(super) struct Link {
     /// Set when this link found Redis unreachable; its owner takes it to
     /// forget what it believed Redis holds.
     lost: bool,
+    /// This link's failures say Redis is down (the heartbeat's).
+    decides: bool,
 }
 
 impl Link {
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub fn new(shared: Arc<Shared>, decides: bool) -> Self {
         Link {
             shared,
             conn: None,
             retry_at: Instant::now(),
             backoff: Duration::from_millis(100),
             lost: false,
+            decides,
         }
     }
 
@@ -60,18 +65,20 @@ impl Link {
         }
     }
 
-    /// Redis cannot be reached: limits follow `on_redis_down`, and the
-    /// next attempt waits (100 ms doubling to 2 s).
+    /// Redis cannot be reached on this link: the next attempt waits (100 ms
+    /// doubling to 2 s); for the heartbeat's, limits follow `on_redis_down`.
     pub fn unreachable(&mut self, what: &str, e: &dyn std::fmt::Display) {
         self.shared.sync_error(what, e);
         self.conn = None;
-        if self.shared.redis_up() {
-            log::warn!(
-                "cluster: Redis unreachable ({what}: {e}); limits now {}",
-                self.shared.config.on_redis_down.as_str()
-            );
+        if self.decides {
+            if self.shared.redis_up() {
+                log::warn!(
+                    "cluster: Redis unreachable ({what}: {e}); limits now {}",
+                    self.shared.config.on_redis_down.as_str()
+                );
+            }
+            self.shared.set_redis_up(false);
         }
-        self.shared.set_redis_up(false);
         self.lost = true;
         self.retry_at = Instant::now() + self.backoff;
         self.backoff = (self.backoff * 2).min(Duration::from_secs(2));

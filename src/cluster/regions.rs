@@ -107,15 +107,32 @@ impl Syncer {
                 .into_iter()
                 .next()
                 .map_or_else(|| "0-0".to_string(), |(id, _)| id);
-            let read = redis::cmd("HGETALL").arg(&hash).to_owned();
-            let Some(all) = self.query::<HashMap<String, String>>("regions", &read).await else {
-                return false;
-            };
-            self.shared().set_regions(
-                all.into_iter()
-                    .map(|(t, r)| (CompactString::from(t), r))
-                    .collect(),
-            );
+            // A step at a time: the hash may hold up to the bound.
+            let bound = self.control.config.limits.max_tracked_tenants;
+            let mut all: HashMap<CompactString, String> = HashMap::new();
+            let mut cursor = 0u64;
+            loop {
+                let scan = redis::cmd("HSCAN")
+                    .arg(&hash)
+                    .arg(cursor)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .to_owned();
+                let Some((next, entries)) = self
+                    .query::<(u64, Vec<(String, String)>)>("regions", &scan)
+                    .await
+                else {
+                    return false;
+                };
+                for (t, r) in entries.into_iter().take(bound.saturating_sub(all.len())) {
+                    all.insert(CompactString::from(t), r);
+                }
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+            self.shared().set_regions(all);
             self.regions.lists_at = None;
         }
         if self.regions.lists_at.is_none_or(|at| at.elapsed() >= LISTS_EVERY) {
@@ -126,8 +143,8 @@ impl Syncer {
         }
         self.offer_assignments(directory, &hash, &log).await;
         self.read_assignments(directory, &log).await;
-        if self.shared().peers.load().agree() {
-            self.prune_assignments(&directory.list(), &hash).await;
+        if self.shared().regions_agree() {
+            self.prune_assignments(&directory.list(), &hash, &log).await;
         }
         true
     }
@@ -150,11 +167,13 @@ impl Syncer {
         let Some(lists) = self.query::<HashMap<String, String>>("regions", &read).await else {
             return false;
         };
+        let alive = self.shared().alive_ids();
         let mut peers = Peers {
             unknown: false,
             lists: Vec::new(),
+            known: alive.to_vec(),
         };
-        for node in self.shared().alive_ids().iter().filter(|n| **n != me) {
+        for node in alive.iter().filter(|n| **n != me) {
             match lists.get(node.as_str()) {
                 Some(theirs) if *theirs == encoded => {}
                 Some(theirs) => match decode(theirs) {
@@ -166,10 +185,11 @@ impl Syncer {
             }
         }
         // Agreement reached again: the pruning starts over at once.
-        if peers.agree() && !self.shared().peers.load().agree() {
+        let agreed = self.shared().regions_agree();
+        self.shared().peers.store(Arc::new(peers));
+        if self.shared().regions_agree() && !agreed {
             self.regions.pruned_at = None;
         }
-        self.shared().peers.store(Arc::new(peers));
         let nodes = self.shared().nodes();
         if nodes.is_empty() {
             return true;
@@ -191,13 +211,14 @@ impl Syncer {
     /// region is adopted.
     async fn offer_assignments(&mut self, directory: &RegionDirectory, hash: &str, log: &str) {
         let peers = self.shared().peers.load_full();
+        let unknown = self.shared().region_lists_unknown();
         let cap = self.control.config.limits.max_tracked_tenants;
         // Explained tenants reach here too (the hook runs on a peek): only
         // an assignment the directory holds is offered.
         let offers: Vec<(CompactString, String)> = (self.shared().take_assigned().into_iter())
             .filter_map(|tenant| {
                 let mine = directory.assigned_region(&tenant)?;
-                let differs = peers.unknown
+                let differs = unknown
                     || (peers.lists.iter())
                         .any(|list| *RegionDirectory::default_pick(list, &tenant) != *mine);
                 differs.then_some((tenant, mine))
@@ -284,16 +305,20 @@ impl Syncer {
         }
     }
 
-    /// Every node agrees: shared entries equal to the common pick are
-    /// forgotten, here at once and in Redis a step at a time.
-    async fn prune_assignments(&mut self, list: &RegionList, hash: &str) {
+    /// Every node agrees: shared entries equal to the common pick, or
+    /// naming a region no node has any more, are forgotten, here at once
+    /// and in Redis a step at a time; once a pass is done the log is
+    /// emptied (no node needs it while they agree).
+    async fn prune_assignments(&mut self, list: &RegionList, hash: &str, log: &str) {
+        let needless = |t: &str, r: &str| {
+            !list.iter().any(|(id, _)| **id == *r) || *RegionDirectory::default_pick(list, t) == *r
+        };
         let cursor = match (self.regions.prune_cursor, self.regions.pruned_at) {
             (Some(cursor), _) => cursor,
             (None, Some(at)) if at.elapsed() < PRUNE_EVERY => return,
             (None, _) => {
                 self.regions.pruned_at = Some(Instant::now());
-                self.shared()
-                    .retain_regions(|t, r| *RegionDirectory::default_pick(list, t) != *r);
+                self.shared().retain_regions(|t, r| !needless(t, r));
                 0
             }
         };
@@ -312,12 +337,16 @@ impl Syncer {
         self.regions.prune_cursor = (next != 0).then_some(next);
         let common: Vec<&String> = entries
             .iter()
-            .filter(|(t, r)| *RegionDirectory::default_pick(list, t) == **r)
+            .filter(|(t, r)| needless(t, r))
             .map(|(t, _)| t)
             .collect();
         if !common.is_empty() {
             let del = redis::cmd("HDEL").arg(hash).arg(common).to_owned();
             let _ = self.query::<i64>("regions", &del).await;
+        }
+        if next == 0 {
+            let trim = redis::cmd("XTRIM").arg(log).arg("MAXLEN").arg(0).to_owned();
+            let _ = self.query::<i64>("regions", &trim).await;
         }
     }
 

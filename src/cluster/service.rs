@@ -34,9 +34,12 @@ const SETTLE_BATCH: usize = 256;
 /// share of what is free and leased among the nodes that hold a lease.
 /// Each lease carries the time of its last settle (`|a|` field). A lease
 /// of a node not in the alive list, or not settled for 10 s (its node
-/// forgot the tenant), counts as spent: it stops counting as leased, and
-/// the bucket refills into it. Returns the grants (for a release: how
-/// full each bucket is, as a fraction).
+/// forgot the tenant, or could not reach Redis), counts as spent: it stops
+/// counting as leased, and the bucket refills into it. So when this node
+/// finds its own lease, granted before (the bucket's 6th argument), gone,
+/// what it still holds was counted spent: a release does not give it back,
+/// a top-up charges it. Returns the grants (for a release: how full each
+/// bucket is, as a fraction).
 const SETTLE_LUA: &str = r"
 local key, me, release = KEYS[1], ARGV[1], ARGV[2] == '1'
 local alive = {}
@@ -48,9 +51,10 @@ local h = {}
 for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
 local out, ttl, forever, full = {}, 0, false, release
 for b = 0, tonumber(ARGV[4]) - 1 do
-  local at = 5 + b * 5
+  local at = 5 + b * 6
   local name, cap, rate = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
   local held, credit = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
+  local lost = ARGV[at + 5] == '1' and not h[name .. '|l|' .. me]
   local gf, sf, lp, ap = name .. '|g', name .. '|s', name .. '|l|', name .. '|a|'
   local g = tonumber(h[gf] or cap)
   local stamp = tonumber(h[sf] or now)
@@ -59,8 +63,8 @@ for b = 0, tonumber(ARGV[4]) - 1 do
     if string.sub(f, 1, #lp) == lp then
       local node = string.sub(f, #lp + 1)
       if node ~= me then
-        local at = tonumber(h[ap .. node])
-        if alive[node] and not (at and now - at > 10000) then
+        local settled = tonumber(h[ap .. node])
+        if alive[node] and not (settled and now - settled > 10000) then
           leased = leased + tonumber(v)
           holders = holders + 1
         else
@@ -70,6 +74,7 @@ for b = 0, tonumber(ARGV[4]) - 1 do
     end
   end
   g = g - credit
+  if lost and not release then g = g - held end
   -- a debt never exceeds one bucket
   if g < -cap then g = -cap end
   if rate > 0 and now > stamp then
@@ -81,8 +86,7 @@ for b = 0, tonumber(ARGV[4]) - 1 do
   if now > stamp then stamp = now end
   local grant = 0
   if release then
-    -- a lease dropped as stale was counted as spent already
-    if h[lp .. me] then g = g + held end
+    if not lost then g = g + held end
     redis.call('HDEL', key, lp .. me, ap .. me)
     if g > cap then g = cap end
     grant = cap > 0 and math.min(1, math.max(g, 0) / cap) or 1
@@ -149,9 +153,13 @@ impl BackgroundService for ClusterService {
         };
         let mut sync = Syncer::new(Arc::clone(&self.control), shared);
         let me = sync.shared().node_id().to_string();
-        let heartbeat = tokio::spawn(
-            Heartbeat::new(Arc::clone(sync.shared()), sync.key("nodes"), sync.caps_key(&me)).run(),
-        );
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let heartbeat =
+            Heartbeat::new(Arc::clone(sync.shared()), sync.key("nodes"), sync.caps_key(&me))
+                .start(Arc::clone(&stop));
+        if let Err(e) = &heartbeat {
+            log::error!("cluster: the heartbeat thread did not start: {e}; this node is not seen alive");
+        }
         let mut settle = tokio::time::interval(sync.shared().config.sync_interval);
         let mut state = tokio::time::interval(STATE_POLL);
         for tick in [&mut settle, &mut state] {
@@ -160,7 +168,12 @@ impl BackgroundService for ClusterService {
         loop {
             tokio::select! {
                 _ = shutdown.changed() => {
-                    heartbeat.abort();
+                    // The last beat lands before the node leaves the set.
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    if let Ok(handle) = heartbeat {
+                        let joined = tokio::task::spawn_blocking(move || handle.join());
+                        let _ = tokio::time::timeout(Duration::from_secs(2), joined).await;
+                    }
                     sync.leave().await;
                     return;
                 }
@@ -178,9 +191,30 @@ struct Job {
     buckets: Vec<LeaseBucket>,
 }
 
-/// `(route index or None for the tenant bucket, field name, capacity,
-/// refill/s, held, credit)`.
-type LeaseBucket = (Option<u16>, String, f64, f64, f64, f64);
+/// One bucket of a settle, as this node holds it.
+struct LeaseBucket {
+    /// The route's index; `None` for the tenant bucket.
+    index: Option<u16>,
+    /// Its fields' prefix in the tenant's hash.
+    name: String,
+    cap: f64,
+    rate: f64,
+    held: f64,
+    credit: f64,
+    /// A settle granted this lease before, so Redis should hold it.
+    leased: bool,
+}
+
+/// Buckets that take longer than this to refill (or never do) keep their
+/// key longer than a client's invented name deserves: their tenants are
+/// bounded by count (`oneoff.rs`).
+const LASTING_SECS: f64 = 60.0;
+
+impl LeaseBucket {
+    fn lasting(&self) -> bool {
+        self.rate <= 0.0 || self.cap / self.rate > LASTING_SECS
+    }
+}
 
 pub(super) struct Syncer {
     pub(super) control: Arc<Control>,
@@ -192,8 +226,10 @@ pub(super) struct Syncer {
     /// Version of the shared state last applied (`None`: load it all).
     state_version: Option<i64>,
     pub(super) regions: super::regions::RegionSync,
+    /// `Shared::reconnects` as last seen.
+    reconnects: u64,
     last_settle: Instant,
-    pub(super) one_offs_trimmed_at: Instant,
+    pub(super) one_offs: super::oneoff::OneOffs,
     settle_script: Script,
     state_script: Script,
 }
@@ -202,13 +238,14 @@ impl Syncer {
     fn new(control: Arc<Control>, shared: Arc<Shared>) -> Self {
         Syncer {
             control,
-            link: Link::new(shared),
+            link: Link::new(shared, false),
+            reconnects: 0,
             tracked: HashMap::new(),
             caps_written: HashMap::new(),
             state_version: None,
             regions: super::regions::RegionSync::default(),
             last_settle: Instant::now(),
-            one_offs_trimmed_at: Instant::now(),
+            one_offs: super::oneoff::OneOffs::default(),
             settle_script: Script::new(SETTLE_LUA),
             state_script: Script::new(STATE_PUT_LUA),
         }
@@ -234,7 +271,9 @@ impl Syncer {
     /// may come back empty): every count is written again, and the shared
     /// state read again.
     fn after_loss(&mut self) {
-        if self.link.take_lost() {
+        let reconnects = self.link.shared.reconnects();
+        let back = std::mem::replace(&mut self.reconnects, reconnects) != reconnects;
+        if self.link.take_lost() || back {
             self.state_version = None;
             self.caps_written.clear();
         }
@@ -266,11 +305,20 @@ impl Syncer {
             self.forget_idle_while_down(now);
             return;
         }
-        let jobs = self.jobs(now);
-        let one_offs: Vec<CompactString> = (jobs.iter())
-            .filter(|job| job.buckets.iter().any(|b| b.3 == 0.0))
+        let mut jobs = self.jobs(now);
+        // Tenants whose keys last are stamped in the bounded set first:
+        // if Redis does not take that, they wait for the next settle.
+        let lasting: Vec<CompactString> = (jobs.iter())
+            .filter(|job| job.buckets.iter().any(LeaseBucket::lasting))
             .map(|job| job.tenant.clone())
             .collect();
+        if !self.stamp_lasting(&lasting).await {
+            let (unstamped, rest): (Vec<Job>, Vec<Job>) = jobs
+                .into_iter()
+                .partition(|job| job.buckets.iter().any(LeaseBucket::lasting));
+            self.restore_credit(&unstamped);
+            jobs = rest;
+        }
         let alive = self.shared().alive_ids().join("\n");
         for batch in jobs.chunks(SETTLE_BATCH) {
             let Some(conn) = self.link.connection().await else {
@@ -285,13 +333,14 @@ impl Syncer {
                     .arg(if job.release { "1" } else { "0" })
                     .arg(&alive)
                     .arg(job.buckets.len());
-                for (_, name, cap, rate, held, credit) in &job.buckets {
+                for b in &job.buckets {
                     invocation
-                        .arg(name)
-                        .arg(cap)
-                        .arg(rate)
-                        .arg(held)
-                        .arg(credit);
+                        .arg(&b.name)
+                        .arg(b.cap)
+                        .arg(b.rate)
+                        .arg(b.held)
+                        .arg(b.credit)
+                        .arg(if b.leased { "1" } else { "0" });
                 }
                 async move {
                     tokio::time::timeout(TIMEOUT, invocation.invoke_async::<Vec<String>>(&mut conn))
@@ -313,7 +362,7 @@ impl Syncer {
                 }
             }
         }
-        self.bound_one_offs(one_offs).await;
+        self.trim_lasting().await;
         if self.control.router.limits().connection_cap().is_some() {
             self.share_admissions().await;
         }
@@ -368,8 +417,10 @@ impl Syncer {
                         state.shared = None;
                     } else if let Some(slot) = state.shared.as_deref_mut() {
                         // Until Redis says how full the bucket is, a
-                        // request reopens on no credit at all.
+                        // request reopens on no credit at all. The lease
+                        // goes: a reopened one is not Redis' yet.
                         slot.dormant = Some((0.0, now_ms));
+                        slot.low_water.clear();
                     }
                     if !limits.rate().is_unlimited() {
                         state.buckets.tenant.tokens = 0.0;
@@ -432,17 +483,20 @@ fn lease_of(limits: &crate::limits::Limits, state: &TenantState) -> Vec<LeaseBuc
     let Some(slot) = state.shared.as_deref() else {
         return Vec::new();
     };
+    // The last grant's buckets are the ones Redis holds a lease for.
+    let leased = |index: Option<u16>| slot.low_water.iter().any(|(i, _)| *i == index);
     let mut buckets = Vec::new();
     let rule = limits.rate();
     if !rule.is_unlimited() {
-        buckets.push((
-            None,
-            "t".to_string(),
-            rule.tokens,
-            rule.refill_per_second,
-            state.buckets.tenant.tokens.max(0.0),
-            slot.credit,
-        ));
+        buckets.push(LeaseBucket {
+            index: None,
+            name: "t".to_string(),
+            cap: rule.tokens,
+            rate: rule.refill_per_second,
+            held: state.buckets.tenant.tokens.max(0.0),
+            credit: slot.credit,
+            leased: leased(None),
+        });
     }
     for (index, bucket) in &state.buckets.routes {
         let (Some(name), Some(rule)) = (limits.route_name(*index), limits.route_rule(*index))
@@ -454,14 +508,15 @@ fn lease_of(limits: &crate::limits::Limits, state: &TenantState) -> Vec<LeaseBuc
             .iter()
             .find(|(i, _)| i == index)
             .map_or(0.0, |(_, c)| *c);
-        buckets.push((
-            Some(*index),
-            format!("r:{name}"),
-            rule.tokens,
-            rule.refill_per_second,
-            bucket.tokens.max(0.0),
+        buckets.push(LeaseBucket {
+            index: Some(*index),
+            name: format!("r:{name}"),
+            cap: rule.tokens,
+            rate: rule.refill_per_second,
+            held: bucket.tokens.max(0.0),
             credit,
-        ));
+            leased: leased(Some(*index)),
+        });
     }
     buckets
 }
@@ -495,7 +550,7 @@ impl Syncer {
             };
             slot.settled_at = now_ms;
             slot.low_water.clear();
-            for ((index, _, _, _, held, _), grant) in job.buckets.iter().zip(grants) {
+            for (LeaseBucket { index, held, .. }, grant) in job.buckets.iter().zip(grants) {
                 let grant: f64 = grant.parse().unwrap_or(0.0);
                 slot.low_water
                     .push((*index, ((held + grant) / 2.0).max(1.0)));
@@ -528,7 +583,7 @@ impl Syncer {
                 if job.release && slot.dormant.is_some() {
                     slot.dormant = None;
                     slot.queued = true;
-                    for (index, _, _, _, held, _) in &job.buckets {
+                    for LeaseBucket { index, held, .. } in &job.buckets {
                         match index {
                             None => state.buckets.tenant.tokens = *held,
                             Some(i) => state.buckets.routes.push((
@@ -542,7 +597,7 @@ impl Syncer {
                     }
                     return;
                 }
-                for (index, _, _, _, _, credit) in &job.buckets {
+                for LeaseBucket { index, credit, .. } in &job.buckets {
                     match index {
                         None => slot.credit += credit,
                         Some(i) => slot.add_route_credit(*i, *credit),

@@ -94,12 +94,8 @@ pub(crate) struct Peers {
     pub unknown: bool,
     /// The alive nodes' lists that differ from this node's.
     pub lists: Vec<RegionList>,
-}
-
-impl Peers {
-    pub fn agree(&self) -> bool {
-        !self.unknown && self.lists.is_empty()
-    }
+    /// The nodes these were read for: one alive since is not known yet.
+    pub known: Vec<String>,
 }
 
 /// The region directory's hook in cluster mode. A tenant another node
@@ -111,7 +107,7 @@ pub struct SharedRegions(pub Arc<Shared>);
 
 impl AssignHook for SharedRegions {
     fn assign(&self, tenant: &str) -> Option<String> {
-        if !self.0.peers.load().agree() {
+        if !self.0.regions_agree() {
             self.0.assigned(tenant);
         }
         self.0.shared_region(tenant)
@@ -144,6 +140,8 @@ pub struct Shared {
     /// Nodes last seen alive (this one included), at least 1.
     alive: AtomicU32,
     redis_up: AtomicBool,
+    /// Bumped each time Redis comes back: it may have come back empty.
+    reconnects: AtomicU64,
     sync_errors: AtomicU64,
     /// Tenants that spent since their last settle.
     queue: Mutex<Vec<CompactString>>,
@@ -174,6 +172,7 @@ impl Shared {
             mode: AtomicU8::new(0),
             alive: AtomicU32::new(1),
             redis_up: AtomicBool::new(false),
+            reconnects: AtomicU64::new(0),
             sync_errors: AtomicU64::new(0),
             queue: Mutex::new(Vec::new()),
             others: ArcSwap::from_pointee(HashMap::new()),
@@ -183,6 +182,7 @@ impl Shared {
             peers: ArcSwap::from_pointee(Peers {
                 unknown: true,
                 lists: Vec::new(),
+                known: Vec::new(),
             }),
             known: Mutex::new(HashMap::new()),
             pending: Mutex::new(Vec::new()),
@@ -236,13 +236,44 @@ impl Shared {
     /// Records whether Redis answers; while it does not, limits follow
     /// `on_redis_down`.
     pub(crate) fn set_redis_up(&self, up: bool) {
-        self.redis_up.store(up, Ordering::Relaxed);
+        if self.redis_up.swap(up, Ordering::Relaxed) != up && up {
+            self.reconnects.fetch_add(1, Ordering::Relaxed);
+        }
         let mode = match (up, self.config.on_redis_down) {
             (true, _) | (false, OnRedisDown::LocalShare) => 0,
             (false, OnRedisDown::Allow) => 1,
             (false, OnRedisDown::Deny) => 2,
         };
         self.mode.store(mode, Ordering::Relaxed);
+    }
+
+    /// Whether every alive node's region list is known and equal to this
+    /// node's.
+    pub(crate) fn regions_agree(&self) -> bool {
+        !self.region_lists_unknown() && self.peers.load().lists.is_empty()
+    }
+
+    /// Some alive node's region list has not been read.
+    pub(crate) fn region_lists_unknown(&self) -> bool {
+        let peers = self.peers.load();
+        peers.unknown || !(self.alive_ids.load().iter()).all(|id| peers.known.contains(id))
+    }
+
+    /// `agree`, `differ` or `unknown`: how the alive nodes' region lists
+    /// compare with this node's (`GET /v1/cluster`).
+    pub fn region_lists(&self) -> &'static str {
+        if !self.peers.load().lists.is_empty() {
+            "differ"
+        } else if self.region_lists_unknown() {
+            "unknown"
+        } else {
+            "agree"
+        }
+    }
+
+    /// How many times Redis came back since the start.
+    pub(crate) fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Relaxed)
     }
 
     pub fn sync_errors(&self) -> u64 {
