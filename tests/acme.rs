@@ -329,7 +329,10 @@ fn in_a_cluster_one_node_orders_each_certificate_and_every_node_serves_it() {
             .output()
             .expect("redis-cli");
         let stored = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(stored.starts_with("sealed:v1:"), "{host}'s key in Redis: {stored:.40}");
+        assert!(
+            stored.starts_with("sealed:v1:"),
+            "{host}'s key in Redis: {stored:.40}"
+        );
         assert!(!stored.contains("PRIVATE KEY"));
     }
     std::thread::sleep(Duration::from_secs(3));

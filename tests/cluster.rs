@@ -538,7 +538,11 @@ fn invent(port: u16, prefix: &str, n: usize) -> Vec<u16> {
         let end = (start + 500).min(n);
         let mut raw = String::new();
         for i in start..end {
-            let close = if i + 1 == end { "Connection: close\r\n" } else { "" };
+            let close = if i + 1 == end {
+                "Connection: close\r\n"
+            } else {
+                ""
+            };
             raw.push_str(&format!(
                 "GET / HTTP/1.1\r\nHost: {prefix}{i}.localhost\r\n{close}\r\n"
             ));
@@ -581,28 +585,44 @@ fn regional_weighted(
 fn invented_tenants_cost_redis_nothing_while_the_nodes_agree_on_regions() {
     let redis = Redis::start();
     let (eu, us) = (Backend::start("eu"), Backend::start("us"));
-    let limits = "limits:\n  max_tracked_tenants: 640\n  rate: { tokens: 5, refill_per_second: 50 }\n";
+    let limits =
+        "limits:\n  max_tracked_tenants: 640\n  rate: { tokens: 5, refill_per_second: 50 }\n";
     let one = regional(&redis, "gw-1", &eu, &us, limits);
     let two = regional(&redis, "gw-2", &eu, &us, limits);
     // The nodes read each other's region lists (once a second).
-    wait_for(Duration::from_secs(5), "both nodes see the lists agree", || {
-        cluster(&one)["region_lists"] == "agree" && cluster(&two)["region_lists"] == "agree"
-    });
+    wait_for(
+        Duration::from_secs(5),
+        "both nodes see the lists agree",
+        || cluster(&one)["region_lists"] == "agree" && cluster(&two)["region_lists"] == "agree",
+    );
     let prefix = format!("b{}:", std::process::id());
     // A few invented tenants, within the table's bound: once idle their
     // buckets go back full, and their keys go with their leases.
     assert!(invent(one.port, "few-", 150).iter().all(|s| *s == 200));
-    wait_for(Duration::from_secs(5), "the invented tenants' keys gone", || {
-        redis_cli(&redis, &["--scan", "--pattern", &format!("{prefix}t:*")]).is_empty()
-    });
+    wait_for(
+        Duration::from_secs(5),
+        "the invented tenants' keys gone",
+        || redis_cli(&redis, &["--scan", "--pattern", &format!("{prefix}t:*")]).is_empty(),
+    );
     // Many more, through a small bound.
     let statuses = invent(one.port, "made-up-", 6000);
     assert_eq!(statuses.len(), 6000);
-    assert!(statuses.iter().all(|s| *s == 200), "every invented tenant is served");
+    assert!(
+        statuses.iter().all(|s| *s == 200),
+        "every invented tenant is served"
+    );
     let regions = format!("{prefix}{{state}}:regions");
     let log = format!("{prefix}{{state}}:assigned");
-    assert_eq!(redis_count(&redis, &["HLEN", &regions]), 0, "no assignment in Redis");
-    assert_eq!(redis_count(&redis, &["XLEN", &log]), 0, "no assignment logged");
+    assert_eq!(
+        redis_count(&redis, &["HLEN", &regions]),
+        0,
+        "no assignment in Redis"
+    );
+    assert_eq!(
+        redis_count(&redis, &["XLEN", &log]),
+        0,
+        "no assignment logged"
+    );
     // Both nodes route a tenant to the same region without Redis' help.
     for t in ["made-up-17", "made-up-4242", "someone-new"] {
         let region = |gw: &Gateway| {
@@ -614,8 +634,13 @@ fn invented_tenants_cost_redis_nothing_while_the_nodes_agree_on_regions() {
     }
     // Memory: the directory and the tenant table keep to their bounds.
     let metrics = one.admin("GET", "/v1/metrics", None, Some(TOKEN)).json();
-    let assignments = metrics["regions"]["assignments"].as_u64().unwrap_or(u64::MAX);
-    assert!(assignments <= 640 * 2, "region assignments kept: {assignments}");
+    let assignments = metrics["regions"]["assignments"]
+        .as_u64()
+        .unwrap_or(u64::MAX);
+    assert!(
+        assignments <= 640 * 2,
+        "region assignments kept: {assignments}"
+    );
     let tracked = metric_value(&metrics_text(one.admin_port), "shardgate_tenants_tracked");
     assert!(tracked <= 640 * 2, "tenants tracked: {tracked}");
 }
@@ -630,18 +655,22 @@ fn differing_region_lists_share_assignments_within_a_bound_and_prune_them_once_a
     let limits = "limits:\n  max_tracked_tenants: 640\n";
     let one = regional(&redis, "gw-1", &eu, &us, limits);
     let mut two = regional_weighted(&redis, "gw-2", &eu, &us, "0.000001", limits);
-    wait_for(Duration::from_secs(5), "both nodes see the lists differ", || {
-        cluster(&one)["region_lists"] == "differ" && cluster(&two)["region_lists"] == "differ"
-    });
+    wait_for(
+        Duration::from_secs(5),
+        "both nodes see the lists differ",
+        || cluster(&one)["region_lists"] == "differ" && cluster(&two)["region_lists"] == "differ",
+    );
     let prefix = format!("b{}:", std::process::id());
     let regions = format!("{prefix}{{state}}:regions");
     let statuses = invent(one.port, "shared-", 2000);
     assert!(statuses.iter().all(|s| *s == 200));
     // Only the assignments node 2 would make otherwise (us), and no more
     // than the bound.
-    wait_for(Duration::from_secs(5), "node 1's us assignments shared", || {
-        redis_count(&redis, &["HLEN", &regions]) > 0
-    });
+    wait_for(
+        Duration::from_secs(5),
+        "node 1's us assignments shared",
+        || redis_count(&redis, &["HLEN", &regions]) > 0,
+    );
     std::thread::sleep(Duration::from_millis(500));
     let shared = redis_count(&redis, &["HLEN", &regions]);
     assert!(shared <= 640, "at most the bound: {shared}");
@@ -653,11 +682,20 @@ fn differing_region_lists_share_assignments_within_a_bound_and_prune_them_once_a
     // Node 2 follows them: a tenant node 1 placed in us goes to us there.
     let placed = redis_cli(&redis, &["HKEYS", &regions]);
     let tenant = placed.lines().next().unwrap_or_default().to_string();
-    wait_for(Duration::from_secs(2), "node 2 follows the shared assignment", || {
-        two.admin("GET", &format!("/v1/route?tenant={tenant}"), None, Some(TOKEN))
+    wait_for(
+        Duration::from_secs(2),
+        "node 2 follows the shared assignment",
+        || {
+            two.admin(
+                "GET",
+                &format!("/v1/route?tenant={tenant}"),
+                None,
+                Some(TOKEN),
+            )
             .json()["region"]
-            == "us"
-    });
+                == "us"
+        },
+    );
     let r = two.get(&format!("{tenant}.localhost"), "/");
     assert!(r.text().contains("\"shard\":\"us\""), "{}", r.text());
     // Node 2 leaves; node 1 is alone, so its list is the cluster's: what
@@ -678,13 +716,18 @@ fn redis_down_forgets_idle_tenants_and_the_bound_holds() {
         &[("a", shard.url())],
         "limits:\n  max_tracked_tenants: 640\n  rate: { tokens: 5, refill_per_second: 50 }\n",
     );
-    wait_for(Duration::from_secs(5), "Redis up", || cluster(&gw)["redis"]["up"] == true);
+    wait_for(Duration::from_secs(5), "Redis up", || {
+        cluster(&gw)["redis"]["up"] == true
+    });
     redis.kill9();
     wait_for(Duration::from_secs(5), "Redis seen down", || {
         cluster(&gw)["redis"]["up"] == false
     });
     let statuses = invent(gw.port, "outage-", 3000);
-    assert!(statuses.iter().all(|s| *s == 200), "served while Redis is down");
+    assert!(
+        statuses.iter().all(|s| *s == 200),
+        "served while Redis is down"
+    );
     let tracked = || metric_value(&metrics_text(gw.admin_port), "shardgate_tenants_tracked");
     assert!(tracked() <= 640, "the table's bound holds: {}", tracked());
     // Idle for a second with full buckets, they are forgotten with Redis
@@ -692,7 +735,11 @@ fn redis_down_forgets_idle_tenants_and_the_bound_holds() {
     // least recently seen quarter would go if they still held leases.
     std::thread::sleep(Duration::from_millis(2500));
     assert!(invent(gw.port, "later-", 200).iter().all(|s| *s == 200));
-    assert!(tracked() < 400, "idle tenants forgotten: {} left", tracked());
+    assert!(
+        tracked() < 400,
+        "idle tenants forgotten: {} left",
+        tracked()
+    );
     // A tenant that spent is not: its bucket is refused until it refills.
     let statuses = exchange(
         gw.port,
@@ -719,7 +766,12 @@ fn a_node_whose_clock_is_off_is_alive_to_the_others_and_its_admissions_count() {
         Reply::After(Duration::from_secs(4), Box::new(Reply::ok("{}")))
     });
     let extra = "limits:\n  connection_cap: 2\n";
-    let one = node(&format!("\"{}\"", redis.url()), "gw-1", &[("slow", slow.url())], extra);
+    let one = node(
+        &format!("\"{}\"", redis.url()),
+        "gw-1",
+        &[("slow", slow.url())],
+        extra,
+    );
     // Node 2's clock is 3 s behind (the binary, through a wrapper that
     // keeps its pid, under libfaketime): judged on its own clock, its
     // heartbeats would look 3 s old, twice the time a node is given.
@@ -751,7 +803,10 @@ fn a_node_whose_clock_is_off_is_alive_to_the_others_and_its_admissions_count() {
         ),
     );
     // The skew is real: node 2's own answers are dated 3 s back.
-    let date = two.get("nobody.invalid", "/").header("date").map(str::to_string);
+    let date = two
+        .get("nobody.invalid", "/")
+        .header("date")
+        .map(str::to_string);
     let date = date.and_then(|d| httpdate::parse_http_date(&d).ok());
     let behind = date.and_then(|d| std::time::SystemTime::now().duration_since(d).ok());
     assert!(
@@ -763,8 +818,16 @@ fn a_node_whose_clock_is_off_is_alive_to_the_others_and_its_admissions_count() {
     });
     for _ in 0..10 {
         std::thread::sleep(Duration::from_millis(200));
-        assert_eq!(cluster(&one)["nodes_alive"], 2.0, "node 1 keeps node 2 alive");
-        assert_eq!(cluster(&two)["nodes_alive"], 2.0, "node 2 keeps node 1 alive");
+        assert_eq!(
+            cluster(&one)["nodes_alive"],
+            2.0,
+            "node 1 keeps node 2 alive"
+        );
+        assert_eq!(
+            cluster(&two)["nodes_alive"],
+            2.0,
+            "node 2 keeps node 1 alive"
+        );
     }
     // Admissions held on the node whose clock is off count on the other.
     let port = two.port;
@@ -824,7 +887,11 @@ fn one_off_allowances_keep_redis_bounded_least_recently_settled_first() {
         assert!(invent(gw.port, &format!("once-{wave}-"), 100)
             .iter()
             .all(|s| *s == 200));
-        assert_eq!(regular(), [429], "a tenant seen often keeps its spent allowance");
+        assert_eq!(
+            regular(),
+            [429],
+            "a tenant seen often keeps its spent allowance"
+        );
     }
     let prefix = format!("t{}:", std::process::id());
     let set = format!("{prefix}oneoff");

@@ -67,7 +67,10 @@ impl Syncer {
         for tenant in tenants {
             invocation.arg(tenant.as_str());
         }
-        self.link.invoke::<i64>("one-off", &invocation).await.is_some()
+        self.link
+            .invoke::<i64>("one-off", &invocation)
+            .await
+            .is_some()
     }
 
     /// Once a second: the least recently settled tenants past the bound
@@ -83,7 +86,11 @@ impl Syncer {
         for _ in 0..TRIM_STEPS {
             let mut invocation = self.one_offs.trim.key(&key);
             invocation.arg(bound).arg(TRIM_STEP);
-            let Some(gone) = self.link.invoke::<Vec<String>>("one-off", &invocation).await else {
+            let Some(gone) = self
+                .link
+                .invoke::<Vec<String>>("one-off", &invocation)
+                .await
+            else {
                 return;
             };
             let mut kept: Vec<&String> = Vec::new();
@@ -96,8 +103,11 @@ impl Syncer {
                     let mut conn = conn.clone();
                     let del = redis::cmd("DEL").arg(self.tenant_key(tenant)).to_owned();
                     async move {
-                        tokio::time::timeout(super::conn::TIMEOUT, del.query_async::<i64>(&mut conn))
-                            .await
+                        tokio::time::timeout(
+                            super::conn::TIMEOUT,
+                            del.query_async::<i64>(&mut conn),
+                        )
+                        .await
                     }
                 });
                 let results = futures_util::future::join_all(deletes).await;

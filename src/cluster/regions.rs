@@ -135,7 +135,11 @@ impl Syncer {
             self.shared().set_regions(all);
             self.regions.lists_at = None;
         }
-        if self.regions.lists_at.is_none_or(|at| at.elapsed() >= LISTS_EVERY) {
+        if self
+            .regions
+            .lists_at
+            .is_none_or(|at| at.elapsed() >= LISTS_EVERY)
+        {
             if !self.exchange_lists(&directory.list()).await {
                 return false;
             }
@@ -164,7 +168,10 @@ impl Syncer {
             return false;
         }
         let read = redis::cmd("HGETALL").arg(&key).to_owned();
-        let Some(lists) = self.query::<HashMap<String, String>>("regions", &read).await else {
+        let Some(lists) = self
+            .query::<HashMap<String, String>>("regions", &read)
+            .await
+        else {
             return false;
         };
         let alive = self.shared().alive_ids();

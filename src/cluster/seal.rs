@@ -96,12 +96,25 @@ mod tests {
         let pem = "-----BEGIN PRIVATE KEY-----\nMIGH\n-----END PRIVATE KEY-----\n";
         let sealed = sealer.seal("a.example.com", pem).expect("sealed");
         assert!(!sealed.contains("PRIVATE"));
-        assert_ne!(sealed, sealer.seal("a.example.com", pem).expect("sealed"), "fresh nonce");
+        assert_ne!(
+            sealed,
+            sealer.seal("a.example.com", pem).expect("sealed"),
+            "fresh nonce"
+        );
         assert!(matches!(sealer.open("a.example.com", &sealed), Opened::Sealed(p) if p == pem));
-        assert!(matches!(sealer.open("b.example.com", &sealed), Opened::Unreadable));
+        assert!(matches!(
+            sealer.open("b.example.com", &sealed),
+            Opened::Unreadable
+        ));
         let other = Sealer::new(b"another secret of at least 32 bytes!");
-        assert!(matches!(other.open("a.example.com", &sealed), Opened::Unreadable));
+        assert!(matches!(
+            other.open("a.example.com", &sealed),
+            Opened::Unreadable
+        ));
         assert!(matches!(sealer.open("a.example.com", pem), Opened::Plain(p) if p == pem));
-        assert!(matches!(sealer.open("a.example.com", "sealed:v1:%%"), Opened::Unreadable));
+        assert!(matches!(
+            sealer.open("a.example.com", "sealed:v1:%%"),
+            Opened::Unreadable
+        ));
     }
 }

@@ -154,11 +154,16 @@ impl BackgroundService for ClusterService {
         let mut sync = Syncer::new(Arc::clone(&self.control), shared);
         let me = sync.shared().node_id().to_string();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let heartbeat =
-            Heartbeat::new(Arc::clone(sync.shared()), sync.key("nodes"), sync.caps_key(&me))
-                .start(Arc::clone(&stop));
+        let heartbeat = Heartbeat::new(
+            Arc::clone(sync.shared()),
+            sync.key("nodes"),
+            sync.caps_key(&me),
+        )
+        .start(Arc::clone(&stop));
         if let Err(e) = &heartbeat {
-            log::error!("cluster: the heartbeat thread did not start: {e}; this node is not seen alive");
+            log::error!(
+                "cluster: the heartbeat thread did not start: {e}; this node is not seen alive"
+            );
         }
         let mut settle = tokio::time::interval(sync.shared().config.sync_interval);
         let mut state = tokio::time::interval(STATE_POLL);

@@ -294,8 +294,10 @@ impl Shared {
 
     /// The last heartbeat's view: every node, those alive, and Redis' time.
     pub(crate) fn set_nodes(&self, nodes: Vec<NodeSeen>, alive: Vec<String>, redis_ms: u64) {
-        self.alive
-            .store(alive.len().clamp(1, u32::MAX as usize) as u32, Ordering::Relaxed);
+        self.alive.store(
+            alive.len().clamp(1, u32::MAX as usize) as u32,
+            Ordering::Relaxed,
+        );
         self.alive_ids.store(Arc::new(alive));
         let mut seen = self.nodes.lock();
         seen.0 = nodes;

@@ -287,7 +287,9 @@ fn check_cluster(c: &mut Checker<'_>, r: RawCluster) -> ClusterConfig {
         Ok(_) => {
             c.error(
                 "cluster.secret_file",
-                format!("`{path}`: holds fewer than 32 bytes (e.g. `openssl rand -base64 48 > {path}`)"),
+                format!(
+                    "`{path}`: holds fewer than 32 bytes (e.g. `openssl rand -base64 48 > {path}`)"
+                ),
             );
             None
         }
