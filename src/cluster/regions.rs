@@ -112,16 +112,7 @@ impl Syncer {
             let mut all: HashMap<CompactString, String> = HashMap::new();
             let mut cursor = 0u64;
             loop {
-                let scan = redis::cmd("HSCAN")
-                    .arg(&hash)
-                    .arg(cursor)
-                    .arg("COUNT")
-                    .arg(1000)
-                    .to_owned();
-                let Some((next, entries)) = self
-                    .query::<(u64, Vec<(String, String)>)>("regions", &scan)
-                    .await
-                else {
+                let Some((next, entries)) = self.scan_assignments(&hash, cursor).await else {
                     return false;
                 };
                 for (t, r) in entries.into_iter().take(bound.saturating_sub(all.len())) {
@@ -329,16 +320,7 @@ impl Syncer {
                 0
             }
         };
-        let scan = redis::cmd("HSCAN")
-            .arg(hash)
-            .arg(cursor)
-            .arg("COUNT")
-            .arg(BATCH)
-            .to_owned();
-        let Some((next, entries)) = self
-            .query::<(u64, Vec<(String, String)>)>("regions", &scan)
-            .await
-        else {
+        let Some((next, entries)) = self.scan_assignments(hash, cursor).await else {
             return;
         };
         self.regions.prune_cursor = (next != 0).then_some(next);
@@ -355,6 +337,22 @@ impl Syncer {
             let trim = redis::cmd("XTRIM").arg(log).arg("MAXLEN").arg(0).to_owned();
             let _ = self.query::<i64>("regions", &trim).await;
         }
+    }
+
+    /// One step of a scan of the shared assignments: the next cursor (0 at
+    /// the end) and the entries.
+    async fn scan_assignments(
+        &mut self,
+        hash: &str,
+        cursor: u64,
+    ) -> Option<(u64, Vec<(String, String)>)> {
+        let scan = redis::cmd("HSCAN")
+            .arg(hash)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(BATCH)
+            .to_owned();
+        self.query("regions", &scan).await
     }
 
     /// Shutdown: this node's list goes with it.
