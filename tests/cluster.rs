@@ -341,9 +341,13 @@ fn the_first_region_assignment_is_the_one_every_node_uses() {
     };
     let one = start("gw-1", 1);
     let two = start("gw-2", 0);
-    wait_for(Duration::from_secs(5), "two nodes alive", || {
-        cluster(&two)["nodes_alive"] == 2.0
-    });
+    // Each node knows the other's list differs: a node that has not seen
+    // the other yet shares nothing (README: the price of a node joining).
+    wait_for(
+        Duration::from_secs(5),
+        "both nodes see the lists differ",
+        || cluster(&one)["region_lists"] == "differ" && cluster(&two)["region_lists"] == "differ",
+    );
     assert!(one
         .get("t1.localhost", "/")
         .text()
