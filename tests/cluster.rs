@@ -912,3 +912,59 @@ fn one_off_allowances_keep_redis_bounded_least_recently_settled_first() {
     );
     assert_eq!(regular(), [429], "still spent");
 }
+
+/// A lease its node has not settled for 10 s (the node forgot the tenant,
+/// or lost Redis while the others still see it alive) stops counting as
+/// leased: another node's share refills into it. One settled just now
+/// keeps counting. Node 2, alive, holds the whole bucket of two tenants it
+/// never serves: one lease stamped now, one 11 s ago (written into Redis
+/// as node 2 would have).
+#[test]
+fn a_lease_unsettled_for_ten_seconds_is_reclaimed_and_a_fresh_one_is_not() {
+    let redis = Redis::start();
+    let shard = Backend::start("a");
+    let url = format!("\"{}\"", redis.url());
+    let extra = "limits:\n  rate: { tokens: 20, refill_per_second: 20 }\n";
+    let one = node(&url, "gw-1", &[("a", shard.url())], extra);
+    let _two = node(&url, "gw-2", &[("a", shard.url())], extra);
+    wait_for(Duration::from_secs(5), "two nodes alive", || {
+        cluster(&one)["nodes_alive"] == 2.0
+    });
+    let time = redis_cli(&redis, &["TIME"]);
+    let mut parts = time.lines().map(|l| l.trim().parse::<u64>().unwrap_or(0));
+    let now_ms = parts.next().unwrap_or(0) * 1000 + parts.next().unwrap_or(0) / 1000;
+    assert!(now_ms > 0, "Redis TIME: {time}");
+    let key = |tenant: &str| format!("t{}:t:{{{tenant}}}", std::process::id());
+    for (tenant, stamp) in [("fresh", now_ms), ("stale", now_ms - 11_000)] {
+        let (stamp, now) = (stamp.to_string(), now_ms.to_string());
+        let set = [
+            "HSET",
+            &key(tenant),
+            "t|g",
+            "0",
+            "t|s",
+            &now,
+            "t|l|gw-2",
+            "20",
+            "t|a|gw-2",
+            &stamp,
+        ];
+        assert_eq!(redis_cli(&redis, &set), "4");
+    }
+    let nodes = std::slice::from_ref(&one);
+    let (fresh, _, _) = spread(nodes, "fresh.localhost", 3.0, Duration::from_millis(5));
+    let (stale, _, secs) = spread(nodes, "stale.localhost", 3.0, Duration::from_millis(5));
+    eprintln!("admitted on node 1 in 3 s: fresh lease {fresh}, stale lease {stale}");
+    // Fresh: the whole bucket is node 2's; node 1 has at most the credit a
+    // node opens before its first settle (one bucket).
+    assert!(fresh <= 25, "a fresh lease was reclaimed: {fresh} admitted");
+    let held = redis_cli(&redis, &["HEXISTS", &key("fresh"), "t|l|gw-2"]);
+    assert_eq!(held, "1", "node 2's fresh lease is kept");
+    // Stale: the bucket refills at 20/s from the first settle.
+    assert!(
+        f64::from(stale) >= 20.0 + 20.0 * secs * 0.6,
+        "a stale lease still counted: {stale} admitted in {secs:.1} s"
+    );
+    let held = redis_cli(&redis, &["HEXISTS", &key("stale"), "t|l|gw-2"]);
+    assert_eq!(held, "0", "node 2's stale lease is dropped");
+}

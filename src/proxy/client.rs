@@ -125,92 +125,138 @@ impl AsyncRead for OneRequest {
     }
 }
 
-impl AsyncWrite for OneRequest {
-    fn poll_write(
+/// The rest of a client stream wrapper's `IO`, passed to its `inner`
+/// stream: writes, shutdown and the digests. No peeking: a peek would see
+/// the wrapper's bytes out of order.
+macro_rules! forward_to_inner {
+    ($wrapper:ty) => {
+        impl AsyncWrite for $wrapper {
+            fn poll_write(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<io::Result<usize>> {
+                Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+            }
+
+            fn poll_write_vectored(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                bufs: &[io::IoSlice<'_>],
+            ) -> Poll<io::Result<usize>> {
+                Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+            }
+
+            fn is_write_vectored(&self) -> bool {
+                self.inner.is_write_vectored()
+            }
+
+            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+            }
+
+            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl Shutdown for $wrapper {
+            async fn shutdown(&mut self) {
+                Shutdown::shutdown(&mut *self.inner).await
+            }
+        }
+
+        impl UniqueID for $wrapper {
+            fn id(&self) -> UniqueIDType {
+                self.inner.id()
+            }
+        }
+
+        impl Ssl for $wrapper {
+            fn get_ssl(&self) -> Option<&TlsRef> {
+                self.inner.get_ssl()
+            }
+
+            fn get_ssl_digest(&self) -> Option<Arc<pingora::protocols::tls::SslDigest>> {
+                self.inner.get_ssl_digest()
+            }
+
+            fn selected_alpn_proto(&self) -> Option<ALPN> {
+                self.inner.selected_alpn_proto()
+            }
+        }
+
+        impl GetTimingDigest for $wrapper {
+            fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+                self.inner.get_timing_digest()
+            }
+
+            fn get_read_pending_time(&self) -> std::time::Duration {
+                self.inner.get_read_pending_time()
+            }
+
+            fn get_write_pending_time(&self) -> std::time::Duration {
+                self.inner.get_write_pending_time()
+            }
+        }
+
+        impl GetProxyDigest for $wrapper {
+            fn get_proxy_digest(
+                &self,
+            ) -> Option<Arc<pingora::protocols::raw_connect::ProxyDigest>> {
+                self.inner.get_proxy_digest()
+            }
+        }
+
+        impl GetSocketDigest for $wrapper {
+            fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+                self.inner.get_socket_digest()
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl Peek for $wrapper {}
+    };
+}
+
+forward_to_inner!(OneRequest);
+
+/// A client stream with bytes already read from it put back in front: the
+/// first bytes of an HTTP/2 connection, read before the h2 crate's
+/// handshake takes its buffers.
+#[derive(Debug)]
+pub struct Rewound {
+    front: bytes::Bytes,
+    inner: Stream,
+}
+
+impl Rewound {
+    pub fn new(inner: Stream, front: &[u8]) -> Self {
+        Rewound {
+            front: bytes::Bytes::copy_from_slice(front),
+            inner,
+        }
+    }
+}
+
+impl AsyncRead for Rewound {
+    fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.front.is_empty() {
+            return Pin::new(&mut this.inner).poll_read(cx, buf);
+        }
+        let n = this.front.len().min(buf.remaining());
+        buf.put_slice(&this.front.split_to(n));
+        Poll::Ready(Ok(()))
     }
 }
 
-#[async_trait::async_trait]
-impl Shutdown for OneRequest {
-    async fn shutdown(&mut self) {
-        Shutdown::shutdown(&mut *self.inner).await
-    }
-}
-
-impl UniqueID for OneRequest {
-    fn id(&self) -> UniqueIDType {
-        self.inner.id()
-    }
-}
-
-impl Ssl for OneRequest {
-    fn get_ssl(&self) -> Option<&TlsRef> {
-        self.inner.get_ssl()
-    }
-
-    fn get_ssl_digest(&self) -> Option<Arc<pingora::protocols::tls::SslDigest>> {
-        self.inner.get_ssl_digest()
-    }
-
-    fn selected_alpn_proto(&self) -> Option<ALPN> {
-        self.inner.selected_alpn_proto()
-    }
-}
-
-impl GetTimingDigest for OneRequest {
-    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
-        self.inner.get_timing_digest()
-    }
-
-    fn get_read_pending_time(&self) -> std::time::Duration {
-        self.inner.get_read_pending_time()
-    }
-
-    fn get_write_pending_time(&self) -> std::time::Duration {
-        self.inner.get_write_pending_time()
-    }
-}
-
-impl GetProxyDigest for OneRequest {
-    fn get_proxy_digest(&self) -> Option<Arc<pingora::protocols::raw_connect::ProxyDigest>> {
-        self.inner.get_proxy_digest()
-    }
-}
-
-impl GetSocketDigest for OneRequest {
-    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
-        self.inner.get_socket_digest()
-    }
-}
-
-/// No peeking: a peek would see the next request's bytes as this one's.
-#[async_trait::async_trait]
-impl Peek for OneRequest {}
+forward_to_inner!(Rewound);
 
 /// Reads and drops what the client still sends (a body it is uploading)
 /// for a while after the answer, before the socket closes: closing with
@@ -219,7 +265,9 @@ impl Peek for OneRequest {}
 /// 1 MiB, as nginx's lingering close.
 pub(crate) async fn linger(stream: &mut Stream) {
     use tokio::io::AsyncReadExt;
-    let mut scratch = [0u8; 4096];
+    // On the heap: an array here would sit in every connection's future,
+    // silent ones too, for the whole connection.
+    let mut scratch = vec![0u8; 4096];
     let mut left = 1usize << 20;
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), async {
         while left > 0 {

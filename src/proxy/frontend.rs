@@ -7,7 +7,7 @@
 
 use super::client::{linger, OneRequest};
 use super::fast::FastPath;
-use super::head::{read_head, HeadError, HeadLimits};
+use super::head::{read_head, Head, HeadError, HeadLimits};
 use super::pipeline::answer::Refusal;
 use super::pipeline::edge::edge_answer;
 use super::pipeline::framing::Framing;
@@ -90,7 +90,9 @@ where
             None => None,
         };
         let stream = match role.as_ref().and_then(|r| r.tls.as_ref()) {
-            Some(handshake) => handshake.accept(stream).await?,
+            // Boxed, as the other large futures below: this one's state
+            // would otherwise sit in every connection's, silent ones too.
+            Some(handshake) => Box::pin(handshake.accept(stream)).await?,
             None => stream,
         };
         let tls = role.as_ref().is_some_and(|r| r.tls.is_some());
@@ -106,32 +108,69 @@ where
             )
         {
             if !h2c && stream.selected_alpn_proto() == Some(ALPN::H2) {
-                self.serve_h2(self.fast.as_ref(), stream, shutdown).await;
+                Box::pin(self.serve_h2(self.fast.as_ref(), stream, shutdown)).await;
                 return None;
             }
             // h2c and custom protocols keep Pingora's own handling.
             return ServerApp::process_new(&self.inner, stream, shutdown).await;
         }
+        // A new connection's first request is read even while shutting
+        // down (one accepted during a graceful upgrade is served); only
+        // connections idle between requests close when shutdown starts.
         let mut stream = stream;
+        let mut buf = BytesMut::new();
+        let head = match read_head(&mut stream, &mut buf, &self.limits, None).await {
+            Ok(Some(head)) => head,
+            Ok(None) => return None,
+            Err(e) => {
+                refuse(&mut stream, e).await;
+                return None;
+            }
+        };
+        // Boxed once a request came: the rest of the connection's state
+        // (about 7 KiB) is not held by connections that send nothing.
+        Box::pin(self.serve_http1(stream, buf, head, tls, redirect, shutdown)).await
+    }
+
+    async fn cleanup(&self) {
+        self.inner.http_cleanup().await;
+    }
+}
+
+impl<A> Frontend<A>
+where
+    A: HttpServerApp + Send + Sync + 'static,
+{
+    /// An HTTP/1 connection's requests, from its first `head` (read into
+    /// `buf`) on.
+    async fn serve_http1(
+        self: &Arc<Self>,
+        mut stream: Stream,
+        buf: BytesMut,
+        head: Head,
+        tls: bool,
+        redirect: Option<u16>,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
         let mut settings = None;
         let mut watch = shutdown.clone();
-        let mut first = true;
+        let mut first = Some((buf, head));
         // What the client sent past the last request: the next one's start.
         let mut ahead = BytesMut::new();
         loop {
-            let mut buf = std::mem::take(&mut ahead);
-            buf.reserve(4096);
-            // A new connection's first request is read even while shutting
-            // down (one accepted during a graceful upgrade is served); only
-            // connections idle between requests close when shutdown starts.
-            let idle_watch = (!first).then_some(&mut watch);
-            first = false;
-            let head = match read_head(&mut stream, &mut buf, &self.limits, idle_watch).await {
-                Ok(Some(head)) => head,
-                Ok(None) => return None,
-                Err(e) => {
-                    refuse(&mut stream, e).await;
-                    return None;
+            let (mut buf, head) = match first.take() {
+                Some(first) => first,
+                None => {
+                    // `read_head` makes room as it reads.
+                    let mut buf = std::mem::take(&mut ahead);
+                    match read_head(&mut stream, &mut buf, &self.limits, Some(&mut watch)).await {
+                        Ok(Some(head)) => (buf, head),
+                        Ok(None) => return None,
+                        Err(e) => {
+                            refuse(&mut stream, e).await;
+                            return None;
+                        }
+                    }
                 }
             };
             // Past the head: the body's start, then the next request's.
@@ -201,9 +240,5 @@ where
             (stream, ahead) = OneRequest::unwrap(next)?;
             settings = persistent;
         }
-    }
-
-    async fn cleanup(&self) {
-        self.inner.http_cleanup().await;
     }
 }

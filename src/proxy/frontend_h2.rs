@@ -3,6 +3,7 @@
 //! connection's own task by the fast transport (or by Pingora's proxy
 //! when it is off).
 
+use super::client::Rewound;
 use super::fast::FastPath;
 use super::frontend::Frontend;
 use pingora::apps::HttpServerApp;
@@ -12,6 +13,7 @@ use pingora::server::ShutdownWatch;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::io::AsyncReadExt;
 
 /// The streams in flight on an HTTP/2 connection, and a wake-up when the
 /// last one ends (its idle timeout starts then).
@@ -109,6 +111,19 @@ where
             socket_digest: stream.get_socket_digest(),
         });
         let first_by = tokio::time::Instant::now() + self.limits.keepalive_timeout;
+        // The h2 crate's handshake takes about 28 KiB of buffers: a client
+        // that finished TLS and sent nothing yet holds none of them.
+        let mut stream = stream;
+        let mut start = [0u8; 24]; // a preface's length
+        let started = match tokio::time::timeout_at(first_by, stream.read(&mut start)).await {
+            Ok(Ok(n)) if n > 0 => n,
+            Ok(_) => return, // closed
+            Err(_) => {
+                log::debug!("an HTTP/2 client sent no preface in time: closed");
+                return;
+            }
+        };
+        let stream: Stream = Box::new(Rewound::new(stream, &start[..started]));
         let handshake = handshake(stream, self.inner.h2_options());
         let mut conn = match tokio::time::timeout_at(first_by, handshake).await {
             Ok(Ok(conn)) => conn,

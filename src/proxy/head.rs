@@ -96,6 +96,9 @@ pub enum HeadError {
     Refused(Refused),
 }
 
+/// The least room a read of a request head is given.
+const HEAD_READ: usize = 4096;
+
 /// Reads one request head into `buf` (which may already hold bytes).
 /// `Ok(None)`: the connection closed or idled out before a request began,
 /// or the server is shutting down (`shutdown`, if given, turned true)
@@ -119,6 +122,13 @@ pub async fn read_head(
                 }
                 Parsed::Partial => {}
             }
+        }
+        // Room to read into: 4 KiB for a head's start, doubled while a
+        // longer head comes in. (1 KiB, as nginx's first header buffer,
+        // saved 3 KiB per silent socket but split a head and its small
+        // body over two reads: 1.5x the CPU per 1 KiB POST.)
+        if buf.capacity() - buf.len() < HEAD_READ {
+            buf.reserve(buf.len().max(HEAD_READ));
         }
         let wait = match (deadline, shutdown.as_deref_mut()) {
             (Some(d), _) => tokio::time::timeout_at(d, stream.read_buf(buf)).await,
