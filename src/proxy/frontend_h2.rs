@@ -116,8 +116,12 @@ where
         let mut stream = stream;
         let mut start = [0u8; 24]; // a preface's length
         let started = match tokio::time::timeout_at(first_by, stream.read(&mut start)).await {
-            Ok(Ok(n)) if n > 0 => n,
-            Ok(_) => return, // closed
+            Ok(Ok(0)) => return, // closed
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) => {
+                log::debug!("an HTTP/2 client's connection failed before its preface: {e}");
+                return;
+            }
             Err(_) => {
                 log::debug!("an HTTP/2 client sent no preface in time: closed");
                 return;
