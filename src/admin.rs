@@ -39,9 +39,9 @@ pub struct AdminApi {
 impl AdminApi {
     pub fn new(control: Arc<Control>) -> Self {
         let registry = prometheus::Registry::new();
-        if let Err(e) =
-            registry.register(Box::new(crate::metrics::ShardgateCollector::new(&control)))
-        {
+        if let Err(e) = registry.register(Box::new(crate::collector::ShardgateCollector::new(
+            &control,
+        ))) {
             log::error!("cannot register metrics: {e}");
         }
         AdminApi {
@@ -606,7 +606,7 @@ impl ServeHttp for AdminApi {
             })),
             (&Method::GET, "/metrics") => Reply::text(
                 StatusCode::OK,
-                crate::metrics::render(&self.registry),
+                crate::collector::render(&self.registry),
                 "text/plain; version=0.0.4",
             ),
             (_, p) if p.starts_with("/v1/") || p == "/v1" => {

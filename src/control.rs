@@ -12,7 +12,6 @@ use crate::routing::{
     AllowHook, DomainMap, Fallback, HashStrategy, Load, LoadHook, RegionDirectory, Router,
     RouterOptions, Shard, ShardId,
 };
-use crate::state::RuntimeDiff;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use pingora::upstreams::peer::{HttpPeer, ALPN};
@@ -460,4 +459,65 @@ pub fn peer_at(config: &Config, shard: &Shard, addr: SocketAddr) -> Result<Shard
         key: crate::proxy::fast::UpstreamKey { addr, tls: name },
         peer,
     })
+}
+
+/// Runtime changes relative to the configuration (the admin API's; the
+/// state file keeps them).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuntimeDiff {
+    /// Configured shards removed at runtime (applied before additions).
+    pub shards_removed: Vec<ShardId>,
+    pub shards_added: Vec<Shard>,
+    /// Configured domain entries removed at runtime.
+    pub domains_deleted: Vec<String>,
+    pub domains_put: Vec<crate::routing::domain::DomainEntry>,
+    /// Configured denials lifted at runtime.
+    pub deny_removed: Vec<String>,
+    pub deny_added: Vec<String>,
+}
+
+impl RuntimeDiff {
+    pub fn shard_added(&mut self, shard: &Shard) {
+        self.shards_added.retain(|s| s.id != shard.id);
+        self.shards_added.push(shard.clone());
+    }
+
+    pub fn shard_removed(&mut self, id: &str, configured: bool) {
+        self.shards_added.retain(|s| s.id.as_str() != id);
+        if configured && !self.shards_removed.iter().any(|s| s.as_str() == id) {
+            self.shards_removed.push(ShardId::new(id));
+        }
+    }
+
+    pub fn domain_put(&mut self, host: &str, tenant: &str) {
+        let key = crate::routing::domain::normalize(host).to_string();
+        self.domains_put.retain(|e| e.host != key);
+        self.domains_put.push(crate::routing::domain::DomainEntry {
+            host: key,
+            tenant: tenant.to_string(),
+        });
+    }
+
+    pub fn domain_deleted(&mut self, host: &str, configured: bool) {
+        let key = crate::routing::domain::normalize(host).to_string();
+        self.domains_put.retain(|e| e.host != key);
+        if configured && !self.domains_deleted.contains(&key) {
+            self.domains_deleted.push(key);
+        }
+    }
+
+    pub fn denied(&mut self, tenant: &str, configured: bool) {
+        self.deny_removed.retain(|t| t != tenant);
+        if !configured && !self.deny_added.iter().any(|t| t == tenant) {
+            self.deny_added.push(tenant.to_string());
+        }
+    }
+
+    pub fn undenied(&mut self, tenant: &str, configured: bool) {
+        self.deny_added.retain(|t| t != tenant);
+        if configured && !self.deny_removed.iter().any(|t| t == tenant) {
+            self.deny_removed.push(tenant.to_string());
+        }
+    }
 }

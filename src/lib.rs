@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod cluster;
+pub mod collector;
 pub mod config;
 pub mod control;
 pub mod dns;

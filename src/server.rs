@@ -155,7 +155,11 @@ impl Builder {
         let mut options = pingora::apps::HttpServerOptions::default();
         options.h2_idle_timeout = Some(limits.keepalive_timeout);
         http.server_options = Some(options);
-        let roles = crate::tls::Roles::new(&control)?;
+        let roles = crate::tls::Roles::new(
+            &control.config,
+            &control.edge,
+            &control.metrics.tls_failures,
+        )?;
         let proxy = Frontend::new(
             http,
             HeadLimits {
@@ -230,9 +234,16 @@ impl Builder {
             ));
         }
         if control.edge.config.acme.is_some() {
+            let serving = Arc::clone(&control);
+            let hosts =
+                Box::new(move || serving.domains.list().into_iter().map(|e| e.host).collect());
             server.add_service(background_service(
                 "shardgate acme",
-                crate::tls::acme::AcmeService::new(Arc::clone(&control), Arc::clone(&control.edge)),
+                crate::tls::acme::AcmeService::new(
+                    Arc::clone(&control.edge),
+                    control.config.cluster.clone(),
+                    hosts,
+                ),
             ));
         }
         if control.cluster.is_some() {

@@ -8,10 +8,9 @@
 //! cannot be read is moved aside and the gateway starts from the
 //! configuration.
 
-use crate::control::Control;
-use crate::routing::domain::DomainEntry;
+use crate::control::{Control, RuntimeDiff};
 use crate::routing::region::RegionSnapshot;
-use crate::routing::{RouterSnapshot, Shard, ShardId};
+use crate::routing::RouterSnapshot;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use serde::{Deserialize, Serialize};
@@ -19,66 +18,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-/// Runtime changes relative to the configuration.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RuntimeDiff {
-    /// Configured shards removed at runtime (applied before additions).
-    pub shards_removed: Vec<ShardId>,
-    pub shards_added: Vec<Shard>,
-    /// Configured domain entries removed at runtime.
-    pub domains_deleted: Vec<String>,
-    pub domains_put: Vec<DomainEntry>,
-    /// Configured denials lifted at runtime.
-    pub deny_removed: Vec<String>,
-    pub deny_added: Vec<String>,
-}
-
-impl RuntimeDiff {
-    pub fn shard_added(&mut self, shard: &Shard) {
-        self.shards_added.retain(|s| s.id != shard.id);
-        self.shards_added.push(shard.clone());
-    }
-
-    pub fn shard_removed(&mut self, id: &str, configured: bool) {
-        self.shards_added.retain(|s| s.id.as_str() != id);
-        if configured && !self.shards_removed.iter().any(|s| s.as_str() == id) {
-            self.shards_removed.push(ShardId::new(id));
-        }
-    }
-
-    pub fn domain_put(&mut self, host: &str, tenant: &str) {
-        let key = crate::routing::domain::normalize(host).to_string();
-        self.domains_put.retain(|e| e.host != key);
-        self.domains_put.push(DomainEntry {
-            host: key,
-            tenant: tenant.to_string(),
-        });
-    }
-
-    pub fn domain_deleted(&mut self, host: &str, configured: bool) {
-        let key = crate::routing::domain::normalize(host).to_string();
-        self.domains_put.retain(|e| e.host != key);
-        if configured && !self.domains_deleted.contains(&key) {
-            self.domains_deleted.push(key);
-        }
-    }
-
-    pub fn denied(&mut self, tenant: &str, configured: bool) {
-        self.deny_removed.retain(|t| t != tenant);
-        if !configured && !self.deny_added.iter().any(|t| t == tenant) {
-            self.deny_added.push(tenant.to_string());
-        }
-    }
-
-    pub fn undenied(&mut self, tenant: &str, configured: bool) {
-        self.deny_added.retain(|t| t != tenant);
-        if configured && !self.deny_removed.iter().any(|t| t == tenant) {
-            self.deny_removed.push(tenant.to_string());
-        }
-    }
-}
 
 /// The file's content.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -263,6 +202,7 @@ impl StateWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::routing::{Shard, ShardId};
 
     #[test]
     fn diff_records_net_changes() {

@@ -22,7 +22,7 @@
 use super::store::Source;
 use super::Edge;
 use crate::cluster::acme::{AcmeRedis, Failure as SharedFailure, LOCK_TTL};
-use crate::control::Control;
+use crate::config::ClusterConfig;
 use async_trait::async_trait;
 use instant_acme::{
     Account, AccountCredentials, AuthorizationStatus, ChallengeType, Identifier, NewAccount,
@@ -108,15 +108,24 @@ impl Board {
     }
 }
 
+/// The hosts the domain map serves now (ACME orders for those it may).
+pub type HostList = Box<dyn Fn() -> Vec<String> + Send + Sync>;
+
 /// The background service ordering and renewing certificates.
 pub struct AcmeService {
-    control: Arc<Control>,
     edge: Arc<Edge>,
+    /// Cluster mode: challenges, certificates and the order lock shared.
+    cluster: Option<ClusterConfig>,
+    hosts: HostList,
 }
 
 impl AcmeService {
-    pub fn new(control: Arc<Control>, edge: Arc<Edge>) -> Self {
-        AcmeService { control, edge }
+    pub fn new(edge: Arc<Edge>, cluster: Option<ClusterConfig>, hosts: HostList) -> Self {
+        AcmeService {
+            edge,
+            cluster,
+            hosts,
+        }
     }
 }
 
@@ -127,12 +136,12 @@ impl BackgroundService for AcmeService {
             return;
         };
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut shared = self.control.config.cluster.clone().map(AcmeRedis::new);
+        let mut shared = self.cluster.clone().map(AcmeRedis::new);
         let mut account = None;
         let mut account_retry = Instant::now();
         let mut account_backoff = Duration::from_secs(5);
         let mut started: VecDeque<Instant> = VecDeque::new();
-        if let Some(cluster) = self.control.config.cluster.clone() {
+        if let Some(cluster) = self.cluster.clone() {
             tokio::spawn(read_shared_challenges(
                 AcmeRedis::new(cluster),
                 Arc::clone(&self.edge),
@@ -300,12 +309,8 @@ impl AcmeService {
     /// The first host that needs a certificate now, if any; hosts ACME no
     /// longer serves leave the board.
     fn due_host(&self, now: Instant) -> Option<String> {
-        let wanted: Vec<String> = self
-            .control
-            .domains
-            .list()
+        let wanted: Vec<String> = (self.hosts)()
             .into_iter()
-            .map(|e| e.host)
             .filter(|h| orderable(h))
             .collect();
         self.edge

@@ -12,7 +12,7 @@ pub mod acme;
 pub mod store;
 
 use crate::config::{Config, ListenerTls, TlsConfig};
-use crate::control::Control;
+use crate::metrics::TlsFailures;
 use parking_lot::RwLock;
 use pingora::listeners::tls::Acceptor;
 use pingora::protocols::l4::stream::Stream as L4Stream;
@@ -124,10 +124,10 @@ pub struct Roles {
 }
 
 impl Roles {
-    /// The roles `config`'s listeners take; `Err` names a listener whose
+    /// The roles `config`'s listeners take, their handshakes counting
+    /// their failures in `failures`; `Err` names a listener whose
     /// certificate cannot be served.
-    pub fn new(control: &Arc<Control>) -> Result<Self, String> {
-        let (config, edge) = (&control.config, &control.edge);
+    pub fn new(config: &Config, edge: &Edge, failures: &Arc<TlsFailures>) -> Result<Self, String> {
         let https_port = config
             .listen
             .iter()
@@ -154,10 +154,10 @@ impl Roles {
                     Some(Arc::clone(section.get_or_insert(Arc::new(Handshake::new(
                         &edge.config,
                         resolver,
-                        control,
+                        failures,
                     )?))))
                 }
-                Some(resolver) => Some(Arc::new(Handshake::new(&edge.config, resolver, control)?)),
+                Some(resolver) => Some(Arc::new(Handshake::new(&edge.config, resolver, failures)?)),
             };
             let redirect_https = l.redirect_https.then_some(https_port);
             by_addr.push((
@@ -214,14 +214,14 @@ pub struct Unmatched;
 pub struct Handshake {
     acceptor: Acceptor,
     timeout: Duration,
-    control: Arc<Control>,
+    failures: Arc<TlsFailures>,
 }
 
 impl Handshake {
     fn new(
         tls: &TlsConfig,
         resolver: Arc<dyn ResolvesServerCert>,
-        control: &Arc<Control>,
+        failures: &Arc<TlsFailures>,
     ) -> Result<Self, String> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = ServerConfig::builder_with_provider(provider)
@@ -238,7 +238,7 @@ impl Handshake {
         Ok(Handshake {
             acceptor: Acceptor::from_server_config(Arc::new(config)),
             timeout: tls.handshake_timeout,
-            control: Arc::clone(control),
+            failures: Arc::clone(failures),
         })
     }
 
@@ -260,12 +260,12 @@ impl Handshake {
             Ok(Ok(tls)) => Some(Box::new(tls)),
             Ok(Err(e)) => {
                 log::debug!("TLS handshake with {peer} failed: {e}");
-                self.control.metrics.tls_handshake_failed("error");
+                self.failures.failed("error");
                 None
             }
             Err(_) => {
                 log::debug!("TLS handshake with {peer} timed out");
-                self.control.metrics.tls_handshake_failed("timeout");
+                self.failures.failed("timeout");
                 None
             }
         }
