@@ -1,11 +1,14 @@
-//! Embedding shardgate in your own Pingora proxy: a `ProxyHttp` of ours
-//! wraps [`Gateway`], adds phases of its own around shardgate's, and runs
-//! with everything the `shardgate` binary has around it (head limits,
-//! health checks, admin API, Prometheus, state file, TLS listeners,
-//! graceful restarts) and the same flags:
+//! Embedding shardgate in your own Pingora proxy, for those who need
+//! Pingora's `Session`: a `ProxyHttp` of ours wraps [`Gateway`], adds
+//! phases of its own around shardgate's, and runs with everything the
+//! `shardgate` binary has around it (head limits, health checks, admin
+//! API, Prometheus, state file, TLS listeners, graceful restarts) and the
+//! same flags. `examples/embed.rs` does the same with hooks alone, at the
+//! binary's speed; this one forwards every request through Pingora's
+//! proxy (3-4x nginx's CPU per request, README "Embedding").
 //!
 //! ```sh
-//! cargo run --example embed -- -c conf/quickstart.yaml   # -t checks, -d daemonizes, -u upgrades
+//! cargo run --example embed_wrapper -- -c conf/quickstart.yaml
 //! curl -i http://acme.localhost:8080/                    # x-embedded: 1
 //! curl -i -H 'x-embed-teapot: 1' http://acme.localhost:8080/   # 418
 //! ```
@@ -16,11 +19,12 @@
 //! to shardgate — every phase `Gateway` implements: `new_ctx`,
 //! `request_filter`, `upstream_peer`, `connected_to_upstream`,
 //! `request_body_filter`, `upstream_request_filter`,
-//! `upstream_response_filter`, `fail_to_connect`, `error_while_proxy`,
-//! `fail_to_proxy`, `logging`. A wrapped build forwards every request
-//! through Pingora's proxy, so every phase runs on every request
-//! (`Builder::fast_transport(true)` would trade that for the fast
-//! transport's CPU on bodiless requests).
+//! `upstream_response_filter`, `response_filter`, `fail_to_connect`,
+//! `error_while_proxy`, `fail_to_proxy`, `logging`. A wrapped build
+//! forwards every request through Pingora's proxy, so every phase runs on
+//! every request (`Builder::fast_transport(true)` would trade that for the
+//! fast transport's CPU, and skip the wrapper's phases on HTTP/1 requests
+//! and HTTP/2 streams alike).
 //!
 //! The platform rules that need no phase of their own are hooks
 //! ([`GatewayHooks`]): here, tenants whose trial ran out are refused, and

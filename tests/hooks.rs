@@ -9,13 +9,26 @@ use common::*;
 use http::{HeaderName, HeaderValue};
 use pingora::server::RunArgs;
 use shardgate::config::Config;
-use shardgate::proxy::hooks::{GatewayHooks, RequestCheck, RequestView, ResponseEdit};
+use shardgate::proxy::hooks::{
+    GatewayHooks, RequestCheck, RequestSummary, RequestView, ResponseEdit,
+};
 use shardgate::routing::ShardId;
 use shardgate::server::Shardgate;
 use std::sync::Arc;
 use std::time::Duration;
 
 struct TestHooks;
+
+/// What the logging phase saw, one line per request.
+static LOGGED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Whether the logging phase saw `line` (within 2 s: it runs as the
+/// request ends, after the answer went out).
+fn logged(line: &str) -> bool {
+    eventually(Duration::from_secs(2), || {
+        LOGGED.lock().unwrap().iter().any(|l| l == line)
+    })
+}
 
 impl GatewayHooks for TestHooks {
     fn check_request(&self, tenant: &str, request: &RequestView<'_>) -> RequestCheck {
@@ -41,6 +54,19 @@ impl GatewayHooks for TestHooks {
         RequestCheck::Proceed
     }
 
+    fn logging(&self, r: &RequestSummary<'_>) {
+        LOGGED.lock().unwrap().push(format!(
+            "{} {} status={} tenant={} shard={} decision={} attempts={}",
+            r.method,
+            r.target,
+            r.status,
+            r.tenant.unwrap_or("-"),
+            r.shard.map_or("-", |s| s.as_str()),
+            r.decision.map_or("-", |d| d.as_str()),
+            r.attempts,
+        ));
+    }
+
     fn edit_response(&self, tenant: &str, shard: &ShardId, response: &mut ResponseEdit) {
         response.insert(
             HeaderName::from_static("x-served"),
@@ -48,12 +74,36 @@ impl GatewayHooks for TestHooks {
                 .expect("text"),
         );
         response.remove(HeaderName::from_static("x-internal"));
+        // Framing is the transports' to write: an edit of it is refused.
+        let framing = [
+            response.insert(http::header::CONTENT_LENGTH, HeaderValue::from_static("1")),
+            response.insert(
+                http::header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            ),
+            response.remove(http::header::CONTENT_LENGTH),
+            response.insert(http::header::CONNECTION, HeaderValue::from_static("close")),
+        ];
+        let refused = if framing.iter().any(|&done| done) {
+            "no"
+        } else {
+            "yes"
+        };
+        response.insert(
+            HeaderName::from_static("x-framing-edit-refused"),
+            HeaderValue::from_static(refused),
+        );
     }
 }
 
 /// The in-process server on `backend`, fast transport as the test run
 /// says (`SHARDGATE_TEST_FAST_PATH`).
 fn start(backend: &Backend) -> u16 {
+    start_with(backend, "")
+}
+
+/// [`start`] with `extra` configuration.
+fn start_with(backend: &Backend, extra: &str) -> u16 {
     let port = free_port();
     let yaml = config_yaml(
         &format!(
@@ -63,7 +113,7 @@ fn start(backend: &Backend) -> u16 {
             fast_path_on()
         ),
         &[("a", backend.url())],
-        "",
+        extra,
     );
     let config = Config::parse(&yaml, None).expect("config");
     let gateway = Shardgate::builder(config)
@@ -127,5 +177,139 @@ fn a_response_edit_runs_on_every_proxied_response() {
         assert_eq!(r.status, 200);
         assert_eq!(r.header("x-served"), Some("acme@a:200"));
         assert_eq!(r.header("x-internal"), None, "removed by the edit");
+        assert_eq!(r.header("x-framing-edit-refused"), Some("yes"));
+        assert_eq!(r.header("content-length"), Some("4"), "the shard's framing kept");
+        assert_eq!(r.text(), "fine");
     }
+}
+
+#[test]
+fn the_logging_phase_sees_every_request_refusals_included() {
+    let a = Backend::start("a");
+    let port = start(&a);
+    let r = send_raw(
+        port,
+        b"GET /seen?x=1 HTTP/1.1\r\nHost: acme.localhost\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 200);
+    assert!(
+        logged("GET /seen?x=1 status=200 tenant=acme shard=a decision=allow attempts=1"),
+        "{:?}",
+        LOGGED.lock().unwrap()
+    );
+    let r = send_raw(
+        port,
+        b"GET /refused HTTP/1.1\r\nHost: acme.localhost\r\nX-Forbidden: 1\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 451);
+    assert!(
+        logged("GET /refused status=451 tenant=acme shard=- decision=- attempts=0"),
+        "{:?}",
+        LOGGED.lock().unwrap()
+    );
+    let r = send_raw(
+        port,
+        b"GET /nowhere HTTP/1.1\r\nHost: unknown.invalid\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 404);
+    assert!(
+        logged("GET /nowhere status=404 tenant=- shard=- decision=- attempts=0"),
+        "{:?}",
+        LOGGED.lock().unwrap()
+    );
+}
+
+/// A `ProxyHttp` wrapper that forgets to forward `connected_to_upstream`
+/// (and every phase after `upstream_request_filter`).
+struct Forgetful(shardgate::proxy::Gateway);
+
+#[async_trait::async_trait]
+impl pingora_proxy::ProxyHttp for Forgetful {
+    type CTX = shardgate::proxy::ctx::RequestCtx;
+
+    fn new_ctx(&self) -> Self::CTX {
+        self.0.new_ctx()
+    }
+
+    async fn request_filter(
+        &self,
+        session: &mut pingora_proxy::Session,
+        ctx: &mut Self::CTX,
+    ) -> pingora::Result<bool> {
+        self.0.request_filter(session, ctx).await
+    }
+
+    async fn upstream_peer(
+        &self,
+        session: &mut pingora_proxy::Session,
+        ctx: &mut Self::CTX,
+    ) -> pingora::Result<Box<pingora::upstreams::peer::HttpPeer>> {
+        self.0.upstream_peer(session, ctx).await
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut pingora_proxy::Session,
+        upstream_request: &mut pingora::http::RequestHeader,
+        ctx: &mut Self::CTX,
+    ) -> pingora::Result<()> {
+        self.0
+            .upstream_request_filter(session, upstream_request, ctx)
+            .await
+    }
+}
+
+/// A wrapper that does not forward a phase of `Gateway` loses no rule
+/// silently: the request fails before it reaches the shard (the headers
+/// deadline and liveness watch start in the phase it forgot).
+#[test]
+fn a_wrapper_that_does_not_forward_a_phase_fails_its_requests() {
+    let a = Backend::start("a");
+    let port = free_port();
+    let yaml = config_yaml(
+        &format!(
+            "listen: [{{ addr: \"127.0.0.1:{port}\" }}]\nadmin: {{ addr: \"127.0.0.1:{}\" }}\nstate: false\n",
+            free_port(),
+        ),
+        &[("a", a.url())],
+        "",
+    );
+    let config = Config::parse(&yaml, None).expect("config");
+    let gateway = Shardgate::builder(config)
+        .build_with(Forgetful)
+        .expect("build");
+    std::thread::spawn(move || gateway.server.run(RunArgs::default()));
+    assert!(eventually(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    }));
+    let r = send_raw(
+        port,
+        b"GET / HTTP/1.1\r\nHost: acme.localhost\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert_eq!(a.count(), 0, "nothing reached the shard");
+}
+
+/// A request the request phase answers spends no token: with a bucket of
+/// two that never refills, ten answered requests leave both tokens.
+#[test]
+fn a_request_answered_by_the_request_phase_spends_no_token() {
+    let a = Backend::start("a");
+    let port = start_with(&a, "limits:\n  rate: { tokens: 2, refill_per_second: 0 }\n");
+    for _ in 0..10 {
+        let r = send_raw(
+            port,
+            b"GET / HTTP/1.1\r\nHost: acme.localhost\r\nX-Forbidden: 1\r\nConnection: close\r\n\r\n",
+        );
+        assert_eq!(r.status, 451);
+    }
+    let get = || {
+        send_raw(
+            port,
+            b"GET / HTTP/1.1\r\nHost: acme.localhost\r\nConnection: close\r\n\r\n",
+        )
+        .status
+    };
+    assert_eq!([get(), get(), get()], [200, 200, 429]);
+    assert_eq!(a.count(), 2);
 }

@@ -54,6 +54,9 @@ pub struct RequestCtx {
     pub(crate) retry_ticket: Option<GaugeTicket>,
     /// Upstream fields the embedder's request check added.
     pub(crate) extra_fields: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// The phases of `Gateway` that ran (Pingora's path), one bit each: a
+    /// wrapper that did not forward one is caught (`pingora.rs`).
+    pub(crate) phases: u8,
 }
 
 impl Default for RequestCtx {
@@ -81,6 +84,7 @@ impl Default for RequestCtx {
             answered: None,
             retry_ticket: None,
             extra_fields: Vec::new(),
+            phases: 0,
         }
     }
 }

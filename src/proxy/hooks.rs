@@ -6,7 +6,7 @@
 //! both transports (shardgate's own HTTP/1.1 forwarding and Pingora's
 //! proxy) for every request.
 
-use crate::routing::{Router, ShardId};
+use crate::routing::{Decision, Router, ShardId};
 use http::{HeaderName, HeaderValue};
 use std::fmt;
 
@@ -247,6 +247,31 @@ impl fmt::Display for UpstreamFailure {
     }
 }
 
+/// A finished request, as [`GatewayHooks::logging`] sees it: what the
+/// access log line says, on every transport, refusals included.
+pub struct RequestSummary<'a> {
+    /// The client's address (empty if unknown).
+    pub client: &'a dyn fmt::Display,
+    pub method: &'a str,
+    /// The request target (HTTP/2: the URI).
+    pub target: &'a dyn fmt::Display,
+    /// The tenant, once resolved (none: refused before, e.g. 400 or 404).
+    pub tenant: Option<&'a str>,
+    /// The shard of the last attempt.
+    pub shard: Option<&'a ShardId>,
+    /// The router's decision (none: not routed).
+    pub decision: Option<Decision>,
+    /// The status the client got (0: none, the client or shard went away
+    /// first; 101: a WebSocket, logged when its tunnel closes).
+    pub status: u16,
+    /// From the request's head to its end.
+    pub duration: std::time::Duration,
+    /// Upstream attempts started.
+    pub attempts: u32,
+    /// The last upstream failure, if an attempt failed.
+    pub failure: Option<UpstreamFailure>,
+}
+
 pub trait GatewayHooks: Send + Sync + 'static {
     /// Whether `tenant` may be served at all (after the deny list). Called
     /// only once shards for the request exist, as the reference does.
@@ -275,6 +300,12 @@ pub trait GatewayHooks: Send + Sync + 'static {
     /// Edits a shard's response head before it goes to the client (not
     /// shardgate's own answers). `tenant` and `shard` say who served it.
     fn edit_response(&self, _tenant: &str, _shard: &ShardId, _response: &mut ResponseEdit) {}
+
+    /// Called once per request when it is over (answered, refused, or its
+    /// client or shard gone), after the access log line, on every
+    /// transport. Its admission is already released. Runs on the request's
+    /// thread: keep it short (hand heavy work to a channel).
+    fn logging(&self, _summary: &RequestSummary<'_>) {}
 
     /// Whether [`GatewayHooks::load`] supplies loads (otherwise
     /// `routing.load` from the configuration applies).

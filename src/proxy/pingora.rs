@@ -64,6 +64,67 @@ impl Gateway {
     }
 }
 
+/// The phases of `Gateway` whose rules nothing else holds, as bits of
+/// `RequestCtx::phases` (each phase sets its own). A `ProxyHttp` wrapping
+/// `Gateway` that does not forward one is caught where a later phase
+/// depends on it: the request fails (502) and the log names the phase,
+/// instead of its rule (the headers deadline, the forwarding fields, the
+/// hop-by-hop table, the 413, the JSON refusals, HTTP/1.0 framing)
+/// silently disappearing.
+mod phase {
+    pub const REQUEST_FILTER: u8 = 1;
+    pub const UPSTREAM_PEER: u8 = 1 << 1;
+    pub const CONNECTED_TO_UPSTREAM: u8 = 1 << 2;
+    pub const REQUEST_BODY_FILTER: u8 = 1 << 3;
+    pub const UPSTREAM_RESPONSE_FILTER: u8 = 1 << 4;
+    pub const RESPONSE_FILTER: u8 = 1 << 5;
+    pub const NAMES: [(u8, &str); 6] = [
+        (REQUEST_FILTER, "request_filter"),
+        (UPSTREAM_PEER, "upstream_peer"),
+        (CONNECTED_TO_UPSTREAM, "connected_to_upstream"),
+        (REQUEST_BODY_FILTER, "request_body_filter"),
+        (UPSTREAM_RESPONSE_FILTER, "upstream_response_filter"),
+        (RESPONSE_FILTER, "response_filter"),
+    ];
+}
+
+/// The phases in `needed` that did not run for this request, named.
+fn missing_phases(ctx: &RequestCtx, needed: u8) -> Option<String> {
+    let missing = needed & !ctx.phases;
+    (missing != 0).then(|| {
+        let names: Vec<&str> = (phase::NAMES.iter())
+            .filter(|(bit, _)| missing & bit != 0)
+            .map(|(_, name)| *name)
+            .collect();
+        names.join(", ")
+    })
+}
+
+/// Logs (once per process) that a wrapper does not forward `names`.
+fn report_unforwarded(names: &str) {
+    static REPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !REPORTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        log::error!(
+            "the ProxyHttp wrapping shardgate's Gateway does not forward {names} to it: \
+             requests that need it fail (every phase Gateway implements must be forwarded)"
+        );
+    }
+}
+
+/// Fails the request unless the phases in `needed` ran.
+fn require_phases(ctx: &RequestCtx, needed: u8) -> Result<()> {
+    match missing_phases(ctx, needed) {
+        None => Ok(()),
+        Some(names) => {
+            report_unforwarded(&names);
+            Err(Error::explain(
+                ErrorType::InternalError,
+                format!("Gateway's {names} was not forwarded by its wrapper"),
+            ))
+        }
+    }
+}
+
 #[async_trait]
 impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
@@ -75,6 +136,7 @@ impl ProxyHttp for Gateway {
     /// Plans the request (resolve, check, route, admit); any refusal is
     /// answered here (`Ok(true)`: nothing goes upstream).
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        ctx.phases |= phase::REQUEST_FILTER;
         let outcome = self
             .plan(&RequestView::from_pingora(session.req_header()), ctx)
             .map(|_| ());
@@ -119,6 +181,7 @@ impl ProxyHttp for Gateway {
         _session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
+        ctx.phases |= phase::UPSTREAM_PEER;
         if ctx.attempts > 0 && !std::mem::take(&mut ctx.shard_chosen) {
             if let Err(refusal) = self.readmit(ctx) {
                 let status = refusal.status;
@@ -161,6 +224,7 @@ impl ProxyHttp for Gateway {
         digest: Option<&Digest>,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        ctx.phases |= phase::CONNECTED_TO_UPSTREAM;
         if reused && !peer.is_tls() && !quiet(fd) {
             return Err(Error::create(
                 ErrorType::ConnectionClosed,
@@ -193,6 +257,7 @@ impl ProxyHttp for Gateway {
         _end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        ctx.phases |= phase::REQUEST_BODY_FILTER;
         if let Some(watch) = &ctx.watch {
             watch.touch();
         }
@@ -222,6 +287,12 @@ impl ProxyHttp for Gateway {
         upstream_request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        // Every phase before this one sets what this request relies on:
+        // the plan, the shard, the headers deadline.
+        require_phases(
+            ctx,
+            phase::REQUEST_FILTER | phase::UPSTREAM_PEER | phase::CONNECTED_TO_UPSTREAM,
+        )?;
         let config = &self.control.config;
         let req = session.req_header();
         let hosts = req.headers.get_all(HOST).iter().map(|v| v.as_bytes());
@@ -289,6 +360,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         let status = upstream_response.status.as_u16();
+        ctx.phases |= phase::UPSTREAM_RESPONSE_FILTER;
         if unrequested_switch(status, is_websocket(session)) {
             return Err(Error::create(
                 ErrorType::InvalidHTTPHeader,
@@ -324,8 +396,12 @@ impl ProxyHttp for Gateway {
         &self,
         session: &mut Session,
         upstream_response: &mut ResponseHeader,
-        _ctx: &mut RequestCtx,
+        ctx: &mut RequestCtx,
     ) -> Result<()> {
+        ctx.phases |= phase::RESPONSE_FILTER;
+        // A shard's head reaches this phase only through the one that
+        // strips its hop-by-hop fields and disarms the headers deadline.
+        require_phases(ctx, phase::UPSTREAM_RESPONSE_FILTER)?;
         if session.req_header().version == http::Version::HTTP_10
             && upstream_response
                 .remove_header(&http::header::TRANSFER_ENCODING)
@@ -442,6 +518,23 @@ impl ProxyHttp for Gateway {
     /// its duration, the access log line, and — dropping the context right
     /// after — the admission's release.
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+        // What no later phase could catch (logged, the request is over): a
+        // shard's response sent without the response phase, a body sent
+        // upstream without the body phase (its size limit).
+        let mut needed = 0;
+        let shards_head_sent = ctx.phases & phase::UPSTREAM_RESPONSE_FILTER != 0
+            && ctx.answered.is_none()
+            && session.response_written().is_some();
+        if shards_head_sent {
+            needed |= phase::RESPONSE_FILTER;
+        }
+        let connected = ctx.phases & phase::CONNECTED_TO_UPSTREAM != 0;
+        if connected && session.as_ref().body_bytes_read() > 0 {
+            needed |= phase::REQUEST_BODY_FILTER;
+        }
+        if let Some(names) = missing_phases(ctx, needed) {
+            report_unforwarded(&names);
+        }
         let status = ctx
             .answered
             .or_else(|| session.response_written().map(|r| r.status.as_u16()))

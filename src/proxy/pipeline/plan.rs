@@ -8,7 +8,7 @@ use super::answer::Refusal;
 use super::fields::{is_hop_by_hop, is_ours, is_text};
 use super::watch::probe;
 use crate::proxy::ctx::RequestCtx;
-use crate::proxy::hooks::{RequestCheck, RequestView, UpstreamFailure};
+use crate::proxy::hooks::{RequestCheck, RequestSummary, RequestView, UpstreamFailure};
 use crate::proxy::Gateway;
 use crate::routing::{Decision, RouteRequest, ShardId};
 use http::header::HOST;
@@ -200,7 +200,7 @@ impl Gateway {
     }
 
     /// The request is over: its duration, the admission's release, the
-    /// access log line.
+    /// access log line, the hooks' logging phase.
     pub(crate) fn finish(
         &self,
         ctx: &mut RequestCtx,
@@ -226,6 +226,18 @@ impl Gateway {
                 );
             }
         }
+        self.control.hooks.logging(&RequestSummary {
+            client,
+            method,
+            target,
+            tenant: ctx.tenant.as_deref(),
+            shard: ctx.shard_id(),
+            decision: ctx.decision,
+            status,
+            duration: elapsed,
+            attempts: ctx.attempts,
+            failure: ctx.failure,
+        });
     }
 
     /// The `X-Forwarded-Proto` to advertise: `public_protocol`, else the
