@@ -8,7 +8,9 @@
 //! cannot be read is moved aside and the gateway starts from the
 //! configuration.
 
-use crate::control::{Control, RuntimeDiff};
+use crate::control::Control;
+/// Where it lived before it moved into [`crate::control`].
+pub use crate::control::RuntimeDiff;
 use crate::routing::region::RegionSnapshot;
 use crate::routing::RouterSnapshot;
 use pingora::server::ShutdownWatch;

@@ -303,8 +303,11 @@ pub trait GatewayHooks: Send + Sync + 'static {
 
     /// Called once per request when it is over (answered, refused, or its
     /// client or shard gone), after the access log line, on every
-    /// transport. Its admission is already released. Runs on the request's
-    /// thread: keep it short (hand heavy work to a channel).
+    /// transport: every request the access log has a line for (not what
+    /// the head reader refuses before a request exists, nor the edge's
+    /// ACME and redirect answers). Its admission is already released.
+    /// Runs on the request's thread: keep it short (hand heavy work to a
+    /// channel).
     fn logging(&self, _summary: &RequestSummary<'_>) {}
 
     /// Whether [`GatewayHooks::load`] supplies loads (otherwise

@@ -67,7 +67,7 @@ impl Gateway {
 /// The phases of `Gateway` whose rules nothing else holds, as bits of
 /// `RequestCtx::phases` (each phase sets its own). A `ProxyHttp` wrapping
 /// `Gateway` that does not forward one is caught where a later phase
-/// depends on it: the request fails (502) and the log names the phase,
+/// depends on it: the request fails (500) and the log names the phase,
 /// instead of its rule (the headers deadline, the forwarding fields, the
 /// hop-by-hop table, the 413, the JSON refusals, HTTP/1.0 framing)
 /// silently disappearing.
@@ -360,7 +360,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         let status = upstream_response.status.as_u16();
-        ctx.phases |= phase::UPSTREAM_RESPONSE_FILTER;
+        ctx.phases &= !phase::UPSTREAM_RESPONSE_FILTER;
         if unrequested_switch(status, is_websocket(session)) {
             return Err(Error::create(
                 ErrorType::InvalidHTTPHeader,
@@ -369,6 +369,9 @@ impl ProxyHttp for Gateway {
                 None,
             ));
         }
+        // Passed: the response phase may see this head (one refused here,
+        // the 101 above or a failed edit below, never reaches it).
+        ctx.phases |= phase::UPSTREAM_RESPONSE_FILTER;
         if (100..200).contains(&status) && status != 101 {
             return Ok(());
         }
@@ -384,7 +387,10 @@ impl ProxyHttp for Gateway {
             self.control
                 .hooks
                 .edit_response(tenant, shard.id(), &mut edit);
-            edit.apply(upstream_response)?;
+            if let Err(e) = edit.apply(upstream_response) {
+                ctx.phases &= !phase::UPSTREAM_RESPONSE_FILTER;
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -400,8 +406,11 @@ impl ProxyHttp for Gateway {
     ) -> Result<()> {
         ctx.phases |= phase::RESPONSE_FILTER;
         // A shard's head reaches this phase only through the one that
-        // strips its hop-by-hop fields and disarms the headers deadline.
-        require_phases(ctx, phase::UPSTREAM_RESPONSE_FILTER)?;
+        // strips its hop-by-hop fields and disarms the headers deadline
+        // (a wrapper's cache hit has no shard's head: not checked).
+        if !session.cache.enabled() {
+            require_phases(ctx, phase::UPSTREAM_RESPONSE_FILTER)?;
+        }
         if session.req_header().version == http::Version::HTTP_10
             && upstream_response
                 .remove_header(&http::header::TRANSFER_ENCODING)
