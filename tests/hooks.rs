@@ -38,6 +38,29 @@ impl GatewayHooks for TestHooks {
                 body: format!("{{\"error\":\"forbidden\",\"tenant\":\"{tenant}\"}}"),
             };
         }
+        if request.path.starts_with("/answer") {
+            let field = |name: &'static str, value: &'static str| {
+                (
+                    HeaderName::from_static(name),
+                    HeaderValue::from_static(value),
+                )
+            };
+            return RequestCheck::Answer {
+                status: 202,
+                fields: vec![
+                    field("content-type", "text/plain"),
+                    field("x-answered", "yes"),
+                    field("set-cookie", "a=1"),
+                    field("set-cookie", "b=2"),
+                    field("cache-control", "max-age=5"),
+                    // The transports' own: dropped.
+                    field("content-length", "999"),
+                    field("connection", "upgrade"),
+                    field("transfer-encoding", "chunked"),
+                ],
+                body: format!("answered for {tenant}"),
+            };
+        }
         if request.path.starts_with("/plan") {
             return RequestCheck::AddFields(vec![
                 (
@@ -312,4 +335,32 @@ fn a_request_answered_by_the_request_phase_spends_no_token() {
     };
     assert_eq!([get(), get(), get()], [200, 200, 429]);
     assert_eq!(a.count(), 2);
+}
+
+/// The request phase answers with its own status, fields and body; the
+/// framing is shardgate's, and nothing is routed.
+#[test]
+fn the_request_phase_answers_with_its_own_fields_and_body() {
+    let a = Backend::start("a");
+    let port = start(&a);
+    let r = send_raw(
+        port,
+        b"GET /answer HTTP/1.1\r\nHost: acme.localhost\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 202);
+    assert_eq!(r.text(), "answered for acme");
+    assert_eq!(r.header("content-type"), Some("text/plain"));
+    assert_eq!(r.header("x-answered"), Some("yes"));
+    let count = |name: &str| {
+        (r.headers.iter())
+            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+            .count()
+    };
+    assert_eq!(count("set-cookie"), 2);
+    assert_eq!(r.header("cache-control"), Some("max-age=5"));
+    assert_eq!(count("cache-control"), 1);
+    assert_eq!(r.header("content-length"), Some("17"));
+    assert_eq!(r.header("transfer-encoding"), None);
+    assert!(r.header("date").is_some());
+    assert_eq!(a.count(), 0, "nothing went upstream");
 }

@@ -84,8 +84,9 @@ impl<'a> RequestView<'a> {
     }
 }
 
-/// Whether a response edit may touch the field `name`.
-fn editable(name: &HeaderName) -> bool {
+/// Whether a response edit (or an embedder's own answer) may set the
+/// field `name`: not framing, hop-by-hop or `Date`.
+pub(crate) fn editable(name: &HeaderName) -> bool {
     let name = name.as_str();
     !crate::proxy::pipeline::fields::is_hop_by_hop(name)
         && name != "content-length"
@@ -124,6 +125,16 @@ pub enum RequestCheck {
     /// Answer `status` with `body` (sent as `application/json`); nothing
     /// is routed, no token is spent.
     Refuse { status: u16, body: String },
+    /// Answer the request yourself: `status` (outside 200–599: 500),
+    /// `fields` (say `content-type` here; framing, hop-by-hop fields and
+    /// `Date` are the transports' and are dropped; `Cache-Control:
+    /// no-store` unless you set one) and `body`. Nothing is routed, no
+    /// token is spent.
+    Answer {
+        status: u16,
+        fields: Vec<(HeaderName, HeaderValue)>,
+        body: String,
+    },
 }
 
 /// A response head on its way to the client, as a hook may edit it.

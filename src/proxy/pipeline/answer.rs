@@ -25,6 +25,8 @@ pub struct Refusal {
     pub content_type: Option<&'static str>,
     /// A redirect's target.
     pub location: Option<String>,
+    /// An embedder's own fields (`RequestCheck::Answer`), after shardgate's.
+    pub extra: Vec<(http::HeaderName, http::HeaderValue)>,
 }
 
 impl Refusal {
@@ -70,6 +72,7 @@ impl Refusal {
             decision: None,
             content_type: Some("application/json"),
             location: None,
+            extra: Vec::new(),
         }
     }
 
@@ -101,12 +104,32 @@ impl Refusal {
         Refusal::json(status, body)
     }
 
+    /// An embedder's own answer (see `GatewayHooks::check_request`): its
+    /// status (outside 200–599: 500), its `fields` (framing, hop-by-hop
+    /// fields and `Date` are the transports' to write: dropped) and body.
+    pub fn answer(
+        status: u16,
+        fields: Vec<(http::HeaderName, http::HeaderValue)>,
+        body: String,
+    ) -> Self {
+        let extra = fields
+            .into_iter()
+            .filter(|(name, _)| crate::proxy::hooks::editable(name))
+            .collect();
+        Refusal {
+            content_type: None,
+            extra,
+            ..Refusal::custom(status, body)
+        }
+    }
+
     /// The answer's head fields, in order: what both transports write.
-    pub fn fields(&self) -> impl Iterator<Item = (&'static str, String)> + '_ {
-        [
+    pub fn fields(&self) -> impl Iterator<Item = (&str, String)> + '_ {
+        let theirs = |name: &str| self.extra.iter().any(|(n, _)| n.as_str() == name);
+        let fixed: [Option<(&str, String)>; 6] = [
             self.content_type.map(|t| ("content-type", t.to_string())),
             Some(("content-length", self.body.len().to_string())),
-            Some(("cache-control", "no-store".to_string())),
+            (!theirs("cache-control")).then(|| ("cache-control", "no-store".to_string())),
             self.retry_after
                 .map(|secs| ("retry-after", secs.to_string())),
             self.location.clone().map(|l| ("location", l)),
@@ -114,9 +137,11 @@ impl Refusal {
                 "date",
                 String::from_utf8_lossy(get_cached_date().as_bytes()).into_owned(),
             )),
-        ]
-        .into_iter()
-        .flatten()
+        ];
+        // A value that is not visible ASCII (as `http` reads it) is left out.
+        let extra = (self.extra.iter())
+            .filter_map(|(name, value)| Some((name.as_str(), value.to_str().ok()?.to_string())));
+        fixed.into_iter().flatten().chain(extra)
     }
 
     /// The answer as HTTP/1.1 bytes; `close`: the connection closes after
@@ -155,7 +180,7 @@ impl Refusal {
     pub fn response_header(&self) -> Result<Box<ResponseHeader>> {
         let mut resp = ResponseHeader::build(self.status, Some(6))?;
         for (name, value) in self.fields() {
-            resp.insert_header(name, value)?;
+            resp.append_header(name.to_string(), value)?;
         }
         Ok(Box::new(resp))
     }

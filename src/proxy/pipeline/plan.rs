@@ -48,6 +48,14 @@ impl Gateway {
                 ctx.tenant = Some(resolved.tenant);
                 return Err(Refusal::custom(status, body));
             }
+            RequestCheck::Answer {
+                status,
+                fields,
+                body,
+            } => {
+                ctx.tenant = Some(resolved.tenant);
+                return Err(Refusal::answer(status, fields, body));
+            }
         }
         ctx.tenant = Some(resolved.tenant);
         ctx.route = self.routes.route_for(req.path);
