@@ -38,6 +38,13 @@ impl GatewayHooks for TestHooks {
                 body: format!("{{\"error\":\"forbidden\",\"tenant\":\"{tenant}\"}}"),
             };
         }
+        if request.path.starts_with("/nocontent") {
+            return RequestCheck::Answer {
+                status: 204,
+                fields: Vec::new(),
+                body: "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".to_string(),
+            };
+        }
         if request.path.starts_with("/answer") {
             let field = |name: &'static str, value: &'static str| {
                 (
@@ -363,4 +370,27 @@ fn the_request_phase_answers_with_its_own_fields_and_body() {
     assert_eq!(r.header("transfer-encoding"), None);
     assert!(r.header("date").is_some());
     assert_eq!(a.count(), 0, "nothing went upstream");
+}
+
+/// A 204 answer carries no body, whatever the request phase gave it: the
+/// next response on the connection is the shard's, not bytes of the body.
+#[test]
+fn a_204_answer_carries_no_body_on_a_kept_alive_connection() {
+    use std::io::Write;
+    let a = Backend::with("a", |_| Reply::ok("from the shard"));
+    let port = start(&a);
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    conn.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut reader = std::io::BufReader::new(conn.try_clone().expect("clone"));
+    conn.write_all(
+        b"GET /nocontent HTTP/1.1\r\nHost: acme.localhost\r\n\r\nGET / HTTP/1.1\r\nHost: acme.localhost\r\n\r\n",
+    )
+    .expect("write");
+    let first = read_response(&mut reader).expect("the 204");
+    assert_eq!(first.status, 204);
+    assert_eq!(first.header("content-length"), None);
+    let second = read_response(&mut reader).expect("the shard's answer");
+    assert_eq!(second.status, 200);
+    assert_eq!(second.text(), "from the shard");
 }

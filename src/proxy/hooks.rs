@@ -127,9 +127,10 @@ pub enum RequestCheck {
     Refuse { status: u16, body: String },
     /// Answer the request yourself: `status` (outside 200–599: 500),
     /// `fields` (say `content-type` here; framing, hop-by-hop fields and
-    /// `Date` are the transports' and are dropped; `Cache-Control:
-    /// no-store` unless you set one) and `body`. Nothing is routed, no
-    /// token is spent.
+    /// `Date` are the transports' and are dropped, and so is a value that
+    /// is not visible ASCII; `Cache-Control: no-store` unless you set one)
+    /// and `body` (none on a 204, 205 or 304). Nothing is routed, no token
+    /// is spent.
     Answer {
         status: u16,
         fields: Vec<(HeaderName, HeaderValue)>,
@@ -303,7 +304,8 @@ pub trait GatewayHooks: Send + Sync + 'static {
     }
 
     /// Checks a request once its tenant is known, before it is routed: let
-    /// it through (optionally with extra upstream fields) or refuse it.
+    /// it through (optionally with extra upstream fields), refuse it, or
+    /// answer it.
     fn check_request(&self, _tenant: &str, _request: &RequestView<'_>) -> RequestCheck {
         RequestCheck::Proceed
     }

@@ -101,6 +101,14 @@ impl Refusal {
         } else {
             500
         };
+        // 204, 205 and 304 have no content (RFC 9110 §15.3.5, §15.3.6,
+        // §15.4.5): a body after their head would be read as the next
+        // response on a kept-alive connection.
+        let body = if bodiless(status) {
+            String::new()
+        } else {
+            body
+        };
         Refusal::json(status, body)
     }
 
@@ -128,7 +136,9 @@ impl Refusal {
         let theirs = |name: &str| self.extra.iter().any(|(n, _)| n.as_str() == name);
         let fixed: [Option<(&str, String)>; 6] = [
             self.content_type.map(|t| ("content-type", t.to_string())),
-            Some(("content-length", self.body.len().to_string())),
+            // None on a 204 or 304 (RFC 9110 §8.6).
+            (!matches!(self.status, 204 | 304))
+                .then(|| ("content-length", self.body.len().to_string())),
             (!theirs("cache-control")).then(|| ("cache-control", "no-store".to_string())),
             self.retry_after
                 .map(|secs| ("retry-after", secs.to_string())),
@@ -199,6 +209,11 @@ impl Refusal {
         }
         Ok(())
     }
+}
+
+/// Whether an answer with `status` has no content.
+fn bodiless(status: u16) -> bool {
+    matches!(status, 204 | 205 | 304)
 }
 
 /// A JSON string literal.
