@@ -104,6 +104,7 @@ where
         use futures_util::FutureExt;
         use pingora::protocols::http::v2::server::{handshake, H2Accept};
         use pingora::protocols::Digest;
+        use pingora::ErrorType::ReadError;
         let digest = Arc::new(Digest {
             ssl_digest: stream.get_ssl_digest(),
             timing_digest: stream.get_timing_digest(),
@@ -112,23 +113,21 @@ where
         });
         let first_by = tokio::time::Instant::now() + self.limits.keepalive_timeout;
         // The h2 crate's handshake takes about 28 KiB of buffers: a client
-        // that finished TLS and sent nothing yet holds none of them.
-        let mut stream = stream;
-        let mut start = [0u8; 24]; // a preface's length
-        let started = match tokio::time::timeout_at(first_by, stream.read(&mut start)).await {
-            Ok(Ok(0)) => return, // closed
-            Ok(Ok(n)) => n,
-            Ok(Err(e)) => {
-                log::debug!("an HTTP/2 client's connection failed before its preface: {e}");
-                return;
+        // that finished TLS and sent nothing yet holds none of them. Its
+        // first bytes are read first, put back in front, under the same
+        // deadline as the handshake.
+        let options = self.inner.h2_options();
+        let handshake = async move {
+            let mut stream = stream;
+            let mut start = [0u8; 24]; // a preface's length
+            let read = stream.read(&mut start).await;
+            let n =
+                read.map_err(|e| pingora::Error::because(ReadError, "before the preface", e))?;
+            if n == 0 {
+                return pingora::Error::e_explain(ReadError, "closed before the preface");
             }
-            Err(_) => {
-                log::debug!("an HTTP/2 client sent no preface in time: closed");
-                return;
-            }
+            handshake(Box::new(Rewound::new(stream, &start[..n])), options).await
         };
-        let stream: Stream = Box::new(Rewound::new(stream, &start[..started]));
-        let handshake = handshake(stream, self.inner.h2_options());
         let mut conn = match tokio::time::timeout_at(first_by, handshake).await {
             Ok(Ok(conn)) => conn,
             Ok(Err(e)) => {
