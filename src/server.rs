@@ -12,6 +12,7 @@ use crate::proxy::fast::FastPath;
 use crate::proxy::frontend::Frontend;
 use crate::proxy::head::HeadLimits;
 use crate::proxy::hooks::{DefaultHooks, GatewayHooks};
+use crate::proxy::wrap::{GatewayWrapper, Wrapped};
 use crate::proxy::Gateway;
 use crate::state::StateWriter;
 use async_trait::async_trait;
@@ -106,8 +107,22 @@ impl Builder {
         self.build_with(|gateway| gateway)
     }
 
+    /// A server whose proxy is the embedder's [`GatewayWrapper`] around the
+    /// [`Gateway`] it is given: every phase the wrapper does not write is
+    /// shardgate's (see [`crate::proxy::wrap`]). Every phase runs on every
+    /// request (unless [`Builder::fast_transport`]).
+    pub fn build_wrapped<W, F>(self, wrap: F) -> Result<Shardgate, String>
+    where
+        F: FnOnce(Gateway) -> W,
+        W: GatewayWrapper,
+    {
+        self.build_with(|gateway| Wrapped(wrap(gateway)))
+    }
+
     /// A server whose proxy is `wrap(gateway)`: the embedder's `ProxyHttp`,
-    /// which delegates to the [`Gateway`] it is given. Every phase of the
+    /// which must forward every phase `Gateway` implements to the
+    /// [`Gateway`] it is given ([`Builder::build_wrapped`] does that for
+    /// you). Every phase of the
     /// wrapper runs on every request (unless [`Builder::fast_transport`]).
     pub fn build_with<P, F>(self, wrap: F) -> Result<Shardgate, String>
     where
@@ -144,6 +159,7 @@ impl Builder {
                  its phases runs (Builder::fast_transport(true) opts into the fast transport)"
             );
         }
+        let log_gateway = gateway.clone();
         let mut http = pingora_proxy::http_proxy(&server.configuration, wrap(gateway));
         let mut h2 = pingora::protocols::http::v2::server::default_h2_options();
         h2.max_concurrent_streams(control.edge.config.h2_max_concurrent_streams);
@@ -171,7 +187,8 @@ impl Builder {
             },
         )
         .with_fast_path(fast)
-        .with_edge(Arc::new(roles), Arc::clone(&control.edge));
+        .with_edge(Arc::new(roles), Arc::clone(&control.edge))
+        .with_log(log_gateway);
         let mut proxy = Service::new("shardgate".to_string(), proxy);
         for listener in &control.config.listen {
             // No read buffer under the client connection: the front end

@@ -171,8 +171,12 @@ fn the_admin_api_answers_and_health_probes_bring_a_shard_back() {
     }
 }
 
+/// A WebSocket handshake passes every phase: the request check (a trial
+/// tenant's field upstream), the response stamp, and the logging phase
+/// once its tunnel closes.
 #[test]
 fn a_websocket_handshake_goes_through_the_embedders_phases() {
+    log_examples();
     for example in EXAMPLES {
         use futures_util::{SinkExt, StreamExt};
         use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -184,7 +188,7 @@ fn a_websocket_handshake_goes_through_the_embedders_phases() {
                 .into_client_request()
                 .unwrap();
             req.headers_mut()
-                .insert("host", "acme.localhost".parse().unwrap());
+                .insert("host", "trial-co.localhost".parse().unwrap());
             let (mut client, resp) = tokio_tungstenite::connect_async(req)
                 .await
                 .expect("websocket handshake");
@@ -198,7 +202,20 @@ fn a_websocket_handshake_goes_through_the_embedders_phases() {
                 client.next().await.unwrap().unwrap(),
                 Message::Text("ws:hi".into())
             );
+            client.close(None).await.unwrap();
         });
+        let handshakes = ws.handshakes.lock().unwrap().clone();
+        assert_eq!(
+            handshakes.last().and_then(|h| h.get("x-platform-plan")),
+            Some(&"trial".to_string()),
+            "{example}: {handshakes:?}"
+        );
+        let line = "embed: GET /socket -> 101 tenant=trial-co shard=ws";
+        assert!(
+            eventually(Duration::from_secs(5), || gw.log().contains(line)),
+            "{example}: `{line}` logged:\n{}",
+            gw.log()
+        );
     }
 }
 

@@ -8,12 +8,14 @@ mod common;
 use common::*;
 use http::{HeaderName, HeaderValue};
 use pingora::server::RunArgs;
+use pingora_proxy::ProxyHttp;
 use shardgate::config::Config;
 use shardgate::proxy::hooks::{
-    GatewayHooks, RequestCheck, RequestSummary, RequestView, ResponseEdit,
+    GatewayHooks, RequestCheck, RequestSummary, RequestView, ResponseEdit, UpstreamEdit,
 };
+use shardgate::proxy::wrap::{GatewayWrapper, WrapperCtx};
 use shardgate::routing::ShardId;
-use shardgate::server::Shardgate;
+use shardgate::server::{Builder, Shardgate};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -81,6 +83,20 @@ impl GatewayHooks for TestHooks {
                 ),
             ]);
         }
+        if request.path.starts_with("/edit") {
+            return RequestCheck::Edit(
+                UpstreamEdit::default()
+                    .insert(
+                        HeaderName::from_static("x-plan"),
+                        HeaderValue::from_static("silver"),
+                    )
+                    .remove(HeaderName::from_static("x-client-secret"))
+                    // shardgate's own: left alone.
+                    .remove(HeaderName::from_static("x-tenant-id"))
+                    .remove(http::header::HOST)
+                    .remove(http::header::CONTENT_LENGTH),
+            );
+        }
         RequestCheck::Proceed
     }
 
@@ -134,6 +150,24 @@ fn start(backend: &Backend) -> u16 {
 
 /// [`start`] with `extra` configuration.
 fn start_with(backend: &Backend, extra: &str) -> u16 {
+    start_on(backend.url(), extra)
+}
+
+/// The in-process server on the shard at `url`, with `extra`
+/// configuration.
+fn start_on(url: String, extra: &str) -> u16 {
+    serve(url, extra, |builder| {
+        builder.hooks(Arc::new(TestHooks)).build()
+    })
+}
+
+/// The server `build` makes of a builder on the shard at `url` (fast
+/// transport as the test run says), with `extra` configuration, running.
+fn serve(
+    url: String,
+    extra: &str,
+    build: impl FnOnce(Builder) -> Result<Shardgate, String>,
+) -> u16 {
     let port = free_port();
     let yaml = config_yaml(
         &format!(
@@ -142,14 +176,11 @@ fn start_with(backend: &Backend, extra: &str) -> u16 {
             free_port(),
             fast_path_on()
         ),
-        &[("a", backend.url())],
+        &[("a", url)],
         extra,
     );
     let config = Config::parse(&yaml, None).expect("config");
-    let gateway = Shardgate::builder(config)
-        .hooks(Arc::new(TestHooks))
-        .build()
-        .expect("build");
+    let gateway = build(Shardgate::builder(config)).expect("build");
     std::thread::spawn(move || gateway.server.run(RunArgs::default()));
     assert!(eventually(Duration::from_secs(10), || {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
@@ -187,6 +218,32 @@ fn a_request_check_adds_upstream_fields_but_not_owned_ones() {
     assert_eq!(req.header("x_plan"), None, "and so is its look-alike");
     assert_eq!(req.header_count("x-tenant-id"), 1);
     assert_eq!(req.header("x-tenant-id"), Some("acme"));
+}
+
+#[test]
+fn a_request_check_removes_upstream_fields_but_not_owned_ones() {
+    let a = Backend::start("a");
+    let port = start(&a);
+    for raw in [
+        &b"GET /edit HTTP/1.1\r\nHost: acme.localhost\r\nX-Client-Secret: s\r\nX_Client_Secret: s\r\nX-Kept: k\r\nConnection: close\r\n\r\n"[..],
+        b"POST /edit HTTP/1.1\r\nHost: acme.localhost\r\nX-Client-Secret: s\r\nX-Plan: client\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi",
+    ] {
+        let r = send_raw(port, raw);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let seen = a.requests();
+        let req = seen.last().expect("reached the shard");
+        assert_eq!(req.header("x-client-secret"), None, "{:?}", req.headers);
+        assert_eq!(req.header("x_client_secret"), None, "look-alike removed too");
+        assert_eq!(req.header("x-plan"), Some("silver"));
+        assert_eq!(req.header_count("x-plan"), 1);
+        assert_eq!(req.header("x-tenant-id"), Some("acme"), "shardgate's own kept");
+        assert_eq!(req.header("host"), Some("acme.localhost"));
+        if req.method == "POST" {
+            assert_eq!(req.body, b"hi", "the body's framing kept");
+        } else {
+            assert_eq!(req.header("x-kept"), Some("k"));
+        }
+    }
 }
 
 #[test]
@@ -247,6 +304,70 @@ fn the_logging_phase_sees_every_request_refusals_included() {
         "{:?}",
         LOGGED.lock().unwrap()
     );
+    // What the head reader refuses before a request exists: with its
+    // request line when it has one, else `-`.
+    let r = send_raw(
+        port,
+        b"GET /future HTTP/3.0\r\nHost: acme.localhost\r\n\r\n",
+    );
+    assert_eq!(r.status, 505);
+    assert!(
+        logged("GET /future status=505 tenant=- shard=- decision=- attempts=0"),
+        "{:?}",
+        LOGGED.lock().unwrap()
+    );
+    let r = send_raw(port, b"\x01\x02 not http\r\n\r\n");
+    assert_eq!(r.status, 400);
+    assert!(
+        logged("- - status=400 tenant=- shard=- decision=- attempts=0"),
+        "{:?}",
+        LOGGED.lock().unwrap()
+    );
+}
+
+/// A shard that answers `100 Continue` to a request expecting it, then
+/// closes without a final answer: the client gets shardgate's 502 after
+/// the 100, and the logging phase sees the 502, not the 100.
+#[test]
+fn a_shard_that_fails_after_its_100_is_logged_with_the_final_status() {
+    use std::io::{Read, Write};
+    let shard = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", shard.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for conn in shard.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).is_ok_and(|n| n == 1) {
+                head.push(byte[0]);
+            }
+            let _ = conn.write_all(b"HTTP/1.1 100 Continue\r\n\r\n");
+            let _ = conn.read(&mut [0u8; 64]);
+            // Closed with no final answer.
+        }
+    });
+    let port = start_on(url, "retry: false\n");
+    let all = {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        s.write_all(b"POST /continued HTTP/1.1\r\nHost: acme.localhost\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+            .expect("head");
+        std::thread::sleep(Duration::from_millis(200));
+        let _ = s.write_all(b"hello");
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    assert!(
+        all.contains("HTTP/1.1 502"),
+        "a final answer after the 100: {all}"
+    );
+    assert!(
+        logged("POST /continued status=502 tenant=acme shard=a decision=allow attempts=1"),
+        "{:?}",
+        LOGGED.lock().unwrap()
+    );
 }
 
 /// A `ProxyHttp` wrapper that forgets to forward `connected_to_upstream`
@@ -295,29 +416,96 @@ impl pingora_proxy::ProxyHttp for Forgetful {
 #[test]
 fn a_wrapper_that_does_not_forward_a_phase_fails_its_requests() {
     let a = Backend::start("a");
-    let port = free_port();
-    let yaml = config_yaml(
-        &format!(
-            "listen: [{{ addr: \"127.0.0.1:{port}\" }}]\nadmin: {{ addr: \"127.0.0.1:{}\" }}\nstate: false\n",
-            free_port(),
-        ),
-        &[("a", a.url())],
-        "",
-    );
-    let config = Config::parse(&yaml, None).expect("config");
-    let gateway = Shardgate::builder(config)
-        .build_with(Forgetful)
-        .expect("build");
-    std::thread::spawn(move || gateway.server.run(RunArgs::default()));
-    assert!(eventually(Duration::from_secs(10), || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    }));
+    let port = serve(a.url(), "", |builder| builder.build_with(Forgetful));
     let r = send_raw(
         port,
         b"GET / HTTP/1.1\r\nHost: acme.localhost\r\nConnection: close\r\n\r\n",
     );
     assert_eq!(r.status, 500, "{}", r.text());
     assert_eq!(a.count(), 0, "nothing reached the shard");
+}
+
+/// A [`GatewayWrapper`] that writes one phase of its own (and keeps a
+/// per-request state): every other phase is shardgate's.
+struct StampingWrapper(shardgate::proxy::Gateway);
+
+#[async_trait::async_trait]
+impl GatewayWrapper for StampingWrapper {
+    type Ctx = Option<u16>;
+
+    fn gateway(&self) -> &shardgate::proxy::Gateway {
+        &self.0
+    }
+
+    async fn response_filter(
+        &self,
+        session: &mut pingora_proxy::Session,
+        response: &mut pingora::http::ResponseHeader,
+        ctx: &mut WrapperCtx<Option<u16>>,
+    ) -> pingora::Result<()> {
+        self.0
+            .response_filter(session, response, &mut ctx.gateway)
+            .await?;
+        ctx.own = Some(response.status.as_u16());
+        response.insert_header("x-wrapped", format!("{:?}", ctx.own))?;
+        Ok(())
+    }
+}
+
+/// The in-process server with [`StampingWrapper`] around the gateway, on
+/// the shard `url`, with `extra` configuration.
+fn start_wrapped(url: String, extra: &str) -> u16 {
+    serve(url, extra, |builder| {
+        (builder.hooks(Arc::new(TestHooks))).build_wrapped(StampingWrapper)
+    })
+}
+
+/// A wrapper built on `GatewayWrapper` keeps every rule of shardgate's
+/// without writing its phases: the forwarding fields, the body limit's
+/// 413, the JSON answer for a dead shard, the hooks' response edit.
+#[test]
+fn a_gateway_wrapper_that_writes_one_phase_keeps_every_rule_of_shardgate() {
+    let a = Backend::start("a");
+    let port = start_wrapped(a.url(), "limits:\n  max_body_bytes: 4\n");
+    let r = send_raw(
+        port,
+        b"GET / HTTP/1.1\r\nHost: acme.localhost\r\nX-Forwarded-For: 6.6.6.6\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.header("x-wrapped"),
+        Some("Some(200)"),
+        "the wrapper's phase ran"
+    );
+    assert_eq!(
+        r.header("x-served"),
+        Some("acme@a:200"),
+        "the hooks' edit too"
+    );
+    let seen = a.requests();
+    let req = seen.last().expect("reached the shard");
+    assert_eq!(req.header("x-forwarded-for"), Some("127.0.0.1"));
+    assert_eq!(req.header("x-tenant-id"), Some("acme"));
+    let r = send_raw(
+        port,
+        b"POST / HTTP/1.1\r\nHost: acme.localhost\r\nContent-Length: 10\r\nConnection: close\r\n\r\n0123456789",
+    );
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert_eq!(a.count(), 1, "the refused body never reached the shard");
+    let dead = start_wrapped(
+        format!("http://127.0.0.1:{}", free_port()),
+        "retry: false\n",
+    );
+    let r = send_raw(
+        dead,
+        b"GET / HTTP/1.1\r\nHost: acme.localhost\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert!(
+        r.json()["error"].is_string(),
+        "shardgate's JSON answer: {}",
+        r.text()
+    );
 }
 
 /// A request the request phase answers spends no token: with a bucket of

@@ -387,7 +387,8 @@ fn http2_rapid_resets_get_goaway_and_neither_spend_a_token_nor_reach_a_shard() {
     let (gw, _) = edge(
         &backend,
         certs.path(),
-        "  default_cert: apps\nlimits:\n  rate: { tokens: 3, refill_per_second: 0.01 }\n",
+        "  default_cert: apps\nlimits:\n  rate: { tokens: 3, refill_per_second: 0.01 }\n\
+         log: { access: warn }\n",
         "",
     );
     let h = handshake(gw.port, Some("shop.apps.test"), &[b"h2"]).expect("handshake");
@@ -453,6 +454,14 @@ fn http2_rapid_resets_get_goaway_and_neither_spend_a_token_nor_reach_a_shard() {
         backend.requests().is_empty(),
         "a reset stream reached the shard"
     );
+    // Each stream reset before it was served has its access line (status
+    // 0: the client went away), as nginx logs a client's reset.
+    let reset = "GET https://shop.apps.test/ tenant=- shard=- decision=- status=0";
+    assert!(
+        eventually(Duration::from_secs(3), || gw.log().contains(reset)),
+        "{}",
+        gw.log()
+    );
     // Every token is still there: three requests pass, the fourth is 429.
     let ca_file = ca.pem_file(certs.path());
     for expected in ["200", "200", "200", "429"] {
@@ -470,7 +479,7 @@ fn a_plain_listener_redirects_to_https_except_acme_challenges() {
     let (gw, plain) = edge(
         &backend,
         certs.path(),
-        "  default_cert: platform\n",
+        "  default_cert: platform\nlog: { access: warn }\n",
         ", redirect_https: true",
     );
     let r = send_raw(
@@ -501,6 +510,18 @@ fn a_plain_listener_redirects_to_https_except_acme_challenges() {
     );
     let r = send_raw(plain, b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n");
     assert_eq!(r.status, 400);
+    // The edge's answers have their access lines, as every request.
+    for line in [
+        "GET /a/b?c=1 tenant=- shard=- decision=- status=308",
+        "GET /x tenant=- shard=- decision=- status=308",
+        "GET / tenant=- shard=- decision=- status=400",
+    ] {
+        assert!(
+            eventually(Duration::from_secs(3), || gw.log().contains(line)),
+            "{line}: {}",
+            gw.log()
+        );
+    }
 }
 
 /// Every byte a raw exchange on a new connection gets back.

@@ -52,8 +52,8 @@ pub struct RequestCtx {
     /// Status of the answer shardgate wrote itself, if it did.
     pub answered: Option<u16>,
     pub(crate) retry_ticket: Option<GaugeTicket>,
-    /// Upstream fields the embedder's request check added.
-    pub(crate) extra_fields: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// The embedder's edit of the upstream head (its request check).
+    pub(crate) upstream_edit: crate::proxy::hooks::UpstreamEdit,
     /// The phases of `Gateway` that ran (Pingora's path), one bit each: a
     /// wrapper that did not forward one is caught (`pingora.rs`).
     pub(crate) phases: u8,
@@ -83,7 +83,7 @@ impl Default for RequestCtx {
             refusal: None,
             answered: None,
             retry_ticket: None,
-            extra_fields: Vec::new(),
+            upstream_edit: Default::default(),
             phases: 0,
         }
     }

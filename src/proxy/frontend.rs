@@ -6,19 +6,23 @@
 //! transport is off; HTTP/2 connections to `frontend_h2`.
 
 use super::client::{linger, OneRequest};
+use super::ctx::RequestCtx;
 use super::fast::FastPath;
-use super::head::{read_head, Head, HeadError, HeadLimits};
+use super::fast::OrEmpty;
+use super::head::{read_head, Head, HeadError, HeadFailure, HeadLimits};
 use super::pipeline::answer::Refusal;
 use super::pipeline::edge::edge_answer;
 use super::pipeline::framing::Framing;
+use super::Gateway;
 use crate::tls::{Edge, Roles};
 use bytes::BytesMut;
 use pingora::apps::{HttpServerApp, ServerApp};
 use pingora::protocols::http::ServerSession;
-use pingora::protocols::{Stream, ALPN};
+use pingora::protocols::l4::socket::SocketAddr;
+use pingora::protocols::{SocketDigest, Stream, ALPN};
 use pingora::server::ShutdownWatch;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
 /// The front end of every client connection, in front of `inner` (the
@@ -29,6 +33,8 @@ pub struct Frontend<A> {
     pub(super) fast: Option<FastPath>,
     /// What each listener is (TLS, redirecting), and the edge's state.
     edge: Option<(Arc<Roles>, Arc<Edge>)>,
+    /// Logs what the front end answers itself.
+    gateway: Option<Gateway>,
 }
 
 impl<A> Frontend<A> {
@@ -38,7 +44,15 @@ impl<A> Frontend<A> {
             limits,
             fast: None,
             edge: None,
+            gateway: None,
         }
+    }
+
+    /// Logs what the front end answers itself (the head reader's
+    /// refusals, the edge's answers) through `gateway`, as its requests.
+    pub fn with_log(mut self, gateway: Gateway) -> Self {
+        self.gateway = Some(gateway);
+        self
     }
 
     /// Runs each TLS listener's handshake, and answers what the edge
@@ -55,20 +69,72 @@ impl<A> Frontend<A> {
     }
 }
 
-/// Writes a final answer on a connection that is about to close.
-async fn refuse(stream: &mut Stream, error: HeadError) {
-    let refusal = match error {
-        HeadError::Timeout => Refusal::error(408, "request-timeout"),
-        HeadError::TooLarge => Refusal::error(431, "header-too-large"),
-        HeadError::Refused(refused) => Refusal::error(refused.status, refused.code),
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        let _ = stream.write_all(&refusal.http1(false, true)).await;
-        let _ = stream.flush().await;
-        let _ = stream.shutdown().await;
-    })
-    .await;
-    linger(stream).await;
+impl<A> Frontend<A> {
+    /// Writes the head reader's refusal on a connection that is about to
+    /// close, and logs it.
+    async fn refuse(&self, stream: &mut Stream, head: &[u8], failure: HeadFailure) {
+        let refusal = match failure.error {
+            HeadError::Timeout => Refusal::error(408, "request-timeout"),
+            HeadError::TooLarge => Refusal::error(431, "header-too-large"),
+            HeadError::Refused(refused) => Refusal::error(refused.status, refused.code),
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            let _ = stream.write_all(&refusal.http1(false, true)).await;
+            let _ = stream.flush().await;
+            let _ = stream.shutdown().await;
+        })
+        .await;
+        let (method, target) = request_line(head).unwrap_or(("-", "-"));
+        let client = peer(stream.get_socket_digest().as_ref());
+        self.log(
+            client.as_ref(),
+            method,
+            &target,
+            refusal.status,
+            failure.began,
+        );
+        linger(stream).await;
+    }
+
+    /// Logs a request the front end answered (or dropped) itself — the
+    /// head reader's refusals, the edge's answers, HTTP/2 streams reset by
+    /// their client before they were served — as every request is logged:
+    /// the access line and the hooks' logging phase.
+    pub(super) fn log(
+        &self,
+        client: Option<&SocketAddr>,
+        method: &str,
+        target: &dyn std::fmt::Display,
+        status: u16,
+        began: Instant,
+    ) {
+        let Some(gateway) = &self.gateway else {
+            return;
+        };
+        let mut ctx = RequestCtx {
+            started: began,
+            ..RequestCtx::default()
+        };
+        gateway.finish(&mut ctx, &OrEmpty(client), method, target, status);
+    }
+}
+
+/// The client's address of a connection.
+pub(super) fn peer(socket: Option<&Arc<SocketDigest>>) -> Option<SocketAddr> {
+    socket.and_then(|d| d.peer_addr().cloned())
+}
+
+/// The method and target of `head`'s request line, if it has a whole one
+/// of visible ASCII (what the log may show of a head it refused).
+fn request_line(head: &[u8]) -> Option<(&str, &str)> {
+    let end = head.iter().position(|&b| b == b'\n')?;
+    let line = std::str::from_utf8(&head[..end])
+        .ok()?
+        .trim_end_matches('\r');
+    let mut parts = line.split(' ');
+    let (method, target) = (parts.next()?, parts.next()?);
+    let visible = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic());
+    (visible(method) && visible(target)).then_some((method, target))
 }
 
 #[async_trait::async_trait]
@@ -123,7 +189,7 @@ where
             Ok(Some(head)) => head,
             Ok(None) => return None,
             Err(e) => {
-                refuse(&mut stream, e).await;
+                self.refuse(&mut stream, &buf, e).await;
                 return None;
             }
         };
@@ -167,7 +233,7 @@ where
                         Ok(Some(head)) => (buf, head),
                         Ok(None) => return None,
                         Err(e) => {
-                            refuse(&mut stream, e).await;
+                            self.refuse(&mut stream, &buf, e).await;
                             return None;
                         }
                     }
@@ -181,12 +247,18 @@ where
                     // read on: the connection closes after the answer.
                     let bodiless = matches!(head.body, Framing::Length(0));
                     let more = bodiless && !answer.close && !*shutdown.borrow();
+                    let began = Instant::now();
                     let sent = async {
                         stream.write_all(&answer.bytes).await?;
                         stream.flush().await
                     };
                     let sent = tokio::time::timeout(self.limits.keepalive_timeout, sent).await;
-                    if matches!(sent, Ok(Ok(()))) && more {
+                    let sent = matches!(sent, Ok(Ok(())));
+                    let (method, target) = request_line(&buf).unwrap_or(("-", "-"));
+                    let client = peer(stream.get_socket_digest().as_ref());
+                    let status = if sent { answer.status } else { 0 };
+                    self.log(client.as_ref(), method, &target, status, began);
+                    if sent && more {
                         continue;
                     }
                     let _ = tokio::time::timeout(Duration::from_secs(1), stream.shutdown()).await;

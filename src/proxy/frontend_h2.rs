@@ -5,14 +5,14 @@
 
 use super::client::Rewound;
 use super::fast::FastPath;
-use super::frontend::Frontend;
+use super::frontend::{peer, Frontend};
 use pingora::apps::HttpServerApp;
 use pingora::protocols::http::v2::server::HttpSession as H2Session;
 use pingora::protocols::Stream;
 use pingora::server::ShutdownWatch;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
 
 /// The streams in flight on an HTTP/2 connection, and a wake-up when the
@@ -193,6 +193,15 @@ where
             // A stream its client already reset is dropped here: it spends
             // no token and reaches no shard.
             if session.idle().now_or_never().is_some() {
+                let req = session.req_header();
+                let client = peer(digest.socket_digest.as_ref());
+                self.log(
+                    client.as_ref(),
+                    req.method.as_str(),
+                    &req.uri,
+                    0,
+                    Instant::now(),
+                );
                 early_resets += 1;
                 if early_resets > MAX_EARLY_RESETS && early_resets > served {
                     log::warn!(

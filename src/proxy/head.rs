@@ -96,6 +96,13 @@ pub enum HeadError {
     Refused(Refused),
 }
 
+/// A refused head: why, and when its first byte came (for the log).
+#[derive(Clone, Copy, Debug)]
+pub struct HeadFailure {
+    pub error: HeadError,
+    pub began: std::time::Instant,
+}
+
 /// The least room a read of a request head is given.
 const HEAD_READ: usize = 4096;
 
@@ -108,17 +115,25 @@ pub async fn read_head(
     buf: &mut BytesMut,
     limits: &HeadLimits,
     mut shutdown: Option<&mut ShutdownWatch>,
-) -> Result<Option<Head>, HeadError> {
+) -> Result<Option<Head>, HeadFailure> {
     let mut deadline =
         (!buf.is_empty()).then(|| tokio::time::Instant::now() + limits.header_timeout);
     loop {
+        // Once a byte came, the deadline is set: the head began before it
+        // by the timeout.
+        let failed = move |error| {
+            let began = deadline.map_or_else(std::time::Instant::now, |d| {
+                (d - limits.header_timeout).into_std()
+            });
+            Err(HeadFailure { error, began })
+        };
         if !buf.is_empty() {
             match parse(buf, limits) {
                 Parsed::Complete(head) => return Ok(Some(head)),
-                Parsed::Refused(refused) => return Err(HeadError::Refused(refused)),
-                Parsed::TooLarge => return Err(HeadError::TooLarge),
+                Parsed::Refused(refused) => return failed(HeadError::Refused(refused)),
+                Parsed::TooLarge => return failed(HeadError::TooLarge),
                 Parsed::Partial if buf.len() > limits.max_header_bytes => {
-                    return Err(HeadError::TooLarge)
+                    return failed(HeadError::TooLarge)
                 }
                 Parsed::Partial => {}
             }
@@ -149,7 +164,7 @@ pub async fn read_head(
             }
         };
         match wait {
-            Err(_) if deadline.is_some() => return Err(HeadError::Timeout),
+            Err(_) if deadline.is_some() => return failed(HeadError::Timeout),
             Err(_) => return Ok(None), // idle keep-alive: close quietly
             Ok(Err(_)) | Ok(Ok(0)) => return Ok(None),
             Ok(Ok(_)) => {

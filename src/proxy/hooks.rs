@@ -112,8 +112,10 @@ impl<'a> Iterator for Values<'a, '_> {
     }
 }
 
-/// What [`GatewayHooks::check_request`] decided.
+/// What [`GatewayHooks::check_request`] decided. New ways to decide may
+/// be added: match it with a wildcard arm.
 #[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub enum RequestCheck {
     /// Route and proxy the request as usual.
     #[default]
@@ -122,6 +124,11 @@ pub enum RequestCheck {
     /// (after the client's; a field shardgate owns, such as the tenant
     /// header or `X-Forwarded-For`, cannot be set this way and is ignored).
     AddFields(Vec<(HeaderName, HeaderValue)>),
+    /// Route and proxy it with the upstream head edited: fields set
+    /// (replacing the client's) and fields removed. The same fields as
+    /// `AddFields` are shardgate's and left alone: `Host`, framing,
+    /// hop-by-hop fields, the tenant header, the forwarding fields.
+    Edit(UpstreamEdit),
     /// Answer `status` with `body` (sent as `application/json`); nothing
     /// is routed, no token is spent.
     Refuse { status: u16, body: String },
@@ -136,6 +143,43 @@ pub enum RequestCheck {
         fields: Vec<(HeaderName, HeaderValue)>,
         body: String,
     },
+}
+
+/// An edit of the upstream request head, for [`RequestCheck::Edit`]:
+/// `UpstreamEdit::default().insert(name, value).remove(name)`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct UpstreamEdit {
+    /// Fields set, each replacing the client's of the same name (and its
+    /// look-alikes with `_` for `-`).
+    pub(crate) add: Vec<(HeaderName, HeaderValue)>,
+    /// Fields removed, look-alikes included.
+    pub(crate) remove: Vec<HeaderName>,
+}
+
+impl UpstreamEdit {
+    /// Sets `name` to `value` upstream, in place of the client's (call it
+    /// again with the same name to send several values).
+    pub fn insert(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.add.push((name, value));
+        self
+    }
+
+    /// Sends no `name` field upstream, whatever the client sent.
+    pub fn remove(mut self, name: HeaderName) -> Self {
+        self.add.retain(|(n, _)| *n != name);
+        self.remove.push(name);
+        self
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.add.is_empty() && self.remove.is_empty()
+    }
+
+    /// Whether the client's field `name` is replaced or removed.
+    pub(crate) fn replaces(&self, name: &str) -> bool {
+        let same = |n: &HeaderName| crate::proxy::pipeline::fields::same_field(name, n.as_str());
+        self.add.iter().any(|(n, _)| same(n)) || self.remove.iter().any(same)
+    }
 }
 
 /// A response head on its way to the client, as a hook may edit it.
@@ -316,9 +360,9 @@ pub trait GatewayHooks: Send + Sync + 'static {
 
     /// Called once per request when it is over (answered, refused, or its
     /// client or shard gone), after the access log line, on every
-    /// transport: every request the access log has a line for (not what
-    /// the head reader refuses before a request exists, nor the edge's
-    /// ACME and redirect answers). Its admission is already released.
+    /// transport: every request the access log has a line for, the head
+    /// reader's refusals and the edge's own answers included (README
+    /// "Logging"). Its admission is already released.
     /// Runs on the request's thread: keep it short (hand heavy work to a
     /// channel).
     fn logging(&self, _summary: &RequestSummary<'_>) {}

@@ -13,10 +13,12 @@
 //! away, or (for a WebSocket) the tunnel closed — or before a retry routes
 //! again.
 //!
-//! Embedding: [`Gateway`] is a plain library type; wrap it in your own
-//! `ProxyHttp` and build the server with [`crate::server::Shardgate`]'s
-//! builder to keep the head limits, health checks, admin API and the rest
-//! (see `examples/embed.rs`).
+//! Embedding: [`hooks::GatewayHooks`] adds phases on every transport at
+//! the binary's speed (`examples/embed.rs`); [`wrap::GatewayWrapper`]
+//! wraps [`Gateway`] in a `ProxyHttp` of your own, every phase you do not
+//! write being shardgate's (`examples/embed_wrapper.rs`). Either way
+//! [`crate::server::Shardgate`]'s builder keeps the head limits, health
+//! checks, admin API and the rest.
 
 pub mod client;
 pub mod ctx;
@@ -27,6 +29,7 @@ pub mod head;
 pub mod hooks;
 mod pingora;
 pub mod pipeline;
+pub mod wrap;
 
 pub use pipeline::answer::Refusal;
 

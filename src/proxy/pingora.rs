@@ -15,8 +15,7 @@ use super::hooks::{RequestView, ResponseEdit, UpstreamFailure};
 use super::pipeline::answer::Refusal;
 use super::pipeline::failure::{AttemptFailure, Next};
 use super::pipeline::fields::{
-    joined_cookie, same_field, strip_response_hop_by_hop, unrequested_switch, websocket_handshake,
-    Forwarding,
+    joined_cookie, strip_response_hop_by_hop, unrequested_switch, websocket_handshake, Forwarding,
 };
 use super::pipeline::plan::host_from;
 use super::pipeline::watch::{quiet, Verdict, Watch};
@@ -123,6 +122,15 @@ fn require_phases(ctx: &RequestCtx, needed: u8) -> Result<()> {
             ))
         }
     }
+}
+
+/// The status of the final response head written to the client, if one
+/// was (a 100 Continue passed on from the shard is not: an answer may
+/// still follow it; a 101 is, the connection is a tunnel).
+fn final_status(session: &Session) -> Option<u16> {
+    let status = session.response_written()?.status;
+    (!status.is_informational() || status == http::StatusCode::SWITCHING_PROTOCOLS)
+        .then_some(status.as_u16())
 }
 
 #[async_trait]
@@ -312,26 +320,20 @@ impl ProxyHttp for Gateway {
             tenant_header: config.tenant_header.as_str(),
             tenant: ctx.tenant.as_deref().unwrap_or_default(),
         };
-        // The embedder's fields (checked by the plan) replace the client's,
-        // look-alikes with `_` for `-` included.
-        if !ctx.extra_fields.is_empty() {
-            let replaced: Vec<http::HeaderName> = upstream_request
-                .headers
-                .keys()
-                .filter(|k| {
-                    let k = k.as_str();
-                    ctx.extra_fields
-                        .iter()
-                        .any(|(n, _)| same_field(k, n.as_str()))
-                })
+        // The embedder's edit (checked by the plan): its fields replace
+        // the client's, look-alikes with `_` for `-` included.
+        let edit = &ctx.upstream_edit;
+        if !edit.is_empty() {
+            let replaced: Vec<http::HeaderName> = (upstream_request.headers.keys())
+                .filter(|k| edit.replaces(k.as_str()))
                 .cloned()
                 .collect();
             for name in &replaced {
                 upstream_request.remove_header(name);
             }
-        }
-        for (name, value) in &ctx.extra_fields {
-            upstream_request.append_header(name.clone(), value.clone())?;
+            for (name, value) in &edit.add {
+                upstream_request.append_header(name.clone(), value.clone())?;
+            }
         }
         forwarding.apply(upstream_request)?;
         if session.req_header().version == http::Version::HTTP_2 {
@@ -512,7 +514,7 @@ impl ProxyHttp for Gateway {
         if let Some(refusal) = refusal {
             // The connection closes after it, and the answer says so.
             session.set_keepalive(None);
-            if session.response_written().is_none() && refusal.send(session).await.is_ok() {
+            if final_status(session).is_none() && refusal.send(session).await.is_ok() {
                 code = refusal.status;
                 ctx.answered = Some(code);
             }
@@ -544,10 +546,7 @@ impl ProxyHttp for Gateway {
         if let Some(names) = missing_phases(ctx, needed) {
             report_unforwarded(&names);
         }
-        let status = ctx
-            .answered
-            .or_else(|| session.response_written().map(|r| r.status.as_u16()))
-            .unwrap_or(0);
+        let status = ctx.answered.or_else(|| final_status(session)).unwrap_or(0);
         let req = session.req_header();
         let client = super::fast::OrEmpty(session.client_addr());
         self.finish(ctx, &client, req.method.as_str(), &req.uri, status);

@@ -788,7 +788,6 @@ impl Gateway {
         send_raw(self.admin_port, raw.as_bytes())
     }
 
-    /// The gateway's stderr so far.
     /// Whether the admin API reports shard `id` healthy.
     pub fn shard_healthy(&self, id: &str) -> bool {
         let shards = self.admin("GET", "/v1/shards", None, None).json();
@@ -797,6 +796,7 @@ impl Gateway {
             .is_some_and(|all| all.iter().any(|s| s["id"] == id && s["healthy"] == true))
     }
 
+    /// The gateway's stderr so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("gateway.log")).unwrap_or_default()
     }

@@ -95,7 +95,7 @@ pub fn request(bytes: &[u8]) {
         websocket: head.websocket,
         body: Outgoing::Length(3),
     }
-    .write(&fwd, &[]);
+    .write(&fwd, &Default::default());
     let mut slots = [httparse::EMPTY_HEADER; 300];
     let mut req = httparse::Request::new(&mut slots);
     match req.parse(&upstream) {

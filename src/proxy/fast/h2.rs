@@ -55,7 +55,7 @@ impl FastPath {
                 websocket: false,
                 body: outgoing,
             }
-            .write(&forwarding, &ctx.extra_fields)
+            .write(&forwarding, &ctx.upstream_edit)
         });
         let mut client = H2Client::new(stream, body, head_only);
         let status = match request {

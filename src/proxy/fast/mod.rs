@@ -233,7 +233,7 @@ impl FastPath {
                     websocket: parsed.websocket,
                     body: outgoing,
                 }
-                .write(&forwarding, &ctx.extra_fields);
+                .write(&forwarding, &ctx.upstream_edit);
                 if let Some(whole) = &whole_body {
                     bytes.extend_from_slice(whole);
                 }

@@ -5,10 +5,8 @@
 //! for the body as it is forwarded), plus the pipeline's forwarding fields.
 
 use crate::proxy::head::Layout;
-use crate::proxy::pipeline::fields::{
-    is_hop_by_hop, same_field, tokens, websocket_handshake, Forwarding,
-};
-use http::{HeaderName, HeaderValue};
+use crate::proxy::hooks::UpstreamEdit;
+use crate::proxy::pipeline::fields::{is_hop_by_hop, tokens, websocket_handshake, Forwarding};
 
 /// A request's fields, on the stack for most heads.
 pub(super) type Fields<'b> = smallvec::SmallVec<[(&'b str, &'b [u8]); 16]>;
@@ -129,10 +127,10 @@ impl UpstreamHead<'_> {
     /// The request head as the shard receives it: the client's fields
     /// byte for byte, minus hop-by-hop ones (the table, and what the
     /// client's `Connection` names but `Host`), the fields shardgate owns
-    /// and those `extra` replaces, `Expect` and the framing fields; then
-    /// the embedder's `extra` fields (checked by the plan), ours, and the
-    /// body's framing.
-    pub fn write(&self, fwd: &Forwarding<'_>, extra: &[(HeaderName, HeaderValue)]) -> Vec<u8> {
+    /// and those the embedder's `edit` replaces or removes, `Expect` and
+    /// the framing fields; then the edit's fields (checked by the plan),
+    /// ours, and the body's framing.
+    pub fn write(&self, fwd: &Forwarding<'_>, edit: &UpstreamEdit) -> Vec<u8> {
         let named = self
             .fields
             .iter()
@@ -158,7 +156,7 @@ impl UpstreamHead<'_> {
                     .iter()
                     .any(|f| name.eq_ignore_ascii_case(f))
                 || (self.host.is_some() && name.eq_ignore_ascii_case("host"))
-                || extra.iter().any(|(n, _)| same_field(name, n.as_str()));
+                || (!edit.is_empty() && edit.replaces(name));
             if !dropped {
                 push_field(&mut out, name.as_bytes(), value);
             }
@@ -166,7 +164,7 @@ impl UpstreamHead<'_> {
         if self.websocket {
             out.extend_from_slice(b"Connection: Upgrade\r\nUpgrade: websocket\r\n");
         }
-        for (name, value) in extra {
+        for (name, value) in &edit.add {
             push_field(&mut out, name.as_str().as_bytes(), value.as_bytes());
         }
         let prior_xff = self
@@ -254,7 +252,7 @@ Keep-Alive: 5\r\nExpect: 100-continue\r\nContent-Length: 5, 5\r\nX-Tenant-Id: ev
             websocket: false,
             body: Outgoing::Length(5),
         };
-        let text = String::from_utf8(up.write(&forwarding(), &[])).unwrap();
+        let text = String::from_utf8(up.write(&forwarding(), &Default::default())).unwrap();
         assert_eq!(
             text,
             "POST /up?x=1 HTTP/1.1\r\nHost: a.example\r\nX-Kept: yes\r\nX-Forwarded-Host: a.example\r\n\
@@ -267,7 +265,7 @@ Content-Length: 5\r\n\r\n"
             body: Outgoing::Chunked,
             ..up
         };
-        let text = String::from_utf8(up.write(&forwarding(), &[])).unwrap();
+        let text = String::from_utf8(up.write(&forwarding(), &Default::default())).unwrap();
         assert!(
             text.starts_with("POST / HTTP/1.1\r\nHost: b.example\r\nX-Kept"),
             "{text}"

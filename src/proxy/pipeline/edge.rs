@@ -11,6 +11,7 @@ const CHALLENGE_PREFIX: &str = "/.well-known/acme-challenge/";
 
 /// What the edge answers, and whether the connection closes after it.
 pub struct EdgeAnswer {
+    pub status: u16,
     pub bytes: Vec<u8>,
     pub close: bool,
 }
@@ -40,7 +41,11 @@ pub fn edge_answer(head: &[u8], redirect: Option<u16>, edge: &Edge) -> Option<Ed
     if let Some(token) = target.strip_prefix(CHALLENGE_PREFIX) {
         if let Some(key_auth) = edge.challenge(token) {
             let bytes = Refusal::text(200, key_auth.to_string()).http1(head_only, close);
-            return Some(EdgeAnswer { bytes, close });
+            return Some(EdgeAnswer {
+                status: 200,
+                bytes,
+                close,
+            });
         }
         return None;
     }
@@ -79,13 +84,18 @@ pub fn edge_answer(head: &[u8], redirect: Option<u16>, edge: &Edge) -> Option<Ed
         443 => format!("https://{name}{path}"),
         p => format!("https://{name}:{p}{path}"),
     };
-    let bytes = Refusal::redirect(location).http1(head_only, close);
-    Some(EdgeAnswer { bytes, close })
+    let redirect = Refusal::redirect(location);
+    Some(EdgeAnswer {
+        status: redirect.status,
+        bytes: redirect.http1(head_only, close),
+        close,
+    })
 }
 
 /// A 400 for a request without a usable host; the connection closes.
 fn bad_host(head_only: bool) -> EdgeAnswer {
     EdgeAnswer {
+        status: 400,
         bytes: Refusal::error(400, "invalid-host").http1(head_only, true),
         close: true,
     }

@@ -8,7 +8,9 @@ use super::answer::Refusal;
 use super::fields::{is_hop_by_hop, is_ours, is_text};
 use super::watch::probe;
 use crate::proxy::ctx::RequestCtx;
-use crate::proxy::hooks::{RequestCheck, RequestSummary, RequestView, UpstreamFailure};
+use crate::proxy::hooks::{
+    RequestCheck, RequestSummary, RequestView, UpstreamEdit, UpstreamFailure,
+};
 use crate::proxy::Gateway;
 use crate::routing::{Decision, RouteRequest, ShardId};
 use http::header::HOST;
@@ -33,17 +35,13 @@ impl Gateway {
             .ok_or_else(|| Refusal::error(404, "unknown-domain"))?;
         match self.control.hooks.check_request(&resolved.tenant, req) {
             RequestCheck::Proceed => {}
-            RequestCheck::AddFields(mut fields) => {
-                let config = &self.control.config;
-                fields.retain(|(name, _)| {
-                    may_add(
-                        name,
-                        config.tenant_header.as_str(),
-                        config.trust_forwarded_for,
-                    )
-                });
-                ctx.extra_fields = fields;
+            RequestCheck::AddFields(add) => {
+                ctx.upstream_edit = self.checked_edit(UpstreamEdit {
+                    add,
+                    remove: vec![],
+                })
             }
+            RequestCheck::Edit(edit) => ctx.upstream_edit = self.checked_edit(edit),
             RequestCheck::Refuse { status, body } => {
                 ctx.tenant = Some(resolved.tenant);
                 return Err(Refusal::custom(status, body));
@@ -259,18 +257,35 @@ impl Gateway {
     }
 }
 
-/// Whether an embedder's request check may add the upstream field `name`:
-/// not a hop-by-hop or framing field (the transports frame the request),
-/// not `Host`, not a field shardgate owns. Others are dropped (and logged
-/// once at debug level per request).
-fn may_add(name: &http::HeaderName, tenant_header: &str, trust_forwarded_for: bool) -> bool {
+impl Gateway {
+    /// The embedder's upstream edit without the fields it may not touch.
+    fn checked_edit(&self, mut edit: UpstreamEdit) -> UpstreamEdit {
+        let config = &self.control.config;
+        let allowed = |name: &http::HeaderName| {
+            may_edit(
+                name,
+                config.tenant_header.as_str(),
+                config.trust_forwarded_for,
+            )
+        };
+        edit.add.retain(|(name, _)| allowed(name));
+        edit.remove.retain(allowed);
+        edit
+    }
+}
+
+/// Whether an embedder's request check may set or remove the upstream
+/// field `name`: not a hop-by-hop or framing field (the transports frame
+/// the request), not `Host`, not a field shardgate owns. Others are left
+/// alone (and logged at debug level).
+fn may_edit(name: &http::HeaderName, tenant_header: &str, trust_forwarded_for: bool) -> bool {
     let name = name.as_str();
     let allowed = !is_hop_by_hop(name)
         && name != "content-length"
         && name != "host"
         && !is_ours(name, tenant_header, trust_forwarded_for);
     if !allowed {
-        log::debug!("a request check's field {name} is not added: shardgate owns it");
+        log::debug!("a request check's field {name} is left alone: shardgate owns it");
     }
     allowed
 }
