@@ -11,7 +11,7 @@ use pingora::server::RunArgs;
 use pingora_proxy::ProxyHttp;
 use shardgate::config::Config;
 use shardgate::proxy::hooks::{
-    GatewayHooks, RequestCheck, RequestSummary, RequestView, ResponseEdit, UpstreamEdit,
+    BodyCheck, GatewayHooks, RequestCheck, RequestSummary, RequestView, ResponseEdit, UpstreamEdit,
 };
 use shardgate::proxy::wrap::{GatewayWrapper, WrapperCtx};
 use shardgate::routing::ShardId;
@@ -367,6 +367,149 @@ fn a_shard_that_fails_after_its_100_is_logged_with_the_final_status() {
         logged("POST /continued status=502 tenant=acme shard=a decision=allow attempts=1"),
         "{:?}",
         LOGGED.lock().unwrap()
+    );
+}
+
+/// Hooks with a body phase: they record what they see of each tenant's
+/// body, and refuse a piece that says `virus`.
+struct BodyHooks;
+
+/// What the body phase saw: (tenant, piece, end), in order.
+static BODIES: std::sync::Mutex<Vec<(String, Vec<u8>, bool)>> = std::sync::Mutex::new(Vec::new());
+
+impl GatewayHooks for BodyHooks {
+    fn inspects_request_bodies(&self) -> bool {
+        true
+    }
+
+    fn request_body(&self, tenant: &str, data: &[u8], end: bool) -> BodyCheck {
+        BODIES
+            .lock()
+            .unwrap()
+            .push((tenant.to_string(), data.to_vec(), end));
+        match data.windows(5).any(|w| w == b"virus") {
+            true => BodyCheck::Refuse {
+                status: 422,
+                body: format!("{{\"error\":\"infected\",\"tenant\":\"{tenant}\"}}"),
+            },
+            false => BodyCheck::Proceed,
+        }
+    }
+}
+
+/// The body `tenant`'s phase saw, and whether its last call said the end.
+fn body_seen(tenant: &str) -> (Vec<u8>, Option<bool>) {
+    let all = BODIES.lock().unwrap();
+    let mine: Vec<_> = all.iter().filter(|(t, _, _)| t == tenant).collect();
+    let body = mine.iter().flat_map(|(_, d, _)| d.clone()).collect();
+    (body, mine.last().map(|(_, _, end)| *end))
+}
+
+/// The body phase sees each body once, decoded, whichever its framing,
+/// on both transports; a refusal answers the client and the shard never
+/// gets the whole request; a request without a body is not shown.
+#[test]
+fn the_body_phase_sees_each_body_and_may_refuse_it() {
+    let a = Backend::start("a");
+    let port = serve(a.url(), "", |builder| {
+        builder.hooks(Arc::new(BodyHooks)).build()
+    });
+    let r = send_raw(
+        port,
+        b"POST / HTTP/1.1\r\nHost: length.localhost\r\nContent-Length: 11\r\nConnection: close\r\n\r\nhello world",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(body_seen("length"), (b"hello world".to_vec(), Some(true)));
+    let r = send_raw(
+        port,
+        b"POST / HTTP/1.1\r\nHost: chunks.localhost\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(body_seen("chunks"), (b"hello world".to_vec(), Some(true)));
+    assert_eq!(
+        a.requests().last().map(|s| s.body.clone()),
+        Some(b"hello world".to_vec()),
+        "the shard got the body it was checked as"
+    );
+    let r = send_raw(
+        port,
+        b"POST / HTTP/1.1\r\nHost: sick.localhost\r\nContent-Length: 14\r\n\r\nsome virus now",
+    );
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert_eq!(r.json()["tenant"], "sick");
+    assert_eq!(r.header("connection"), Some("close"));
+    // (The shard may have the head: it sees the body cut short.)
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !a.requests()
+            .iter()
+            .any(|s| s.body.windows(5).any(|w| w == b"virus")),
+        "the refused piece never reached the shard"
+    );
+    let r = send_raw(
+        port,
+        b"GET / HTTP/1.1\r\nHost: bodiless.localhost\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        body_seen("bodiless"),
+        (Vec::new(), None),
+        "no body: not shown"
+    );
+}
+
+/// Over HTTP/2 (TLS, curl), the body phase sees each DATA frame's content
+/// and may refuse it, as on HTTP/1.1.
+#[test]
+fn the_body_phase_runs_on_http2_streams() {
+    let certs = tempfile::tempdir().expect("dir");
+    let key = rcgen::generate_simple_self_signed(vec!["*.localhost".to_string()]).expect("cert");
+    std::fs::write(certs.path().join("edge.crt"), key.cert.pem()).expect("crt");
+    std::fs::write(certs.path().join("edge.key"), key.key_pair.serialize_pem()).expect("key");
+    let a = Backend::start("a");
+    let port = free_port();
+    let yaml = config_yaml(
+        &format!(
+            "listen: [{{ addr: \"127.0.0.1:{port}\", tls: true }}]\n\
+             admin: {{ addr: \"127.0.0.1:{}\" }}\nstate: false\n\
+             server: {{ fast_path: {} }}\n\
+             tls: {{ certs: \"{}\", default_cert: edge }}\n",
+            free_port(),
+            fast_path_on(),
+            certs.path().display()
+        ),
+        &[("a", a.url())],
+        "",
+    );
+    let config = Config::parse(&yaml, None).expect("config");
+    let gateway = (Shardgate::builder(config).hooks(Arc::new(BodyHooks)))
+        .build()
+        .expect("build");
+    std::thread::spawn(move || gateway.server.run(RunArgs::default()));
+    assert!(eventually(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    }));
+    let curl = |host: &str, data: &str| {
+        let out = std::process::Command::new("curl")
+            .args(["-s", "-k", "-i", "--http2", "--max-time", "10"])
+            .args(["--data-binary", data])
+            .args(["--resolve", &format!("{host}:{port}:127.0.0.1")])
+            .arg(format!("https://{host}:{port}/"))
+            .output()
+            .expect("curl (installed by scripts/prereqs.sh)");
+        String::from_utf8_lossy(&out.stdout).to_ascii_lowercase()
+    };
+    let ok = curl("h2len.localhost", "over http/2");
+    assert!(ok.starts_with("http/2 200"), "{ok}");
+    assert_eq!(body_seen("h2len"), (b"over http/2".to_vec(), Some(true)));
+    let refused = curl("h2sick.localhost", "a virus");
+    assert!(refused.starts_with("http/2 422"), "{refused}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !a.requests()
+            .iter()
+            .any(|s| s.body.windows(5).any(|w| w == b"virus")),
+        "the refused piece never reached the shard"
     );
 }
 

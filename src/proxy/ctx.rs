@@ -54,6 +54,10 @@ pub struct RequestCtx {
     pub(crate) retry_ticket: Option<GaugeTicket>,
     /// The embedder's edit of the upstream head (its request check).
     pub(crate) upstream_edit: crate::proxy::hooks::UpstreamEdit,
+    /// The embedder's body phase (Pingora's path), and how much of the
+    /// body it saw (a retry's replay is not shown again).
+    pub(crate) body_phase: Option<crate::proxy::pipeline::body::BodyPhase>,
+    pub(crate) body_seen: u64,
     /// The phases of `Gateway` that ran (Pingora's path), one bit each: a
     /// wrapper that did not forward one is caught (`pingora.rs`).
     pub(crate) phases: u8,
@@ -84,6 +88,8 @@ impl Default for RequestCtx {
             answered: None,
             retry_ticket: None,
             upstream_edit: Default::default(),
+            body_phase: None,
+            body_seen: 0,
             phases: 0,
         }
     }

@@ -1,7 +1,8 @@
 //! What an embedding server may decide for shardgate: whether a tenant may
-//! be served, a check of each request (refuse it, or add upstream fields),
-//! an edit of each response head, what happens when a shard fails, and the
-//! per-shard load fed to `rendezvous`/`hrw`. Every method has the
+//! be served, a check of each request (answer it, or edit its upstream
+//! head), a check of each request body, an edit of each response head, a
+//! look at each finished request, what happens when a shard fails, and
+//! the per-shard load fed to `rendezvous`/`hrw`. Every method has the
 //! standalone binary's behaviour as its default, and every one runs on
 //! both transports (shardgate's own HTTP/1.1 forwarding and Pingora's
 //! proxy) for every request.
@@ -143,6 +144,20 @@ pub enum RequestCheck {
         fields: Vec<(HeaderName, HeaderValue)>,
         body: String,
     },
+}
+
+/// What [`GatewayHooks::request_body`] decided of a piece of a body.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub enum BodyCheck {
+    /// Let the piece go on to the shard.
+    #[default]
+    Proceed,
+    /// Stop the request: the shard's attempt is abandoned (it sees the
+    /// body cut short and its connection closed), and the client gets
+    /// `status` with `body` (as `application/json`), if no response has
+    /// started; its connection closes.
+    Refuse { status: u16, body: String },
 }
 
 /// An edit of the upstream request head, for [`RequestCheck::Edit`]:
@@ -352,6 +367,25 @@ pub trait GatewayHooks: Send + Sync + 'static {
     /// answer it.
     fn check_request(&self, _tenant: &str, _request: &RequestView<'_>) -> RequestCheck {
         RequestCheck::Proceed
+    }
+
+    /// Whether [`GatewayHooks::request_body`] is to be called. Read once,
+    /// when the gateway is built: with `false` (the default) the body
+    /// phase costs nothing.
+    fn inspects_request_bodies(&self) -> bool {
+        false
+    }
+
+    /// The body phase (only if `inspects_request_bodies`): each piece of a
+    /// request's body as it arrives from the client, in order, before it
+    /// goes on to the shard — decoded (no chunk framing), never empty but
+    /// for a last call that says only `end` — then `end: true` on the last
+    /// call. Not called for a request without a body, nor again for a
+    /// body resent on a retry. A body that is inspected is never held for
+    /// a retry on the fast transport (it is streamed as it is checked).
+    /// Runs on the request's thread, once per read: keep it short.
+    fn request_body(&self, _tenant: &str, _data: &[u8], _end: bool) -> BodyCheck {
+        BodyCheck::Proceed
     }
 
     /// Edits a shard's response head before it goes to the client (not

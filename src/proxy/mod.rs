@@ -50,6 +50,8 @@ pub struct Gateway {
     /// Shards being probed after a reset, and how many resets wait for
     /// that probe's verdict (one probe per shard at a time).
     probing: Arc<parking_lot::Mutex<std::collections::HashMap<crate::routing::ShardId, u32>>>,
+    /// Whether the hooks' body phase runs (asked once).
+    inspect_bodies: bool,
 }
 
 impl Gateway {
@@ -65,6 +67,7 @@ impl Gateway {
                 liveness: config.upstream.liveness,
             },
             probing: Arc::default(),
+            inspect_bodies: control.hooks.inspects_request_bodies(),
             control,
         }
     }

@@ -157,6 +157,7 @@ impl ProxyHttp for Gateway {
         session.set_write_timeout(Some(limits.send_timeout));
         match outcome {
             Ok(()) => {
+                ctx.body_phase = self.body_phase(ctx);
                 if is_websocket(session) {
                     // An idle WebSocket is not an idle request: no read
                     // timeout on the client side of the tunnel.
@@ -261,8 +262,8 @@ impl ProxyHttp for Gateway {
     async fn request_body_filter(
         &self,
         session: &mut Session,
-        _body: &mut Option<bytes::Bytes>,
-        _end_of_stream: bool,
+        body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.phases |= phase::REQUEST_BODY_FILTER;
@@ -281,6 +282,21 @@ impl ProxyHttp for Gateway {
                 return Err(Error::explain(
                     ErrorType::HTTPStatus(413),
                     "request body over limits.max_body_bytes",
+                ));
+            }
+        }
+        // The embedder's body phase, on what was read since it last saw
+        // the body: a retry resends the body it saw, unread.
+        if let (Some(phase), false) = (&mut ctx.body_phase, session.was_upgraded()) {
+            let fresh = read > ctx.body_seen;
+            ctx.body_seen = read;
+            let data = body.as_deref().filter(|_| fresh).unwrap_or_default();
+            if let Err(refusal) = phase.piece(data, end_of_stream) {
+                let status = refusal.status;
+                ctx.refusal = Some(refusal);
+                return Err(Error::explain(
+                    ErrorType::HTTPStatus(status),
+                    "request body refused by the body phase",
                 ));
             }
         }

@@ -7,6 +7,7 @@
 
 use super::request::Outgoing;
 use crate::proxy::pipeline::answer::Refusal;
+use crate::proxy::pipeline::body::BodyPhase;
 use crate::proxy::pipeline::fields::{is_hop_by_hop, is_ours};
 use crate::proxy::pipeline::framing::{Framing, Part};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -16,7 +17,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 pub(super) const BODY_READ: usize = 64 * 1024;
 
 /// Why a request body could not be read whole.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub(super) enum BodyError {
     /// The client closed (or failed) before its body ended.
     Gone,
@@ -28,6 +29,8 @@ pub(super) enum BodyError {
     TooLarge,
     /// A trailer section over `limits.max_header_bytes`: 431.
     TrailersTooLarge,
+    /// Refused by the embedder's body phase.
+    Refused(Box<Refusal>),
 }
 
 impl BodyError {
@@ -39,6 +42,7 @@ impl BodyError {
             BodyError::Malformed => Some(Refusal::error(400, "invalid-chunked-body")),
             BodyError::TooLarge => Some(Refusal::error(413, "body-too-large")),
             BodyError::TrailersTooLarge => Some(Refusal::error(431, "header-too-large")),
+            BodyError::Refused(refusal) => Some(*refusal),
         }
     }
 }
@@ -65,6 +69,16 @@ pub(super) struct H1Body {
     /// How much more a chunked body may announce.
     budget: Option<u64>,
     limits: BodyLimits,
+    /// The embedder's body phase, if it inspects bodies.
+    phase: Option<BodyPhase>,
+}
+
+/// The body phase's verdict on a piece, as a body error.
+fn inspect(phase: &mut Option<BodyPhase>, data: &[u8], end: bool) -> Result<(), BodyError> {
+    match phase {
+        Some(phase) => (phase.piece(data, end)).map_err(|r| BodyError::Refused(Box::new(r))),
+        None => Ok(()),
+    }
 }
 
 impl H1Body {
@@ -82,7 +96,13 @@ impl H1Body {
             trailers: Vec::new(),
             budget: limits.max_body,
             limits,
+            phase: None,
         }
+    }
+
+    /// Runs the embedder's body phase on what is taken from now on.
+    pub(super) fn inspect(&mut self, phase: Option<BodyPhase>) {
+        self.phase = phase;
     }
 
     /// How the shard receives it.
@@ -115,6 +135,7 @@ impl H1Body {
                 .framing
                 .consume(input)
                 .map_err(|_| BodyError::Malformed)?;
+            inspect(&mut self.phase, &input[..used], self.framing.is_done())?;
             return Ok(input.split_to(used).freeze());
         }
         let mut data: smallvec::SmallVec<[std::ops::Range<usize>; 4]> = Default::default();
@@ -136,6 +157,12 @@ impl H1Body {
         if self.trailers.len() > self.limits.max_trailers {
             return Err(BodyError::TrailersTooLarge);
         }
+        if self.phase.is_some() {
+            for range in &data {
+                inspect(&mut self.phase, &input[range.clone()], false)?;
+            }
+            inspect(&mut self.phase, &[], self.framing.is_done())?;
+        }
         let len: usize = data.iter().map(|r| r.len()).sum();
         let mut out = BytesMut::with_capacity(len + 32);
         put_chunk(&mut out, data.iter().map(|r| &input[r.clone()]), len);
@@ -152,6 +179,8 @@ pub(super) struct H2Body {
     outgoing: Outgoing,
     /// How much more may come.
     budget: Option<u64>,
+    /// The embedder's body phase, if it inspects bodies.
+    phase: Option<BodyPhase>,
 }
 
 impl H2Body {
@@ -159,7 +188,13 @@ impl H2Body {
         H2Body {
             outgoing,
             budget: max_body,
+            phase: None,
         }
+    }
+
+    /// Runs the embedder's body phase on every piece.
+    pub(super) fn inspect(&mut self, phase: Option<BodyPhase>) {
+        self.phase = phase;
     }
 
     /// One DATA frame's content, framed for the shard.
@@ -169,6 +204,7 @@ impl H2Body {
                 .checked_sub(data.len() as u64)
                 .ok_or(BodyError::TooLarge)?;
         }
+        inspect(&mut self.phase, &data, false)?;
         Ok(match self.outgoing {
             Outgoing::Chunked if !data.is_empty() => {
                 let mut out = BytesMut::with_capacity(data.len() + 16);
@@ -181,11 +217,12 @@ impl H2Body {
     }
 
     /// The end of the body, framed for the shard.
-    pub(super) fn end(&self) -> Bytes {
-        match self.outgoing {
+    pub(super) fn end(&mut self) -> Result<Bytes, BodyError> {
+        inspect(&mut self.phase, &[], true)?;
+        Ok(match self.outgoing {
             Outgoing::Chunked => Bytes::from_static(b"0\r\n\r\n"),
             _ => Bytes::new(),
-        }
+        })
     }
 }
 
@@ -353,9 +390,9 @@ mod tests {
             body.data(Bytes::from_static(b"defg")).unwrap_err(),
             BodyError::TooLarge
         );
-        assert_eq!(&body.end()[..], b"0\r\n\r\n");
+        assert_eq!(&body.end().expect("no phase")[..], b"0\r\n\r\n");
         let mut body = H2Body::new(Outgoing::Length(3), None);
         assert_eq!(&body.data(Bytes::from_static(b"abc")).unwrap()[..], b"abc");
-        assert!(body.end().is_empty());
+        assert!(body.end().expect("no phase").is_empty());
     }
 }

@@ -366,7 +366,7 @@ impl Downstream for H2Client {
                 Some(Err(_)) => return Poll::Ready(Err(BodyError::Gone)),
                 None => {
                     self.body_done = true;
-                    let end = self.body.end();
+                    let end = self.body.end()?;
                     if !end.is_empty() {
                         return Poll::Ready(Ok(Some(end)));
                     }

@@ -29,7 +29,7 @@ impl FastPath {
         let method = req.method.clone();
         let head_only = method == Method::HEAD;
         let (outgoing, too_large) = outgoing(req, &stream, self.body_limits.max_body);
-        let body = H2Body::new(outgoing, self.body_limits.max_body);
+        let mut body = H2Body::new(outgoing, self.body_limits.max_body);
         let planned = match too_large {
             true => Err(Refusal::error(413, "body-too-large")),
             false => {
@@ -40,6 +40,9 @@ impl FastPath {
                 }
             }
         };
+        if planned.is_ok() {
+            body.inspect(gw.body_phase(&ctx));
+        }
         let request = planned.map(|host| {
             let tls = stream.digest().is_some_and(|d| d.ssl_digest.is_some());
             let forwarding = self.forwarding(host, tls, client_addr.as_ref(), &ctx);

@@ -175,7 +175,8 @@ impl FastPath {
         // A body that came whole with its head goes with it, and stays
         // sendable again.
         let mut whole_body = None;
-        let whole = !h1_body.is_done() && ahead.len() <= WHOLE_BODY_WITH_HEAD;
+        // (Not when the hooks inspect bodies: they see it once routed.)
+        let whole = !h1_body.is_done() && ahead.len() <= WHOLE_BODY_WITH_HEAD && !gw.inspect_bodies;
         if whole && h1_body.completes(ahead) {
             match h1_body.take(ahead) {
                 Ok(bytes) => whole_body = Some(bytes),
@@ -211,6 +212,9 @@ impl FastPath {
             RequestView::from_raw(parsed.method, parsed.target, target.path(), &parsed.headers)
                 .with_authority(host);
         let planned = gw.plan(&view, &mut ctx);
+        if planned.is_ok() {
+            h1_body.inspect(gw.body_phase(&ctx));
+        }
         let mut c = H1Client::new(&mut client, ahead, h1_body, request);
         let exchanged = match planned {
             Err(refusal) => {

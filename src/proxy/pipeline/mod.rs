@@ -15,11 +15,13 @@
 //! - [`edge`]: what the edge answers before routing (ACME challenges, the
 //!   https redirect);
 //! - [`answer`]: shardgate's own answers, one encoder (with `Date`);
+//! - [`body`]: the embedder's body phase over a request's body;
 //! - [`watch`]: the headers deadline and liveness probes;
 //! - [`failure`]: what a failed attempt means (resend, retry, 502/504);
 //! - [`retry`], [`routes`]: the retry budget and the route prefixes.
 
 pub mod answer;
+pub mod body;
 pub mod edge;
 pub mod failure;
 pub mod fields;

@@ -5,6 +5,7 @@
 //! access log).
 
 use super::answer::Refusal;
+use super::body::BodyPhase;
 use super::fields::{is_hop_by_hop, is_ours, is_text};
 use super::watch::probe;
 use crate::proxy::ctx::RequestCtx;
@@ -258,6 +259,15 @@ impl Gateway {
 }
 
 impl Gateway {
+    /// The body phase of a planned request, if the hooks inspect bodies.
+    pub(crate) fn body_phase(&self, ctx: &RequestCtx) -> Option<BodyPhase> {
+        let tenant = ctx.tenant.as_ref().filter(|_| self.inspect_bodies)?;
+        Some(BodyPhase::new(
+            Arc::clone(&self.control.hooks),
+            tenant.clone(),
+        ))
+    }
+
     /// The embedder's upstream edit without the fields it may not touch.
     fn checked_edit(&self, mut edit: UpstreamEdit) -> UpstreamEdit {
         let config = &self.control.config;
