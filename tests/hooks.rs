@@ -168,11 +168,32 @@ fn serve(
     extra: &str,
     build: impl FnOnce(Builder) -> Result<Shardgate, String>,
 ) -> u16 {
+    serve_listening(None, url, extra, build)
+}
+
+/// [`serve`], its listener TLS with the certificate `edge` in `certs` if
+/// given.
+fn serve_listening(
+    certs: Option<&std::path::Path>,
+    url: String,
+    extra: &str,
+    build: impl FnOnce(Builder) -> Result<Shardgate, String>,
+) -> u16 {
     let port = free_port();
+    let (tls, tls_section) = match certs {
+        Some(dir) => (
+            ", tls: true",
+            format!(
+                "tls: {{ certs: \"{}\", default_cert: edge }}\n",
+                dir.display()
+            ),
+        ),
+        None => ("", String::new()),
+    };
     let yaml = config_yaml(
         &format!(
-            "listen: [{{ addr: \"127.0.0.1:{port}\" }}]\nadmin: {{ addr: \"127.0.0.1:{}\" }}\nstate: false\n\
-             server: {{ fast_path: {} }}\n",
+            "listen: [{{ addr: \"127.0.0.1:{port}\"{tls} }}]\nadmin: {{ addr: \"127.0.0.1:{}\" }}\nstate: false\n\
+             server: {{ fast_path: {} }}\n{tls_section}",
             free_port(),
             fast_path_on()
         ),
@@ -467,28 +488,9 @@ fn the_body_phase_runs_on_http2_streams() {
     std::fs::write(certs.path().join("edge.crt"), key.cert.pem()).expect("crt");
     std::fs::write(certs.path().join("edge.key"), key.key_pair.serialize_pem()).expect("key");
     let a = Backend::start("a");
-    let port = free_port();
-    let yaml = config_yaml(
-        &format!(
-            "listen: [{{ addr: \"127.0.0.1:{port}\", tls: true }}]\n\
-             admin: {{ addr: \"127.0.0.1:{}\" }}\nstate: false\n\
-             server: {{ fast_path: {} }}\n\
-             tls: {{ certs: \"{}\", default_cert: edge }}\n",
-            free_port(),
-            fast_path_on(),
-            certs.path().display()
-        ),
-        &[("a", a.url())],
-        "",
-    );
-    let config = Config::parse(&yaml, None).expect("config");
-    let gateway = (Shardgate::builder(config).hooks(Arc::new(BodyHooks)))
-        .build()
-        .expect("build");
-    std::thread::spawn(move || gateway.server.run(RunArgs::default()));
-    assert!(eventually(Duration::from_secs(10), || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    }));
+    let port = serve_listening(Some(certs.path()), a.url(), "", |builder| {
+        builder.hooks(Arc::new(BodyHooks)).build()
+    });
     let curl = |host: &str, data: &str| {
         let out = std::process::Command::new("curl")
             .args(["-s", "-k", "-i", "--http2", "--max-time", "10"])
