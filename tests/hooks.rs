@@ -168,14 +168,14 @@ fn serve(
     extra: &str,
     build: impl FnOnce(Builder) -> Result<Shardgate, String>,
 ) -> u16 {
-    serve_listening(None, url, extra, build)
+    serve_listening(None, &[("a", url)], extra, build)
 }
 
 /// [`serve`], its listener TLS with the certificate `edge` in `certs` if
 /// given.
 fn serve_listening(
     certs: Option<&std::path::Path>,
-    url: String,
+    shards: &[(&str, String)],
     extra: &str,
     build: impl FnOnce(Builder) -> Result<Shardgate, String>,
 ) -> u16 {
@@ -197,7 +197,7 @@ fn serve_listening(
             free_port(),
             fast_path_on()
         ),
-        &[("a", url)],
+        shards,
         extra,
     );
     let config = Config::parse(&yaml, None).expect("config");
@@ -265,6 +265,38 @@ fn a_request_check_removes_upstream_fields_but_not_owned_ones() {
             assert_eq!(req.header("x-kept"), Some("k"));
         }
     }
+}
+
+/// The edit holds for a chunked body's trailers too: a field it removes
+/// does not reach the shard as a trailer either.
+#[test]
+fn a_field_the_edit_removes_does_not_come_back_as_a_trailer() {
+    use std::io::Write;
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = Arc::clone(&seen);
+    let (url, _) = raw_shard(move |mut conn| {
+        let got = read_until(&mut conn, |got| {
+            got.windows(5).any(|w| w == b"\r\n0\r\n") && got.ends_with(b"\r\n\r\n")
+        });
+        kept.lock()
+            .unwrap()
+            .push(String::from_utf8_lossy(&got).to_ascii_lowercase());
+        let _ =
+            conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    });
+    let port = start_on(url, "");
+    let r = send_raw(
+        port,
+        b"POST /edit HTTP/1.1\r\nHost: acme.localhost\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+          5\r\nhello\r\n0\r\nX-Client-Secret: s\r\nX_Client_Secret: s\r\nX-Plan: client\r\nX-Other: o\r\n\r\n",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen = seen.lock().unwrap();
+    let request = seen.last().expect("reached the shard");
+    assert!(request.contains("hello"), "{request}");
+    assert!(!request.contains("client-secret"), "{request}");
+    assert!(!request.contains("client_secret"), "{request}");
+    assert!(!request.contains("x-plan: client"), "{request}");
 }
 
 #[test]
@@ -346,26 +378,51 @@ fn the_logging_phase_sees_every_request_refusals_included() {
     );
 }
 
+/// A shard of raw TCP on 127.0.0.1 that runs `serve` on each connection
+/// (on a thread of its own), and counts them: its URL and the count.
+fn raw_shard(
+    serve: impl Fn(std::net::TcpStream) + Send + Sync + 'static,
+) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    let shard = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", shard.local_addr().expect("addr"));
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (serve, counted) = (Arc::new(serve), Arc::clone(&count));
+    std::thread::spawn(move || {
+        for conn in shard.incoming().flatten() {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let serve = Arc::clone(&serve);
+            std::thread::spawn(move || serve(conn));
+        }
+    });
+    (url, count)
+}
+
+/// Reads from `conn` until `done` says of what came (or 5 s pass).
+fn read_until(conn: &mut std::net::TcpStream, done: impl Fn(&[u8]) -> bool) -> Vec<u8> {
+    use std::io::Read;
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !done(&got) {
+        match conn.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    got
+}
+
 /// A shard that answers `100 Continue` to a request expecting it, then
 /// closes without a final answer: the client gets shardgate's 502 after
 /// the 100, and the logging phase sees the 502, not the 100.
 #[test]
 fn a_shard_that_fails_after_its_100_is_logged_with_the_final_status() {
     use std::io::{Read, Write};
-    let shard = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let url = format!("http://{}", shard.local_addr().expect("addr"));
-    std::thread::spawn(move || {
-        for conn in shard.incoming() {
-            let Ok(mut conn) = conn else { return };
-            let mut head = Vec::new();
-            let mut byte = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).is_ok_and(|n| n == 1) {
-                head.push(byte[0]);
-            }
-            let _ = conn.write_all(b"HTTP/1.1 100 Continue\r\n\r\n");
-            let _ = conn.read(&mut [0u8; 64]);
-            // Closed with no final answer.
-        }
+    let (url, _) = raw_shard(|mut conn| {
+        read_until(&mut conn, |got| got.windows(4).any(|w| w == b"\r\n\r\n"));
+        let _ = conn.write_all(b"HTTP/1.1 100 Continue\r\n\r\n");
+        let _ = conn.read(&mut [0u8; 64]);
+        // Closed with no final answer.
     });
     let port = start_on(url, "retry: false\n");
     let all = {
@@ -408,7 +465,10 @@ impl GatewayHooks for BodyHooks {
             .lock()
             .unwrap()
             .push((tenant.to_string(), data.to_vec(), end));
-        match data.windows(5).any(|w| w == b"virus") {
+        // `signed…` tenants: refused at the end, as a check of the whole
+        // body would.
+        let unsigned = end && tenant.starts_with("signed");
+        match unsigned || data.windows(5).any(|w| w == b"virus") {
             true => BodyCheck::Refuse {
                 status: 422,
                 body: format!("{{\"error\":\"infected\",\"tenant\":\"{tenant}\"}}"),
@@ -477,6 +537,88 @@ fn the_body_phase_sees_each_body_and_may_refuse_it() {
         (Vec::new(), None),
         "no body: not shown"
     );
+    // Refused at its end: the shard never has the whole request (the
+    // length's last piece, the chunks' last chunk, held back).
+    for raw in [
+        &b"POST / HTTP/1.1\r\nHost: signed1.localhost\r\nContent-Length: 13\r\n\r\nwhole request"[..],
+        b"POST / HTTP/1.1\r\nHost: signed2.localhost\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nwhole\r\n8\r\n request\r\n0\r\n\r\n",
+    ] {
+        let r = send_raw(port, raw);
+        assert_eq!(r.status, 422, "{}", r.text());
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !a.requests().iter().any(|s| s.body == b"whole request"),
+        "a body refused at its end reached the shard whole"
+    );
+}
+
+/// A body resent on a retry (an idempotent PUT) is not shown to the body
+/// phase again: each tenant's body is seen once, whichever shard it went
+/// to first.
+#[test]
+fn the_body_phase_sees_a_retried_body_once() {
+    use std::sync::atomic::Ordering;
+    let good = Backend::start("good");
+    // Reads the request whole (or up to a body's first half, when that
+    // comes alone), then closes without an answer (a reset).
+    let (bad, tried) = raw_shard(|mut conn| {
+        read_until(&mut conn, |got| {
+            got.ends_with(b"hello world") || got.ends_with(b"hello ")
+        });
+    });
+    let port = serve_listening(
+        None,
+        &[("bad", bad), ("good", good.url())],
+        "retry: { attempts: 2, methods: [PUT] }\n",
+        |builder| builder.hooks(Arc::new(BodyHooks)).build(),
+    );
+    for i in 0..16 {
+        let tenant = format!("retried{i}");
+        let raw = format!(
+            "PUT / HTTP/1.1\r\nHost: {tenant}.localhost\r\nContent-Length: 11\r\nConnection: close\r\n\r\nhello world"
+        );
+        let r = send_raw(port, raw.as_bytes());
+        assert_eq!(r.status, 200, "{tenant}: {}", r.text());
+        assert_eq!(
+            body_seen(&tenant),
+            (b"hello world".to_vec(), Some(true)),
+            "{tenant}"
+        );
+    }
+    assert!(
+        tried.load(Ordering::SeqCst) > 0,
+        "no tenant went to the bad shard first"
+    );
+    // The shard fails with half the body sent: Pingora's proxy resends
+    // that half (held for the retry) and reads on; the phase sees each
+    // half once. The fast transport streamed that half: it answers 502.
+    let mut retried = 0;
+    for i in 0..16 {
+        let tenant = format!("halved{i}");
+        let before = tried.load(Ordering::SeqCst);
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        let head = format!(
+            "PUT / HTTP/1.1\r\nHost: {tenant}.localhost\r\nContent-Length: 11\r\nConnection: close\r\n\r\nhello "
+        );
+        std::io::Write::write_all(&mut s, head.as_bytes()).expect("head");
+        std::thread::sleep(Duration::from_millis(150));
+        let _ = std::io::Write::write_all(&mut s, b"world");
+        let answer = read_until(&mut s, |_| false);
+        let answer = String::from_utf8_lossy(&answer);
+        let seen = body_seen(&tenant);
+        if answer.starts_with("HTTP/1.1 200") {
+            assert_eq!(seen, (b"hello world".to_vec(), Some(true)), "{tenant}");
+            retried += usize::from(tried.load(Ordering::SeqCst) > before);
+        } else {
+            assert!(answer.starts_with("HTTP/1.1 502"), "{tenant}: {answer}");
+            assert!(fast_path_on(), "Pingora's proxy resends a held body");
+            assert_eq!(seen.0, b"hello ".to_vec(), "{tenant}");
+        }
+    }
+    if !fast_path_on() {
+        assert!(retried > 0, "no body was resent");
+    }
 }
 
 /// Over HTTP/2 (TLS, curl), the body phase sees each DATA frame's content
@@ -488,7 +630,7 @@ fn the_body_phase_runs_on_http2_streams() {
     std::fs::write(certs.path().join("edge.crt"), key.cert.pem()).expect("crt");
     std::fs::write(certs.path().join("edge.key"), key.key_pair.serialize_pem()).expect("key");
     let a = Backend::start("a");
-    let port = serve_listening(Some(certs.path()), a.url(), "", |builder| {
+    let port = serve_listening(Some(certs.path()), &[("a", a.url())], "", |builder| {
         builder.hooks(Arc::new(BodyHooks)).build()
     });
     let curl = |host: &str, data: &str| {
@@ -506,12 +648,21 @@ fn the_body_phase_runs_on_http2_streams() {
     assert_eq!(body_seen("h2len"), (b"over http/2".to_vec(), Some(true)));
     let refused = curl("h2sick.localhost", "a virus");
     assert!(refused.starts_with("http/2 422"), "{refused}");
+    let refused = curl("signed.localhost", "whole request");
+    assert!(
+        refused.starts_with("http/2 422"),
+        "refused at its end: {refused}"
+    );
     std::thread::sleep(Duration::from_millis(300));
     assert!(
         !a.requests()
             .iter()
             .any(|s| s.body.windows(5).any(|w| w == b"virus")),
         "the refused piece never reached the shard"
+    );
+    assert!(
+        !a.requests().iter().any(|s| s.body == b"whole request"),
+        "a body refused at its end reached the shard whole"
     );
 }
 

@@ -115,7 +115,7 @@ impl<A> Frontend<A> {
             started: began,
             ..RequestCtx::default()
         };
-        gateway.finish(&mut ctx, &OrEmpty(client), method, target, status);
+        gateway.log_request(&mut ctx, &OrEmpty(client), method, target, status);
     }
 }
 

@@ -179,9 +179,11 @@ impl UpstreamEdit {
         self
     }
 
-    /// Sends no `name` field upstream, whatever the client sent.
+    /// Sends no `name` field upstream (nor its look-alikes), whatever the
+    /// client sent, and drops what this edit set of it before.
     pub fn remove(mut self, name: HeaderName) -> Self {
-        self.add.retain(|(n, _)| *n != name);
+        let same = crate::proxy::pipeline::fields::same_field;
+        self.add.retain(|(n, _)| !same(n.as_str(), name.as_str()));
         self.remove.push(name);
         self
     }
@@ -379,11 +381,14 @@ pub trait GatewayHooks: Send + Sync + 'static {
     /// The body phase (only if `inspects_request_bodies`): each piece of a
     /// request's body as it arrives from the client, in order, before it
     /// goes on to the shard — decoded (no chunk framing), never empty but
-    /// for a last call that says only `end` — then `end: true` on the last
-    /// call. Not called for a request without a body, nor again for a
-    /// body resent on a retry. A body that is inspected is never held for
-    /// a retry on the fast transport (it is streamed as it is checked).
-    /// Runs on the request's thread, once per read: keep it short.
+    /// for a last call that says only `end` — with `end: true` on the last
+    /// call. The end is said before the shard has the whole request (with
+    /// the piece that completes a length, before the last chunk), so a
+    /// refusal at the end still cuts the shard's request short. Not
+    /// called for a request without a body, nor again for a body resent
+    /// on a retry; the end is not said of a body the shard answered
+    /// before it ended, or whose client went away. Runs on the request's
+    /// thread, once per read: keep it short.
     fn request_body(&self, _tenant: &str, _data: &[u8], _end: bool) -> BodyCheck {
         BodyCheck::Proceed
     }

@@ -291,7 +291,15 @@ impl ProxyHttp for Gateway {
             let fresh = read > ctx.body_seen;
             ctx.body_seen = read;
             let data = body.as_deref().filter(|_| fresh).unwrap_or_default();
-            if let Err(refusal) = phase.piece(data, end_of_stream) {
+            // The last piece of a length completes the shard's request
+            // (HTTP/2 may say its end only in an empty frame after it).
+            let length = (session
+                .req_header()
+                .headers
+                .get(http::header::CONTENT_LENGTH))
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            let end = end_of_stream || length.is_some_and(|n| read >= n);
+            if let Err(refusal) = phase.piece(data, end) {
                 let status = refusal.status;
                 ctx.refusal = Some(refusal);
                 return Err(Error::explain(

@@ -4,8 +4,15 @@
 //! build with [`crate::server::Builder::build_wrapped`]. Every phase you do
 //! not write is shardgate's; one you do write calls shardgate's itself
 //! (`self.gateway().request_filter(session, &mut ctx.gateway)`) where it
-//! wants it. A phase left out there is caught at run time: the request
-//! fails (500) and the log names it (`pingora.rs`).
+//! wants it. Forgetting that call is caught at run time for the phases
+//! later ones depend on (`request_filter`, `upstream_peer`,
+//! `connected_to_upstream`, `upstream_response_filter`: the request fails,
+//! 500, and the log names the phase) and named in the log for
+//! `request_body_filter` and `response_filter`; not for `fail_to_connect`,
+//! `error_while_proxy`, `fail_to_proxy` and `logging` (see `pingora.rs`).
+//! The front end's own answers (the head reader's refusals, the edge's,
+//! reset HTTP/2 streams) are logged by shardgate and the hooks' logging
+//! phase, not through a wrapper's `logging`.
 //!
 //! [`Wrapped`] is the `ProxyHttp` the server runs: each of its phases is
 //! the wrapper's. Those without a rule of shardgate's (cache, modules,

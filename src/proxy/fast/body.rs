@@ -6,6 +6,7 @@
 //! shard takes them (the gateway holds at most one read of a body).
 
 use super::request::Outgoing;
+use crate::proxy::hooks::UpstreamEdit;
 use crate::proxy::pipeline::answer::Refusal;
 use crate::proxy::pipeline::body::BodyPhase;
 use crate::proxy::pipeline::fields::{is_hop_by_hop, is_ours};
@@ -71,6 +72,9 @@ pub(super) struct H1Body {
     limits: BodyLimits,
     /// The embedder's body phase, if it inspects bodies.
     phase: Option<BodyPhase>,
+    /// The embedder's upstream edit, if any: its fields are not taken
+    /// from the client's trailers either.
+    edit: Option<UpstreamEdit>,
 }
 
 /// The body phase's verdict on a piece, as a body error.
@@ -97,12 +101,15 @@ impl H1Body {
             budget: limits.max_body,
             limits,
             phase: None,
+            edit: None,
         }
     }
 
-    /// Runs the embedder's body phase on what is taken from now on.
-    pub(super) fn inspect(&mut self, phase: Option<BodyPhase>) {
+    /// Once the request is planned: the embedder's body phase runs on what
+    /// is taken from now on, and its upstream edit holds for the trailers.
+    pub(super) fn planned(&mut self, phase: Option<BodyPhase>, edit: &UpstreamEdit) {
         self.phase = phase;
+        self.edit = (!edit.is_empty()).then(|| edit.clone());
     }
 
     /// How the shard receives it.
@@ -167,7 +174,7 @@ impl H1Body {
         let mut out = BytesMut::with_capacity(len + 32);
         put_chunk(&mut out, data.iter().map(|r| &input[r.clone()]), len);
         if self.framing.is_done() {
-            put_last_chunk(&mut out, &self.trailers, &self.limits);
+            put_last_chunk(&mut out, &self.trailers, &self.limits, self.edit.as_ref());
         }
         input.advance(used);
         Ok(out.freeze())
@@ -179,6 +186,8 @@ pub(super) struct H2Body {
     outgoing: Outgoing,
     /// How much more may come.
     budget: Option<u64>,
+    /// How much of a `Content-Length` is still to come.
+    left: u64,
     /// The embedder's body phase, if it inspects bodies.
     phase: Option<BodyPhase>,
 }
@@ -188,6 +197,10 @@ impl H2Body {
         H2Body {
             outgoing,
             budget: max_body,
+            left: match outgoing {
+                Outgoing::Length(n) => n,
+                _ => 0,
+            },
             phase: None,
         }
     }
@@ -204,7 +217,11 @@ impl H2Body {
                 .checked_sub(data.len() as u64)
                 .ok_or(BodyError::TooLarge)?;
         }
-        inspect(&mut self.phase, &data, false)?;
+        // The last piece of a length completes the shard's request: the
+        // body phase is told it is the end before it goes.
+        self.left = self.left.saturating_sub(data.len() as u64);
+        let last = matches!(self.outgoing, Outgoing::Length(_)) && self.left == 0;
+        inspect(&mut self.phase, &data, last)?;
         Ok(match self.outgoing {
             Outgoing::Chunked if !data.is_empty() => {
                 let mut out = BytesMut::with_capacity(data.len() + 16);
@@ -240,9 +257,15 @@ fn put_chunk<'a>(out: &mut BytesMut, parts: impl Iterator<Item = &'a [u8]>, len:
 }
 
 /// The last chunk and the trailer fields a shard may take: none that
-/// frames, routes or is hop-by-hop, and none shardgate owns (a framework
-/// that merges trailers into its fields would read them as ours).
-fn put_last_chunk(out: &mut BytesMut, trailers: &[u8], limits: &BodyLimits) {
+/// frames, routes or is hop-by-hop, none shardgate owns and none the
+/// embedder's `edit` sets or removes (a framework that merges trailers
+/// into its fields would read them as the head's).
+fn put_last_chunk(
+    out: &mut BytesMut,
+    trailers: &[u8],
+    limits: &BodyLimits,
+    edit: Option<&UpstreamEdit>,
+) {
     out.put_slice(b"0\r\n");
     if !trailers.is_empty() {
         let mut block = trailers.to_vec();
@@ -265,7 +288,8 @@ fn put_last_chunk(out: &mut BytesMut, trailers: &[u8], limits: &BodyLimits) {
                         "content-range",
                     ]
                     .iter()
-                    .any(|f| name.eq_ignore_ascii_case(f));
+                    .any(|f| name.eq_ignore_ascii_case(f))
+                    || edit.is_some_and(|edit| edit.replaces(name));
                 if !refused {
                     for part in [name.as_bytes(), b": ", field.value, b"\r\n"] {
                         out.put_slice(part);

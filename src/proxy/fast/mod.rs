@@ -147,18 +147,20 @@ impl FastPath {
         closing: bool,
     ) -> Option<Stream> {
         let body = read.body;
-        let Some(parsed) = head_in(&head, &read.layout) else {
-            let refusal = Refusal::error(400, "bad-request");
-            let _ = self
-                .send_all(&mut client, &refusal.http1(false, true))
-                .await;
-            return None;
-        };
         let gw = &self.gateway;
         let mut ctx = RequestCtx::default();
         let client_addr = client
             .get_socket_digest()
             .and_then(|d| d.peer_addr().cloned());
+        let Some(parsed) = head_in(&head, &read.layout) else {
+            let refusal = Refusal::error(400, "bad-request");
+            let _ = self
+                .send_all(&mut client, &refusal.http1(false, true))
+                .await;
+            let client = OrEmpty(client_addr.as_ref());
+            gw.log_request(&mut ctx, &client, "-", &"-", 400);
+            return None;
+        };
         let log_target = parsed.target;
         let finish = |ctx: &mut RequestCtx, status| {
             gw.finish(
@@ -172,23 +174,14 @@ impl FastPath {
         let announced_length = parsed.values("content-length").next().is_some();
         let mut h1_body = H1Body::new(body, self.body_limits);
         let outgoing = h1_body.outgoing(announced_length);
-        // A body that came whole with its head goes with it, and stays
-        // sendable again.
-        let mut whole_body = None;
-        // (Not when the hooks inspect bodies: they see it once routed.)
-        let whole = !h1_body.is_done() && ahead.len() <= WHOLE_BODY_WITH_HEAD && !gw.inspect_bodies;
-        if whole && h1_body.completes(ahead) {
-            match h1_body.take(ahead) {
-                Ok(bytes) => whole_body = Some(bytes),
-                Err(e) => return self.refuse_body(client, e, &mut ctx, finish).await,
-            }
-        }
-        let request = H1Request {
+        let whole =
+            !h1_body.is_done() && ahead.len() <= WHOLE_BODY_WITH_HEAD && h1_body.completes(ahead);
+        let mut request = H1Request {
             http10: parsed.http10,
             head_only: parsed.head_only(),
             close: parsed.close || closing,
             // RFC 9110 §10.1.1: an HTTP/1.0 client is never sent a 100.
-            expect_continue: parsed.expect_continue && whole_body.is_none() && !parsed.http10,
+            expect_continue: parsed.expect_continue && !whole && !parsed.http10,
             head_limit: self.head_limit,
         };
         let method = Method::from_bytes(parsed.method.as_bytes()).unwrap_or(Method::GET);
@@ -213,7 +206,19 @@ impl FastPath {
                 .with_authority(host);
         let planned = gw.plan(&view, &mut ctx);
         if planned.is_ok() {
-            h1_body.inspect(gw.body_phase(&ctx));
+            h1_body.planned(gw.body_phase(&ctx), &ctx.upstream_edit);
+        }
+        // A body that came whole with its head goes with it (through the
+        // body phase and the edit, once planned), and stays sendable again.
+        let mut whole_body = None;
+        if whole {
+            match (h1_body.take(ahead), &planned) {
+                (Ok(bytes), _) => whole_body = Some(bytes),
+                (Err(e), Ok(_)) => return self.refuse_body(client, e, &mut ctx, finish).await,
+                // Refused anyway: the connection closes after the refusal
+                // (what is left of the body is not read as a request).
+                (Err(_), Err(_)) => request.close = true,
+            }
         }
         let mut c = H1Client::new(&mut client, ahead, h1_body, request);
         let exchanged = match planned {

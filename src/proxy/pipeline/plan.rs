@@ -216,8 +216,24 @@ impl Gateway {
         target: &dyn std::fmt::Display,
         status: u16,
     ) {
+        self.control
+            .metrics
+            .request_finished(ctx.started.elapsed().as_secs_f64());
+        self.log_request(ctx, client, method, target, status);
+    }
+
+    /// A request's access log line and the hooks' logging phase, its
+    /// admission released first (without [`Gateway::finish`]'s duration
+    /// metric: the front end's own answers are logged only).
+    pub(crate) fn log_request(
+        &self,
+        ctx: &mut RequestCtx,
+        client: &dyn std::fmt::Display,
+        method: &str,
+        target: &dyn std::fmt::Display,
+        status: u16,
+    ) {
         let elapsed = ctx.started.elapsed();
-        self.control.metrics.request_finished(elapsed.as_secs_f64());
         ctx.admission = None;
         if let Some(level) = self.control.config.log.access {
             if log::log_enabled!(target: "shardgate::access", level) {
