@@ -527,6 +527,26 @@ fn the_body_phase_sees_each_body_and_may_refuse_it() {
             .any(|s| s.body.windows(5).any(|w| w == b"virus")),
         "the refused piece never reached the shard"
     );
+    // A refused body that came whole with its head: a HEAD gets no body,
+    // and what the client pipelined after it is not served.
+    let exchange = |bytes: &[u8]| {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        std::io::Write::write_all(&mut s, bytes).expect("write");
+        String::from_utf8_lossy(&read_until(&mut s, |_| false)).into_owned()
+    };
+    let head =
+        exchange(b"HEAD / HTTP/1.1\r\nHost: sick.localhost\r\nContent-Length: 5\r\n\r\nvirus");
+    assert!(head.starts_with("HTTP/1.1 422"), "{head}");
+    assert!(
+        !head.contains("infected"),
+        "a HEAD answer with a body: {head}"
+    );
+    let pipelined = exchange(
+        b"POST / HTTP/1.1\r\nHost: sick.localhost\r\nContent-Length: 5\r\n\r\nvirus\
+          GET / HTTP/1.1\r\nHost: bodiless.localhost\r\n\r\n",
+    );
+    assert!(pipelined.starts_with("HTTP/1.1 422"), "{pipelined}");
+    assert_eq!(pipelined.matches("HTTP/1.1 ").count(), 1, "{pipelined}");
     let r = send_raw(
         port,
         b"GET / HTTP/1.1\r\nHost: bodiless.localhost\r\nConnection: close\r\n\r\n",

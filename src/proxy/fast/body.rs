@@ -9,7 +9,7 @@ use super::request::Outgoing;
 use crate::proxy::hooks::UpstreamEdit;
 use crate::proxy::pipeline::answer::Refusal;
 use crate::proxy::pipeline::body::BodyPhase;
-use crate::proxy::pipeline::fields::{is_hop_by_hop, is_ours};
+use crate::proxy::pipeline::fields::{is_hop_by_hop, is_ours, same_field};
 use crate::proxy::pipeline::framing::{Framing, Part};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -288,7 +288,7 @@ fn put_last_chunk(
                         "content-range",
                     ]
                     .iter()
-                    .any(|f| name.eq_ignore_ascii_case(f))
+                    .any(|f| same_field(name, f))
                     || edit.is_some_and(|edit| edit.replaces(name));
                 if !refused {
                     for part in [name.as_bytes(), b": ", field.value, b"\r\n"] {

@@ -204,7 +204,7 @@ impl FastPath {
         let view =
             RequestView::from_raw(parsed.method, parsed.target, target.path(), &parsed.headers)
                 .with_authority(host);
-        let planned = gw.plan(&view, &mut ctx);
+        let mut planned = gw.plan(&view, &mut ctx);
         if planned.is_ok() {
             h1_body.planned(gw.body_phase(&ctx), &ctx.upstream_edit);
         }
@@ -212,12 +212,20 @@ impl FastPath {
         // body phase and the edit, once planned), and stays sendable again.
         let mut whole_body = None;
         if whole {
-            match (h1_body.take(ahead), &planned) {
-                (Ok(bytes), _) => whole_body = Some(bytes),
-                (Err(e), Ok(_)) => return self.refuse_body(client, e, &mut ctx, finish).await,
-                // Refused anyway: the connection closes after the refusal
-                // (what is left of the body is not read as a request).
-                (Err(_), Err(_)) => request.close = true,
+            match h1_body.take(ahead) {
+                Ok(bytes) => whole_body = Some(bytes),
+                // Refused (by its limits or the body phase), answered as
+                // any refusal; the connection closes after it (what is left
+                // of the body is not read as a request). A plan's refusal
+                // stands.
+                Err(e) => {
+                    request.close = true;
+                    if planned.is_ok() {
+                        let refusal = e.answer();
+                        planned =
+                            Err(refusal.unwrap_or_else(|| Refusal::error(400, "bad-request")));
+                    }
+                }
             }
         }
         let mut c = H1Client::new(&mut client, ahead, h1_body, request);
@@ -291,26 +299,6 @@ impl FastPath {
             }
         };
         finish(&mut ctx, status);
-        None
-    }
-
-    /// Answers a body refused before anything was routed, and closes.
-    async fn refuse_body(
-        &self,
-        mut client: Stream,
-        error: body::BodyError,
-        ctx: &mut RequestCtx,
-        finish: impl FnOnce(&mut RequestCtx, u16),
-    ) -> Option<Stream> {
-        let mut status = 0;
-        if let Some(refusal) = error.answer() {
-            ctx.answered = Some(refusal.status);
-            status = refusal.status;
-            let _ = self
-                .send_all(&mut client, &refusal.http1(false, true))
-                .await;
-        }
-        finish(ctx, status);
         None
     }
 
