@@ -24,12 +24,13 @@ struct TestHooks;
 /// What the logging phase saw, one line per request.
 static LOGGED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
-/// Whether the logging phase saw `line` (within 2 s: it runs as the
+/// Fails unless the logging phase saw `line` (within 2 s: it runs as the
 /// request ends, after the answer went out).
-fn logged(line: &str) -> bool {
-    eventually(Duration::from_secs(2), || {
+fn assert_logged(line: &str) {
+    let seen = eventually(Duration::from_secs(2), || {
         LOGGED.lock().unwrap().iter().any(|l| l == line)
-    })
+    });
+    assert!(seen, "`{line}` not logged: {:?}", LOGGED.lock().unwrap());
 }
 
 impl GatewayHooks for TestHooks {
@@ -332,31 +333,19 @@ fn the_logging_phase_sees_every_request_refusals_included() {
         b"GET /seen?x=1 HTTP/1.1\r\nHost: acme.localhost\r\nConnection: close\r\n\r\n",
     );
     assert_eq!(r.status, 200);
-    assert!(
-        logged("GET /seen?x=1 status=200 tenant=acme shard=a decision=allow attempts=1"),
-        "{:?}",
-        LOGGED.lock().unwrap()
-    );
+    assert_logged("GET /seen?x=1 status=200 tenant=acme shard=a decision=allow attempts=1");
     let r = send_raw(
         port,
         b"GET /refused HTTP/1.1\r\nHost: acme.localhost\r\nX-Forbidden: 1\r\nConnection: close\r\n\r\n",
     );
     assert_eq!(r.status, 451);
-    assert!(
-        logged("GET /refused status=451 tenant=acme shard=- decision=- attempts=0"),
-        "{:?}",
-        LOGGED.lock().unwrap()
-    );
+    assert_logged("GET /refused status=451 tenant=acme shard=- decision=- attempts=0");
     let r = send_raw(
         port,
         b"GET /nowhere HTTP/1.1\r\nHost: unknown.invalid\r\nConnection: close\r\n\r\n",
     );
     assert_eq!(r.status, 404);
-    assert!(
-        logged("GET /nowhere status=404 tenant=- shard=- decision=- attempts=0"),
-        "{:?}",
-        LOGGED.lock().unwrap()
-    );
+    assert_logged("GET /nowhere status=404 tenant=- shard=- decision=- attempts=0");
     // What the head reader refuses before a request exists: with its
     // request line when it has one, else `-`.
     let r = send_raw(
@@ -364,18 +353,10 @@ fn the_logging_phase_sees_every_request_refusals_included() {
         b"GET /future HTTP/3.0\r\nHost: acme.localhost\r\n\r\n",
     );
     assert_eq!(r.status, 505);
-    assert!(
-        logged("GET /future status=505 tenant=- shard=- decision=- attempts=0"),
-        "{:?}",
-        LOGGED.lock().unwrap()
-    );
+    assert_logged("GET /future status=505 tenant=- shard=- decision=- attempts=0");
     let r = send_raw(port, b"\x01\x02 not http\r\n\r\n");
     assert_eq!(r.status, 400);
-    assert!(
-        logged("- - status=400 tenant=- shard=- decision=- attempts=0"),
-        "{:?}",
-        LOGGED.lock().unwrap()
-    );
+    assert_logged("- - status=400 tenant=- shard=- decision=- attempts=0");
 }
 
 /// A shard of raw TCP on 127.0.0.1 that runs `serve` on each connection
@@ -441,11 +422,7 @@ fn a_shard_that_fails_after_its_100_is_logged_with_the_final_status() {
         all.contains("HTTP/1.1 502"),
         "a final answer after the 100: {all}"
     );
-    assert!(
-        logged("POST /continued status=502 tenant=acme shard=a decision=allow attempts=1"),
-        "{:?}",
-        LOGGED.lock().unwrap()
-    );
+    assert_logged("POST /continued status=502 tenant=acme shard=a decision=allow attempts=1");
 }
 
 /// Hooks with a body phase: they record what they see of each tenant's

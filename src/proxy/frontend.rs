@@ -84,16 +84,16 @@ impl<A> Frontend<A> {
             let _ = stream.shutdown().await;
         })
         .await;
+        self.log_head(stream, head, refusal.status, failure.began);
+        linger(stream).await;
+    }
+
+    /// [`Frontend::log`] for an HTTP/1 head answered on `stream`: its
+    /// request line if readable, else `-`.
+    fn log_head(&self, stream: &Stream, head: &[u8], status: u16, began: Instant) {
         let (method, target) = request_line(head).unwrap_or(("-", "-"));
         let client = peer(stream.get_socket_digest().as_ref());
-        self.log(
-            client.as_ref(),
-            method,
-            &target,
-            refusal.status,
-            failure.began,
-        );
-        linger(stream).await;
+        self.log(client.as_ref(), method, &target, status, began);
     }
 
     /// Logs a request the front end answered (or dropped) itself — the
@@ -254,10 +254,8 @@ where
                     };
                     let sent = tokio::time::timeout(self.limits.keepalive_timeout, sent).await;
                     let sent = matches!(sent, Ok(Ok(())));
-                    let (method, target) = request_line(&buf).unwrap_or(("-", "-"));
-                    let client = peer(stream.get_socket_digest().as_ref());
                     let status = if sent { answer.status } else { 0 };
-                    self.log(client.as_ref(), method, &target, status, began);
+                    self.log_head(&stream, &buf, status, began);
                     if sent && more {
                         continue;
                     }
