@@ -98,10 +98,51 @@ const BROKEN: &[(&str, &str, &str, usize)] = &[
     ("more fields than Pingora reads", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nlimits:\n  max_headers: 300\n", "limits.max_headers", 5),
     ("a head larger than Pingora reads", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nlimits:\n  max_header_bytes: 2000000\n", "limits.max_header_bytes", 5),
     ("not yaml", "listen: [\n", "", 2),
+    ("a tenant on an unknown plan", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nplans: { free: {} }\ntenants:\n  acme: gold\n", "tenants.acme", 6),
+    ("an unknown default plan", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nplans: { free: {} }\ndefault_plan: gold\n", "default_plan", 5),
+    ("a plan's negative tokens", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nplans:\n  free: { rate: { tokens: -1, refill_per_second: 1 } }\n", "plans.free.rate.tokens", 5),
+    ("a plan's negative cap", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nplans:\n  free: { connection_cap: -1 }\n", "plans.free.connection_cap", 5),
+    ("a plan's route without slash", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nplans:\n  free:\n    routes: { api: { tokens: 1, refill_per_second: 1 } }\n", "plans.free.routes.api", 6),
+    ("a plan's name unfit for a label", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nplans:\n  \"free plan\": {}\n", "plans.free plan", 5),
+    ("a typo in a plan", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nplans:\n  free: { connection_caps: 3 }\n", "plans.free", 5),
     ("ACME in a cluster without a secret", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ncluster: { redis: \"redis://127.0.0.1:6379\" }\ntls:\n  acme: { directory: \"https://127.0.0.1:9/dir\", storage: /tmp/acme }\n", "cluster.secret_file", 4),
     ("a secret too short", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ncluster:\n  redis: \"redis://127.0.0.1:6379\"\n  secret_file: /dev/null\n", "cluster.secret_file", 6),
     ("a secret file missing", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ncluster:\n  redis: \"redis://127.0.0.1:6379\"\n  secret_file: /nonexistent/secret\n", "cluster.secret_file", 6),
 ];
+
+/// Plans (DESIGN §6): a field left out is `limits`' value, `null` is no
+/// limit; tenants and the default plan resolve to plans.
+#[test]
+fn plans_fall_back_to_limits_field_by_field() {
+    let text = format!(
+        "{MINIMAL}limits:\n  connection_cap: 7\n  rate: {{ tokens: 5, refill_per_second: 1 }}\n  max_body_bytes: 1000\n  \
+         routes: {{ /api: {{ tokens: 2, refill_per_second: 1 }} }}\n\
+         plans:\n  free: {{ connection_cap: 3 }}\n  pro: {{ rate: {{ tokens: 500, refill_per_second: 200 }}, routes: {{ /export: {{ tokens: 20, refill_per_second: 1 }} }} }}\n  \
+         unlimited: {{ rate: null, connection_cap: null, max_body_bytes: null }}\n\
+         tenants: {{ acme: pro, bigco: unlimited }}\ndefault_plan: free\n"
+    );
+    let c = Config::parse(&text, None).unwrap_or_else(|e| panic!("{e}"));
+    let plans = &c.plans;
+    assert_eq!(plans.plans.len(), 3);
+    let free = plans.plan_of("someone").expect("the default plan");
+    assert_eq!(free.name, "free");
+    assert_eq!(free.connection_cap, Some(3));
+    assert_eq!(free.rate, c.limits.rate, "left out: limits' rate");
+    assert_eq!(free.max_body_bytes, Some(1000));
+    assert_eq!(free.routes, c.limits.routes);
+    let pro = plans.plan_of("acme").expect("acme's plan");
+    assert_eq!((pro.rate.tokens, pro.connection_cap), (500.0, Some(7)));
+    assert_eq!(pro.routes.len(), 1, "a plan's routes replace limits'");
+    assert_eq!(pro.routes[0].0, "/export");
+    let unlimited = plans.plan_of("bigco").expect("bigco's plan");
+    assert!(unlimited.rate.is_unlimited());
+    assert_eq!(
+        (unlimited.connection_cap, unlimited.max_body_bytes),
+        (None, None)
+    );
+    let none = Config::parse(MINIMAL, None).unwrap_or_else(|e| panic!("{e}"));
+    assert!(none.plans.plan_of("acme").is_none(), "no plans: limits");
+}
 
 #[test]
 fn broken_configurations_are_refused_naming_the_field_and_line() {

@@ -42,6 +42,45 @@ pub struct Config {
     pub cluster: Option<ClusterConfig>,
     /// TLS at the edge; `None`: no `tls` section.
     pub tls: Option<TlsConfig>,
+    /// Tenant plans (DESIGN §6).
+    pub plans: PlansConfig,
+}
+
+/// A tenant plan (DESIGN §6) with `limits`' values where it left a field
+/// out.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanConfig {
+    pub name: String,
+    pub rate: RateRule,
+    pub connection_cap: Option<u64>,
+    pub max_body_bytes: Option<u64>,
+    /// Route prefix → bucket, in configuration order.
+    pub routes: Vec<(String, RateRule)>,
+}
+
+/// `plans`, `tenants` and `default_plan`, validated: every plan a tenant
+/// names exists.
+#[derive(Clone, Debug, Default)]
+pub struct PlansConfig {
+    /// In configuration order; a plan's index is its number below.
+    pub plans: Vec<PlanConfig>,
+    /// Tenant → index in `plans`.
+    pub tenants: std::collections::HashMap<compact_str::CompactString, u16>,
+    /// The plan of a tenant `tenants` does not name; `None`: `limits`.
+    pub default_plan: Option<u16>,
+}
+
+impl PlansConfig {
+    /// The plan named `name`, by index.
+    pub fn index_of(&self, name: &str) -> Option<u16> {
+        (self.plans.iter().position(|p| p.name == name)).map(|i| i as u16)
+    }
+
+    /// The plan `tenant` follows by configuration (`None`: `limits`).
+    pub fn plan_of(&self, tenant: &str) -> Option<&PlanConfig> {
+        let index = self.tenants.get(tenant).copied().or(self.default_plan)?;
+        self.plans.get(usize::from(index))
+    }
 }
 
 /// `cluster:` validated (DESIGN §4).

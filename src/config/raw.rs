@@ -39,6 +39,27 @@ pub struct RawConfig {
     pub log: RawLog,
     pub cluster: Option<RawCluster>,
     pub tls: Option<RawTlsSection>,
+    /// Tenant plans (DESIGN §6), in configuration order.
+    #[serde(default)]
+    pub plans: indexmap::IndexMap<String, RawPlan>,
+    /// Tenant → plan name.
+    #[serde(default)]
+    pub tenants: std::collections::HashMap<String, String>,
+    pub default_plan: Option<String>,
+}
+
+/// One of `plans:`. Each field: absent = `limits`' value, `null` = no
+/// limit.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPlan {
+    #[serde(default, deserialize_with = "nullable")]
+    pub rate: Option<Option<RawRate>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub connection_cap: Option<Option<i64>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub max_body_bytes: Option<Option<u64>>,
+    pub routes: Option<BTreeMap<String, RawRate>>,
 }
 
 /// `tls:` (DESIGN §5).
