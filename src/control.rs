@@ -5,7 +5,8 @@
 
 use crate::cluster::Shared;
 use crate::config::{Config, HashKind, LoadKind};
-use crate::limits::Limits;
+use crate::limits::plans::over_routes;
+use crate::limits::{Limits, RateRule};
 use crate::metrics::GatewayMetrics;
 use crate::proxy::hooks::GatewayHooks;
 use crate::routing::{
@@ -13,6 +14,7 @@ use crate::routing::{
     RouterOptions, Shard, ShardId,
 };
 use arc_swap::ArcSwap;
+use compact_str::CompactString;
 use parking_lot::Mutex;
 use pingora::upstreams::peer::{HttpPeer, ALPN};
 use std::collections::HashMap;
@@ -82,14 +84,24 @@ impl Control {
             }
         };
         let cluster = config.cluster.clone().map(Shared::new);
-        let mut limits = Limits::new(
-            config.limits.connection_cap,
-            config.limits.rate,
-            config.limits.routes.clone(),
-        );
-        if let Some(shared) = &cluster {
-            limits = limits.with_shared(Arc::clone(shared));
-        }
+        // Every plan's limits over one route list (a route index means the
+        // same route whichever plan a tenant is on).
+        let union = config.route_prefixes();
+        let limits_of = |cap, rate, routes: &[(String, RateRule)]| {
+            let limits = Limits::new(cap, rate, over_routes(&union, routes));
+            match &cluster {
+                Some(shared) => limits.with_shared(Arc::clone(shared)),
+                None => limits,
+            }
+        };
+        let l = &config.limits;
+        let limits = limits_of(l.connection_cap, l.rate, &l.routes);
+        let plans = (config.plans.plans.iter())
+            .map(|p| {
+                let limits = limits_of(p.connection_cap, p.rate, &p.routes);
+                (CompactString::from(p.name.as_str()), limits)
+            })
+            .collect();
         let router = Router::new(RouterOptions {
             shards: config.shards.clone(),
             hash: match config.routing.hash {
@@ -99,6 +111,9 @@ impl Control {
             },
             balance: config.routing.balance,
             limits,
+            plans,
+            plan_tenants: config.plans.tenants.clone(),
+            default_plan: config.plans.default_plan,
             deny: config.limits.deny.clone(),
             allow: Some(Arc::new(HookAllow(Arc::clone(&hooks)))),
             load,

@@ -592,3 +592,40 @@ fn deny_list_edits_take_effect_for_the_next_route() {
     assert_eq!(f.router.denied(), vec!["acme".to_string()]);
     assert_eq!(f.router.metrics().rejects_by_decision["denied"], 2);
 }
+
+/// Tenant plans (DESIGN §6): each tenant's bucket follows its plan, the
+/// default plan holds for the rest, and a move takes effect on the next
+/// request — down, tokens cut to the new capacity; up, tokens kept and
+/// the new capacity gained.
+#[test]
+fn each_tenants_limits_follow_its_plan() {
+    let never = |tokens| RateRule::new(tokens, 0.0);
+    let f = router_with(shards(2), Limits::new(None, never(1.0), Vec::new()), |o| {
+        o.plans = vec![
+            ("free".into(), Limits::new(None, never(2.0), Vec::new())),
+            ("pro".into(), Limits::new(None, never(5.0), Vec::new())),
+        ];
+        o.plan_tenants = [("acme".into(), 1)].into_iter().collect();
+        o.default_plan = Some(0);
+    });
+    let admitted = |tenant: &str, n: usize| {
+        (0..n)
+            .filter(|_| decide(&f.router, RouteRequest::new(tenant)).0 == Decision::Allow)
+            .count()
+    };
+    assert_eq!(admitted("acme", 3), 3, "pro: 5 tokens");
+    assert_eq!(admitted("someone", 3), 2, "the default plan: 2 tokens");
+    // acme holds 2 of pro's 5: moved to free (2), it keeps 2, spends them.
+    f.router.plans().set("acme", Some(0));
+    assert_eq!(admitted("acme", 3), 2);
+    // Back on pro, a bucket that never refills stays as it was (0).
+    f.router.plans().unset("acme");
+    assert_eq!(admitted("acme", 1), 0);
+    // A fresh tenant moved down has its 5 cut to 2.
+    assert_eq!(admitted("bigco", 0), 0);
+    f.router.plans().set("bigco", Some(1));
+    assert_eq!(admitted("bigco", 1), 1, "4 of pro's 5 left");
+    f.router.plans().set("bigco", Some(0));
+    assert_eq!(admitted("bigco", 5), 2, "cut to free's 2");
+    let _ = &f.clock;
+}

@@ -70,6 +70,22 @@ pub struct PlansConfig {
     pub default_plan: Option<u16>,
 }
 
+impl Config {
+    /// Every route prefix with a bucket, in `limits` or in a plan, each
+    /// once, in the order first seen: the route list every plan's limits
+    /// share.
+    pub fn route_prefixes(&self) -> Vec<String> {
+        let mut all: Vec<String> = Vec::new();
+        let plans = self.plans.plans.iter().flat_map(|p| p.routes.iter());
+        for (prefix, _) in self.limits.routes.iter().chain(plans) {
+            if !all.contains(prefix) {
+                all.push(prefix.clone());
+            }
+        }
+        all
+    }
+}
+
 impl PlansConfig {
     /// The plan named `name`, by index.
     pub fn index_of(&self, name: &str) -> Option<u16> {

@@ -6,12 +6,14 @@
 mod admission;
 mod bucket;
 mod deny;
+pub mod plans;
 mod tenants;
 pub mod top;
 
 pub use admission::AdmissionGuard;
 pub use bucket::{RateRule, TokenBucket};
 pub use deny::DenyList;
+pub use plans::PlanSet;
 pub use tenants::{
     TenantBuckets, TenantEntry, TenantState, TenantTable, DEFAULT_MAX_TRACKED, FORGETTABLE_BOUND,
     SWEEP_FLOOR,
@@ -116,7 +118,9 @@ impl Limits {
 
     /// Whether any limit applies (cap, tenant bucket or a route bucket).
     pub fn any(&self) -> bool {
-        self.connection_cap.is_some() || !self.rate.is_unlimited() || !self.routes.is_empty()
+        self.connection_cap.is_some()
+            || !self.rate.is_unlimited()
+            || self.routes.iter().any(|(_, rule)| !rule.is_unlimited())
     }
 
     pub fn connection_cap(&self) -> Option<u64> {
@@ -328,6 +332,9 @@ impl Limits {
         if refill {
             buckets.tenant.refill(&self.rate, now);
         }
+        // A tenant moved to a smaller plan: its tokens cut to the new
+        // capacity (refill only caps a bucket that refills).
+        buckets.tenant.tokens = buckets.tenant.tokens.min(self.rate.tokens);
         if !buckets.tenant.has_token() {
             return Verdict::RateLimited {
                 bucket: Bucket::Tenant,
@@ -347,6 +354,7 @@ impl Limits {
             if refill {
                 bucket.refill(rule, now);
             }
+            bucket.tokens = bucket.tokens.min(rule.tokens);
             if !bucket.has_token() {
                 return Verdict::RateLimited {
                     bucket: Bucket::Route(name.as_str()),

@@ -58,9 +58,7 @@ impl Gateway {
     pub fn new(control: Arc<Control>) -> Self {
         let config = &control.config;
         Gateway {
-            routes: Arc::new(RoutePrefixes::new(
-                config.limits.routes.iter().map(|(p, _)| p.clone()),
-            )),
+            routes: Arc::new(RoutePrefixes::new(config.route_prefixes())),
             retry: Arc::new(RetryPolicy::new(config.retry.clone())),
             watch: WatchSettings {
                 headers_timeout: config.upstream.headers_timeout,

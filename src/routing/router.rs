@@ -17,10 +17,11 @@ use super::hash::{
 use super::shard::{Membership, Shard, ShardEntry, ShardId, ShardSet, ShardStatus};
 use super::snapshot::{RouteBucketSnapshot, RouterSnapshot, ShardSnapshot, TenantSnapshot, Tokens};
 use crate::limits::{
-    AdmissionGuard, DenyList, Limits, Spend, TenantBuckets, TenantEntry, TenantState, TenantTable,
-    TokenBucket, TopRefused, TopTenant, Verdict,
+    AdmissionGuard, DenyList, Limits, PlanSet, Spend, TenantBuckets, TenantEntry, TenantState,
+    TenantTable, TokenBucket, TopRefused, TopTenant, Verdict,
 };
 use arc_swap::ArcSwap;
+use compact_str::CompactString;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
@@ -92,7 +93,15 @@ pub struct RouterOptions {
     pub shards: Vec<Shard>,
     pub hash: HashStrategy,
     pub balance: Balance,
+    /// `limits`: the limits of tenants on no plan.
     pub limits: Limits,
+    /// Tenant plans (DESIGN §6): name and limits, each over the same
+    /// route list as `limits` (see [`crate::limits::plans`]).
+    pub plans: Vec<(CompactString, Limits)>,
+    /// Configured tenant → plan index.
+    pub plan_tenants: std::collections::HashMap<CompactString, u16>,
+    /// The plan of a tenant `plan_tenants` does not name.
+    pub default_plan: Option<u16>,
     /// Tenants refused with `denied` (editable at runtime).
     pub deny: Vec<String>,
     pub allow: Option<Arc<dyn AllowHook>>,
@@ -117,6 +126,9 @@ impl Default for RouterOptions {
             hash: HashStrategy::default(),
             balance: Balance::default(),
             limits: Limits::default(),
+            plans: Vec::new(),
+            plan_tenants: Default::default(),
+            default_plan: None,
             deny: Vec::new(),
             allow: None,
             load: Load::None,
@@ -197,7 +209,7 @@ pub struct Router {
     membership: Mutex<Membership>,
     tenants: TenantTable,
     cursors: Cursors,
-    limits: Limits,
+    plans: PlanSet,
     allow: Option<Arc<dyn AllowHook>>,
     hash: HashStrategy,
     balance: Balance,
@@ -218,7 +230,12 @@ impl Router {
             membership: Mutex::new(membership),
             tenants: TenantTable::bounded(options.max_tracked_tenants),
             cursors: Cursors::new(),
-            limits: options.limits,
+            plans: PlanSet::new(
+                options.limits,
+                options.plans,
+                options.plan_tenants,
+                options.default_plan,
+            ),
             allow: options.allow,
             hash: options.hash,
             balance: options.balance,
@@ -235,8 +252,15 @@ impl Router {
         }
     }
 
+    /// `limits`' own rules (those of tenants on no plan; every plan's
+    /// limits share their route list).
     pub fn limits(&self) -> &Limits {
-        &self.limits
+        self.plans.base()
+    }
+
+    /// The plans, and which tenant is on which.
+    pub fn plans(&self) -> &PlanSet {
+        &self.plans
     }
 
     /// Refuses a tenant with `denied` from the next request on; returns
@@ -429,7 +453,7 @@ impl Router {
         memo: Option<u64>,
         pick: impl FnOnce() -> usize,
     ) -> (Verdict<'_>, Option<Arc<TenantEntry>>, Option<usize>) {
-        let limits = &self.limits;
+        let limits = self.plans.limits_for(req.tenant);
         let route = req.route.and_then(|r| limits.route_index(r));
         let spend = match mode {
             Mode::Explain => {
@@ -542,7 +566,7 @@ impl Router {
     /// without checking the cap, as the reference's `acquire` does.
     pub fn acquire(&self, tenant: &str, shard: Option<&str>) -> AdmissionGuard {
         let now = self.clock.now_ms();
-        let limits = &self.limits;
+        let limits = self.plans.limits_for(tenant);
         let forget = self.forget_idle_tenants;
         let entry = self.tenants.with_entry(
             tenant,
@@ -729,7 +753,7 @@ impl Router {
                 tokens: Tokens(b.tenant.tokens),
             });
             for (index, bucket) in &b.routes {
-                if let Some(route) = self.limits.route_name(*index) {
+                if let Some(route) = self.plans.base().route_name(*index) {
                     route_buckets.push(RouteBucketSnapshot {
                         last_refill_at: bucket.last_refill_at,
                         route: route.to_string(),
@@ -773,9 +797,10 @@ impl Router {
     /// capacity are lowered to it; an unlimited rule stays unlimited.
     pub fn restore(&self, snapshot: &RouterSnapshot, reset_connections: bool) {
         let now = self.clock.now_ms();
-        let limits = &self.limits;
+        let plans = &self.plans;
         let mut restored: BTreeMap<&str, (u64, TenantBuckets)> = BTreeMap::new();
         for t in &snapshot.tenants {
+            let limits = plans.limits_for(&t.tenant);
             let buckets = TenantBuckets {
                 tenant: TokenBucket::restored(limits.rate(), t.tokens.0, t.last_refill_at),
                 routes: Default::default(),
@@ -784,6 +809,7 @@ impl Router {
             restored.insert(t.tenant.as_str(), (active, buckets));
         }
         for r in &snapshot.route_buckets {
+            let limits = plans.limits_for(&r.tenant);
             let Some(index) = limits.route_index(&r.route) else {
                 continue;
             };

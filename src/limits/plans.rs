@@ -1,0 +1,151 @@
+//! Tenant plans (DESIGN §6): each tenant's limits follow its plan. Every
+//! plan's [`Limits`] is built over the same route list (the union of all
+//! route prefixes, unlimited where a plan has none), so a route index
+//! means one route whichever plan a tenant is on, and its buckets survive
+//! a move between plans.
+
+use super::{Limits, RateRule};
+use arc_swap::ArcSwap;
+use compact_str::CompactString;
+use std::collections::HashMap;
+
+/// The limits of every plan, and which plan each tenant is on.
+pub struct PlanSet {
+    /// `limits`: tenants on no plan.
+    base: Limits,
+    /// The plans, by index: name and limits.
+    plans: Vec<(CompactString, Limits)>,
+    /// Configured tenant → plan.
+    tenants: HashMap<CompactString, u16>,
+    default_plan: Option<u16>,
+    /// Runtime changes (admin API): tenant → plan, `None` = no plan
+    /// (back to `default_plan`, or `limits`).
+    overrides: ArcSwap<HashMap<CompactString, Option<u16>>>,
+}
+
+impl PlanSet {
+    /// No plans: every tenant has `base`.
+    pub fn single(base: Limits) -> Self {
+        PlanSet::new(base, Vec::new(), HashMap::new(), None)
+    }
+
+    pub fn new(
+        base: Limits,
+        plans: Vec<(CompactString, Limits)>,
+        tenants: HashMap<CompactString, u16>,
+        default_plan: Option<u16>,
+    ) -> Self {
+        PlanSet {
+            base,
+            plans,
+            tenants,
+            default_plan,
+            overrides: ArcSwap::default(),
+        }
+    }
+
+    /// `limits`' own rules.
+    pub fn base(&self) -> &Limits {
+        &self.base
+    }
+
+    /// The plan `tenant` is on (`None`: `limits`).
+    pub fn plan_of(&self, tenant: &str) -> Option<u16> {
+        if self.plans.is_empty() {
+            return None;
+        }
+        let overrides = self.overrides.load();
+        match overrides.get(tenant) {
+            Some(set) => set.or(self.default_plan),
+            None => self.tenants.get(tenant).copied().or(self.default_plan),
+        }
+    }
+
+    /// The limits `tenant` is held to.
+    #[inline]
+    pub fn limits_for(&self, tenant: &str) -> &Limits {
+        match self.plan_of(tenant) {
+            Some(index) => self
+                .plans
+                .get(usize::from(index))
+                .map_or(&self.base, |p| &p.1),
+            None => &self.base,
+        }
+    }
+
+    /// A plan's name.
+    pub fn name(&self, index: u16) -> Option<&str> {
+        self.plans.get(usize::from(index)).map(|p| p.0.as_str())
+    }
+
+    pub fn index_of(&self, name: &str) -> Option<u16> {
+        (self.plans.iter().position(|p| p.0 == name)).map(|i| i as u16)
+    }
+
+    /// Moves `tenant` to `plan` (`None`: no plan) from its next request.
+    pub fn set(&self, tenant: &str, plan: Option<u16>) {
+        self.overrides.rcu(|current| {
+            let mut next = HashMap::clone(current);
+            next.insert(CompactString::from(tenant), plan);
+            next
+        });
+    }
+
+    /// Drops a runtime change: `tenant` follows the configuration again.
+    pub fn unset(&self, tenant: &str) {
+        self.overrides.rcu(|current| {
+            let mut next = HashMap::clone(current);
+            next.remove(tenant);
+            next
+        });
+    }
+}
+
+/// Every route prefix of `limits` and the plans, each once, in the order
+/// first seen; then `rules` (one plan's, or `limits`') over that list,
+/// unlimited where it has none.
+pub fn over_routes(union: &[String], rules: &[(String, RateRule)]) -> Vec<(String, RateRule)> {
+    let rules: HashMap<&str, RateRule> = rules.iter().map(|(p, r)| (p.as_str(), *r)).collect();
+    (union.iter())
+        .map(|prefix| {
+            let rule = rules.get(prefix.as_str()).copied();
+            (prefix.clone(), rule.unwrap_or(RateRule::UNLIMITED))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(cap: u64) -> Limits {
+        Limits::new(Some(cap), RateRule::UNLIMITED, Vec::new())
+    }
+
+    #[test]
+    fn overrides_then_tenants_then_the_default_plan_then_limits() {
+        let plans = vec![("free".into(), limits(1)), ("pro".into(), limits(2))];
+        let tenants = HashMap::from([(CompactString::from("acme"), 1)]);
+        let set = PlanSet::new(limits(9), plans, tenants, Some(0));
+        assert_eq!(set.limits_for("acme").connection_cap(), Some(2));
+        assert_eq!(set.limits_for("other").connection_cap(), Some(1));
+        set.set("other", Some(1));
+        assert_eq!(set.limits_for("other").connection_cap(), Some(2));
+        set.set("acme", None);
+        assert_eq!(set.plan_of("acme"), Some(0), "no plan: the default one");
+        set.unset("acme");
+        assert_eq!(set.plan_of("acme"), Some(1), "the configuration again");
+        let single = PlanSet::single(limits(9));
+        assert_eq!(single.limits_for("acme").connection_cap(), Some(9));
+    }
+
+    #[test]
+    fn every_plan_sees_the_same_route_indices() {
+        let union = vec!["/a".to_string(), "/b".to_string()];
+        let rule = RateRule::new(5.0, 1.0);
+        let only_b = vec![("/b".to_string(), rule)];
+        let routes = over_routes(&union, &only_b);
+        assert_eq!(routes[0], ("/a".to_string(), RateRule::UNLIMITED));
+        assert_eq!(routes[1], ("/b".to_string(), rule));
+    }
+}
