@@ -211,6 +211,20 @@ struct RegionBody {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct PlanBody {
+    plan: String,
+}
+
+/// A rate as the admin API shows it (`null`: no limit).
+fn rate_json(rule: &crate::limits::RateRule) -> serde_json::Value {
+    match rule.is_unlimited() {
+        true => serde_json::Value::Null,
+        false => json!({ "tokens": rule.tokens, "refill_per_second": rule.refill_per_second }),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ShardBody {
     id: String,
     url: String,
@@ -457,6 +471,49 @@ impl AdminApi {
         }))
     }
 
+    /// `GET /v1/plans`: each plan's limits, `limits`' value where it left
+    /// a field out.
+    fn plans(&self) -> serde_json::Value {
+        let plans = self.control.config.plans.plans.iter().map(|p| {
+            let routes: serde_json::Map<String, serde_json::Value> = (p.routes.iter())
+                .map(|(prefix, rule)| (prefix.clone(), rate_json(rule)))
+                .collect();
+            let fields = json!({
+                "rate": rate_json(&p.rate),
+                "connection_cap": p.connection_cap,
+                "max_body_bytes": p.max_body_bytes,
+                "routes": routes,
+            });
+            (p.name.clone(), fields)
+        });
+        serde_json::Value::Object(plans.collect())
+    }
+
+    /// `GET /v1/tenants/{tenant}`: its plan and the limits it is held to.
+    fn tenant(&self, tenant: &str) -> serde_json::Value {
+        let plans = self.control.router.plans();
+        let plan = plans.plan_of(tenant);
+        let limits = plans.limits_for(tenant);
+        let config = &self.control.config;
+        let max_body = match plan {
+            Some(index) => config
+                .plans
+                .plans
+                .get(usize::from(index))
+                .and_then(|p| p.max_body_bytes),
+            None => config.limits.max_body_bytes,
+        };
+        json!({
+            "tenant": tenant,
+            "plan": plan.and_then(|i| plans.name(i)),
+            "limits": {
+                "rate": rate_json(limits.rate()),
+                "connection_cap": limits.connection_cap(),
+                "max_body_bytes": max_body,
+            },
+        })
+    }
+
     fn route(&self, method: &Method, path: &str, query: Option<&str>, body: &[u8]) -> Reply {
         let segments: Vec<Option<String>> = path
             .trim_start_matches('/')
@@ -550,6 +607,21 @@ impl AdminApi {
                 true => Reply::ok(json!({ "allowed": tenant })),
                 false => not_found("denied tenant", tenant),
             },
+            (&Method::GET, ["v1", "plans"]) => Reply::ok(self.plans()),
+            (&Method::GET, ["v1", "tenants", tenant]) => Reply::ok(self.tenant(tenant)),
+            (&Method::PUT, ["v1", "tenants", tenant, "plan"]) => match parse::<PlanBody>(body) {
+                Err(r) => r,
+                Ok(b) => match c.set_plan(tenant, Some(&b.plan)) {
+                    Ok(()) => Reply::ok(self.tenant(tenant)),
+                    Err(e) => Reply::error(StatusCode::BAD_REQUEST, e),
+                },
+            },
+            (&Method::DELETE, ["v1", "tenants", tenant, "plan"]) => {
+                match c.set_plan(tenant, None) {
+                    Ok(()) => Reply::ok(self.tenant(tenant)),
+                    Err(e) => Reply::error(StatusCode::BAD_REQUEST, e),
+                }
+            }
             (&Method::GET, ["v1", "route"]) => self.explain(query),
             (&Method::GET, ["v1", "snapshot"]) => Reply::ok(json!(state::capture(c))),
             (&Method::POST, ["v1", "restore"]) => self.restore(query, body),

@@ -388,6 +388,12 @@ impl Control {
                     log::warn!("cluster: region of `{key}`: {e}");
                 }
             }
+            "plan" => {
+                let plan = (!removed).then_some(value);
+                if let Err(e) = self.set_plan(key, plan) {
+                    log::warn!("cluster: plan of `{key}`: {e}");
+                }
+            }
             _ => log::warn!("cluster: unknown state field `{field}`"),
         }
     }
@@ -423,8 +429,48 @@ impl Control {
         for tenant in &diff.deny_added {
             self.deny(tenant);
         }
+        for (tenant, plan) in &diff.plans {
+            if let Err(e) = self.set_plan(tenant, plan.as_deref()) {
+                log::warn!("state: cannot restore the plan of `{tenant}`: {e}");
+            }
+        }
+    }
+
+    /// Moves `tenant` to `plan` (`None`: no plan — the default one, if
+    /// configured) from its next request on, on every node. Refused: an
+    /// unknown plan, or a new tenant past [`MAX_PLAN_CHANGES`].
+    pub fn set_plan(&self, tenant: &str, plan: Option<&str>) -> Result<(), String> {
+        let plans = self.router.plans();
+        let index = match plan {
+            None => None,
+            Some(name) => Some(
+                plans
+                    .index_of(name)
+                    .ok_or_else(|| format!("unknown plan `{name}`"))?,
+            ),
+        };
+        let mut diff = self.diff.lock();
+        if diff.plans.len() >= MAX_PLAN_CHANGES && !diff.plans.contains_key(tenant) {
+            return Err(format!(
+                "at most {MAX_PLAN_CHANGES} tenants' plans are set at runtime: put the rest in `tenants`"
+            ));
+        }
+        plans.set(tenant, index);
+        diff.plans
+            .insert(tenant.to_string(), plan.map(str::to_string));
+        self.publish(|| {
+            (
+                format!("plan:{tenant}"),
+                plan.unwrap_or(REMOVED).to_string(),
+            )
+        });
+        Ok(())
     }
 }
+
+/// The most tenants whose plan the admin API sets (each kept in memory,
+/// in the state file and, in cluster mode, in Redis).
+pub const MAX_PLAN_CHANGES: usize = 1_000_000;
 
 /// The shared-state value of a removed item.
 const REMOVED: &str = "-";
@@ -490,6 +536,9 @@ pub struct RuntimeDiff {
     /// Configured denials lifted at runtime.
     pub deny_removed: Vec<String>,
     pub deny_added: Vec<String>,
+    /// Plans set at runtime: tenant → plan (`None`: no plan, the default
+    /// one if any).
+    pub plans: std::collections::BTreeMap<String, Option<String>>,
 }
 
 impl RuntimeDiff {

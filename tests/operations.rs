@@ -894,3 +894,64 @@ fn an_upgrade_leaves_old_websockets_to_the_old_process_until_it_exits() {
     let mut after = runtime().block_on(ws_open(port));
     assert!(runtime().block_on(ws_echoes(&mut after, "new")));
 }
+
+/// Tenant plans through the admin API (DESIGN §6): the plans, a tenant's
+/// plan and effective limits, a move that takes effect on the next
+/// request and survives a restart; an unknown plan is 400.
+#[test]
+fn a_tenants_plan_is_set_at_runtime_and_survives_a_restart() {
+    let a = Backend::start("a");
+    let mut gw = start(
+        &[("a", a.url())],
+        "limits: { rate: { tokens: 9, refill_per_second: 0 } }\n\
+         plans:\n  free: { rate: { tokens: 2, refill_per_second: 0 }, connection_cap: 5 }\n  \
+         pro: { rate: null, max_body_bytes: null }\n\
+         tenants: { acme: pro }\ndefault_plan: free\n",
+    );
+    let plans = admin(&gw, "GET", "/v1/plans", None).json();
+    assert_eq!(plans["free"]["rate"]["tokens"], 2.0, "{plans}");
+    assert_eq!(plans["pro"]["rate"], serde_json::Value::Null, "{plans}");
+    let acme = admin(&gw, "GET", "/v1/tenants/acme", None).json();
+    assert_eq!(acme["plan"], "pro", "{acme}");
+    assert_eq!(acme["limits"]["rate"], serde_json::Value::Null);
+    let other = admin(&gw, "GET", "/v1/tenants/other", None).json();
+    assert_eq!(other["plan"], "free", "{other}");
+    assert_eq!(other["limits"]["connection_cap"], 5);
+    let statuses = |tenant: &str, n: usize| -> Vec<u16> {
+        (0..n)
+            .map(|_| gw.get(&format!("{tenant}.localhost"), "/").status)
+            .collect()
+    };
+    assert_eq!(statuses("other", 3), vec![200, 200, 429], "free: 2 tokens");
+    assert_eq!(statuses("acme", 12), vec![200; 12], "pro: unlimited");
+    let moved = admin(
+        &gw,
+        "PUT",
+        "/v1/tenants/acme/plan",
+        Some("{\"plan\":\"free\"}"),
+    );
+    assert_eq!(moved.status, 200, "{}", moved.text());
+    assert_eq!(moved.json()["plan"], "free");
+    assert_eq!(
+        statuses("acme", 3),
+        vec![200, 200, 429],
+        "on free from the next request"
+    );
+    let unknown = admin(
+        &gw,
+        "PUT",
+        "/v1/tenants/acme/plan",
+        Some("{\"plan\":\"gold\"}"),
+    );
+    assert_eq!(unknown.status, 400, "{}", unknown.text());
+    let cleared = admin(&gw, "DELETE", "/v1/tenants/bigco/plan", None);
+    assert_eq!(cleared.json()["plan"], "free", "no plan: the default one");
+    let state = gw.dir.path().join("state.json");
+    assert!(eventually(Duration::from_secs(5), || {
+        std::fs::read_to_string(&state).is_ok_and(|s| s.contains("bigco"))
+    }));
+    gw.kill9();
+    gw.restart();
+    let acme = admin(&gw, "GET", "/v1/tenants/acme", None).json();
+    assert_eq!(acme["plan"], "free", "after a restart: {acme}");
+}
