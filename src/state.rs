@@ -46,11 +46,14 @@ fn wall_ms() -> f64 {
 pub fn capture(control: &Control) -> StateSnapshot {
     let router = &control.router;
     let mut snap = router.snapshot();
-    let limits = router.limits();
-    let full_tenant = |tokens: f64| tokens >= limits.rate().tokens;
-    snap.tenants
-        .retain(|t| t.active > 0 || !full_tenant(t.tokens.0));
+    // Full by each tenant's own plan.
+    let plans = router.plans();
+    snap.tenants.retain(|t| {
+        let full = t.tokens.0 >= plans.limits_for(&t.tenant).rate().tokens;
+        t.active > 0 || !full
+    });
     snap.route_buckets.retain(|r| {
+        let limits = plans.limits_for(&r.tenant);
         limits
             .route_index(&r.route)
             .and_then(|i| limits.route_rule(i))

@@ -905,8 +905,8 @@ fn a_tenants_plan_is_set_at_runtime_and_survives_a_restart() {
         &[("a", a.url())],
         "limits: { rate: { tokens: 9, refill_per_second: 0 } }\n\
          plans:\n  free: { rate: { tokens: 2, refill_per_second: 0 }, connection_cap: 5 }\n  \
-         pro: { rate: null, max_body_bytes: null }\n\
-         tenants: { acme: pro }\ndefault_plan: free\n",
+         pro: { rate: null, max_body_bytes: null }\n  big: { rate: { tokens: 20, refill_per_second: 0 } }\n\
+         tenants: { acme: pro, big1: big }\ndefault_plan: free\n",
     );
     let plans = admin(&gw, "GET", "/v1/plans", None).json();
     assert_eq!(plans["free"]["rate"]["tokens"], 2.0, "{plans}");
@@ -917,13 +917,17 @@ fn a_tenants_plan_is_set_at_runtime_and_survives_a_restart() {
     let other = admin(&gw, "GET", "/v1/tenants/other", None).json();
     assert_eq!(other["plan"], "free", "{other}");
     assert_eq!(other["limits"]["connection_cap"], 5);
-    let statuses = |tenant: &str, n: usize| -> Vec<u16> {
+    let statuses = |gw: &Gateway, tenant: &str, n: usize| -> Vec<u16> {
         (0..n)
             .map(|_| gw.get(&format!("{tenant}.localhost"), "/").status)
             .collect()
     };
-    assert_eq!(statuses("other", 3), vec![200, 200, 429], "free: 2 tokens");
-    assert_eq!(statuses("acme", 12), vec![200; 12], "pro: unlimited");
+    assert_eq!(
+        statuses(&gw, "other", 3),
+        vec![200, 200, 429],
+        "free: 2 tokens"
+    );
+    assert_eq!(statuses(&gw, "acme", 12), vec![200; 12], "pro: unlimited");
     let moved = admin(
         &gw,
         "PUT",
@@ -933,7 +937,7 @@ fn a_tenants_plan_is_set_at_runtime_and_survives_a_restart() {
     assert_eq!(moved.status, 200, "{}", moved.text());
     assert_eq!(moved.json()["plan"], "free");
     assert_eq!(
-        statuses("acme", 3),
+        statuses(&gw, "acme", 3),
         vec![200, 200, 429],
         "on free from the next request"
     );
@@ -946,12 +950,17 @@ fn a_tenants_plan_is_set_at_runtime_and_survives_a_restart() {
     assert_eq!(unknown.status, 400, "{}", unknown.text());
     let cleared = admin(&gw, "DELETE", "/v1/tenants/bigco/plan", None);
     assert_eq!(cleared.json()["plan"], "free", "no plan: the default one");
+    // A bucket judged by its own plan: 15 of big's 20 left is not full,
+    // though it is more than `limits`' 9.
+    assert_eq!(statuses(&gw, "big1", 5), vec![200; 5]);
     let state = gw.dir.path().join("state.json");
     assert!(eventually(Duration::from_secs(5), || {
-        std::fs::read_to_string(&state).is_ok_and(|s| s.contains("bigco"))
+        std::fs::read_to_string(&state).is_ok_and(|s| s.contains("bigco") && s.contains("big1"))
     }));
     gw.kill9();
     gw.restart();
     let acme = admin(&gw, "GET", "/v1/tenants/acme", None).json();
     assert_eq!(acme["plan"], "free", "after a restart: {acme}");
+    let after = statuses(&gw, "big1", 16);
+    assert_eq!(after.iter().filter(|s| **s == 200).count(), 15, "{after:?}");
 }

@@ -368,7 +368,7 @@ impl Syncer {
             }
         }
         self.trim_lasting().await;
-        if self.control.router.limits().connection_cap().is_some() {
+        if self.control.router.plans().any_cap() {
             self.share_admissions().await;
         }
     }
@@ -377,10 +377,11 @@ impl Syncer {
     /// ones whose lease goes back. Forgets tenants with nothing left.
     fn jobs(&mut self, now: Instant) -> Vec<Job> {
         let router = &self.control.router;
-        let limits = router.limits().clone();
         let now_ms = router.clock().now_ms();
         let mut jobs = Vec::new();
         self.tracked.retain(|tenant, last| {
+            // Each tenant's own plan: its buckets' capacities and rates.
+            let limits = router.plans().limits_for(tenant);
             let seen_now = *last == now;
             let idle = now.duration_since(*last) >= IDLE_RELEASE;
             let verdict = router.with_tenant(tenant, |entry, state: &mut TenantState| {
@@ -412,7 +413,7 @@ impl Syncer {
                     return Track::Keep;
                 }
                 let release = !touched;
-                let buckets = lease_of(&limits, state);
+                let buckets = lease_of(limits, state);
                 if let Some(slot) = state.shared.as_deref_mut() {
                     slot.credit = 0.0;
                     slot.route_credit.clear();
@@ -621,8 +622,8 @@ impl Syncer {
         let n = self.shared().nodes_alive();
         let secs = elapsed.as_secs_f64();
         let router = &self.control.router;
-        let limits = router.limits().clone();
         for tenant in self.tracked.keys() {
+            let limits = router.plans().limits_for(tenant);
             router.with_tenant(tenant, |_, state| {
                 if state.shared.is_none() {
                     return;
@@ -661,13 +662,13 @@ impl Syncer {
     /// next request queues it again and marks it seen.
     fn forget_idle_while_down(&mut self, now: Instant) {
         let router = &self.control.router;
-        let limits = router.limits().clone();
         let n = self.shared().nodes_alive();
         let now_ms = router.clock().now_ms();
         let full = |tokens: f64, rule: &crate::limits::RateRule| {
             rule.is_unlimited() || tokens >= rule.tokens / n - 1e-9
         };
         self.tracked.retain(|tenant, last| {
+            let limits = router.plans().limits_for(tenant);
             let idle = now.duration_since(*last) >= IDLE_RELEASE;
             let kept = router.with_tenant(tenant, |entry, state: &mut TenantState| {
                 if let Some(slot) = state.shared.as_deref_mut() {

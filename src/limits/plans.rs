@@ -73,6 +73,13 @@ impl PlanSet {
         }
     }
 
+    /// Whether any tenant may be held to a connection cap.
+    pub fn any_cap(&self) -> bool {
+        std::iter::once(&self.base)
+            .chain(self.plans.iter().map(|p| &p.1))
+            .any(|l| l.connection_cap().is_some())
+    }
+
     /// A plan's name.
     pub fn name(&self, index: u16) -> Option<&str> {
         self.plans.get(usize::from(index)).map(|p| p.0.as_str())
