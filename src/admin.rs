@@ -330,9 +330,11 @@ impl AdminApi {
             exclude: &[],
         };
         let r = self.control.router.explain(&request);
+        let plans = self.control.router.plans();
         Reply::ok(json!({
             "decision": r.decision,
             "shard": r.shard_id(),
+            "plan": plans.plan_of(tenant).and_then(|i| plans.name(i)),
             "region": region,
             "bucket": r.bucket.map(|b| b.name().to_string()),
             "retry_after": r.retry_after_secs.map(|s| (s.ceil() as u64).max(1)),

@@ -916,6 +916,8 @@ fn a_tenants_plan_is_set_at_runtime_and_survives_a_restart() {
     assert_eq!(acme["limits"]["rate"], serde_json::Value::Null);
     let other = admin(&gw, "GET", "/v1/tenants/other", None).json();
     assert_eq!(other["plan"], "free", "{other}");
+    let explained = admin(&gw, "GET", "/v1/route?tenant=acme", None).json();
+    assert_eq!(explained["plan"], "pro", "{explained}");
     assert_eq!(other["limits"]["connection_cap"], 5);
     let statuses = |gw: &Gateway, tenant: &str, n: usize| -> Vec<u16> {
         (0..n)
