@@ -183,7 +183,8 @@ impl Builder {
                 max_header_bytes: limits.max_header_bytes,
                 max_headers: limits.max_headers,
                 keepalive_timeout: limits.keepalive_timeout,
-                max_body_bytes: limits.max_body_bytes,
+                // Per tenant once it is known (its plan's).
+                max_body_bytes: control.config.largest_max_body(),
             },
         )
         .with_fast_path(fast)

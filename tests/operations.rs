@@ -335,6 +335,19 @@ fn admin_api_endpoints_answer_as_designed() {
         .status,
         200
     );
+    // Each tenant's own body limit: a length over it, or chunks past it.
+    let post = |host: &str, fields: &str, body: &str| {
+        gw.send(&format!(
+            "POST / HTTP/1.1\r\nHost: {host}.localhost\r\n{fields}\r\nConnection: close\r\n\r\n{body}"
+        ))
+        .status
+    };
+    assert_eq!(post("small", "Content-Length: 11", "01234567890"), 413);
+    assert_eq!(post("small", "Content-Length: 10", "0123456789"), 200);
+    let chunks = "b\r\n01234567890\r\n0\r\n\r\n";
+    assert_eq!(post("small", "Transfer-Encoding: chunked", chunks), 413);
+    assert_eq!(post("acme", "Content-Length: 11", "01234567890"), 200);
+    assert_eq!(post("acme", "Transfer-Encoding: chunked", chunks), 200);
     let explained = admin(&gw, "GET", "/v1/route?tenant=acme", None).json();
     assert_eq!(explained["region"], "eu");
     assert_eq!(
@@ -905,8 +918,9 @@ fn a_tenants_plan_is_set_at_runtime_and_survives_a_restart() {
         &[("a", a.url())],
         "limits: { rate: { tokens: 9, refill_per_second: 0 } }\n\
          plans:\n  free: { rate: { tokens: 2, refill_per_second: 0 }, connection_cap: 5 }\n  \
-         pro: { rate: null, max_body_bytes: null }\n  big: { rate: { tokens: 20, refill_per_second: 0 } }\n\
-         tenants: { acme: pro, big1: big }\ndefault_plan: free\n",
+         pro: { rate: null, max_body_bytes: null }\n  big: { rate: { tokens: 20, refill_per_second: 0 } }\n  \
+         tiny: { max_body_bytes: 10 }\n\
+         tenants: { acme: pro, big1: big, small: tiny }\ndefault_plan: free\n",
     );
     let plans = admin(&gw, "GET", "/v1/plans", None).json();
     assert_eq!(plans["free"]["rate"]["tokens"], 2.0, "{plans}");
@@ -916,6 +930,19 @@ fn a_tenants_plan_is_set_at_runtime_and_survives_a_restart() {
     assert_eq!(acme["limits"]["rate"], serde_json::Value::Null);
     let other = admin(&gw, "GET", "/v1/tenants/other", None).json();
     assert_eq!(other["plan"], "free", "{other}");
+    // Each tenant's own body limit: a length over it, or chunks past it.
+    let post = |host: &str, fields: &str, body: &str| {
+        gw.send(&format!(
+            "POST / HTTP/1.1\r\nHost: {host}.localhost\r\n{fields}\r\nConnection: close\r\n\r\n{body}"
+        ))
+        .status
+    };
+    assert_eq!(post("small", "Content-Length: 11", "01234567890"), 413);
+    assert_eq!(post("small", "Content-Length: 10", "0123456789"), 200);
+    let chunks = "b\r\n01234567890\r\n0\r\n\r\n";
+    assert_eq!(post("small", "Transfer-Encoding: chunked", chunks), 413);
+    assert_eq!(post("acme", "Content-Length: 11", "01234567890"), 200);
+    assert_eq!(post("acme", "Transfer-Encoding: chunked", chunks), 200);
     let explained = admin(&gw, "GET", "/v1/route?tenant=acme", None).json();
     assert_eq!(explained["plan"], "pro", "{explained}");
     assert_eq!(other["limits"]["connection_cap"], 5);

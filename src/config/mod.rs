@@ -71,6 +71,15 @@ pub struct PlansConfig {
 }
 
 impl Config {
+    /// The largest body any tenant may send (`None`: some may send any):
+    /// what the head reader refuses before the tenant is known.
+    pub fn largest_max_body(&self) -> Option<u64> {
+        let plans = self.plans.plans.iter().map(|p| p.max_body_bytes);
+        std::iter::once(self.limits.max_body_bytes)
+            .chain(plans)
+            .try_fold(0, |largest, max| Some(largest.max(max?)))
+    }
+
     /// Every route prefix with a bucket, in `limits` or in a plan, each
     /// once, in the order first seen: the route list every plan's limits
     /// share.

@@ -52,6 +52,9 @@ pub struct RequestCtx {
     /// Status of the answer shardgate wrote itself, if it did.
     pub answered: Option<u16>,
     pub(crate) retry_ticket: Option<GaugeTicket>,
+    /// The largest body this request may have: its tenant's plan's (or
+    /// `limits`'), once planned.
+    pub(crate) max_body: Option<u64>,
     /// The embedder's edit of the upstream head (its request check).
     pub(crate) upstream_edit: crate::proxy::hooks::UpstreamEdit,
     /// The embedder's body phase (Pingora's path), and how much of the
@@ -87,6 +90,7 @@ impl Default for RequestCtx {
             refusal: None,
             answered: None,
             retry_ticket: None,
+            max_body: None,
             upstream_edit: Default::default(),
             body_phase: None,
             body_seen: 0,

@@ -273,10 +273,13 @@ impl ProxyHttp for Gateway {
         // What Pingora read of the body (a retry's replay is not read
         // again); a WebSocket's frames after its 101 are not a body.
         let read = session.as_ref().body_bytes_read() as u64;
-        if let (Some(max), false) = (
-            self.control.config.limits.max_body_bytes,
-            session.was_upgraded(),
-        ) {
+        // The tenant's own limit once planned (the head reader applied
+        // the largest any tenant has).
+        let max_body = match ctx.tenant {
+            Some(_) => ctx.max_body,
+            None => self.control.config.largest_max_body(),
+        };
+        if let (Some(max), false) = (max_body, session.was_upgraded()) {
             if read > max {
                 ctx.refusal = Some(Refusal::error(413, "body-too-large"));
                 return Err(Error::explain(

@@ -107,9 +107,19 @@ impl H1Body {
 
     /// Once the request is planned: the embedder's body phase runs on what
     /// is taken from now on, and its upstream edit holds for the trailers.
-    pub(super) fn planned(&mut self, phase: Option<BodyPhase>, edit: &UpstreamEdit) {
+    /// The tenant's own body limit (`max_body`) holds for its chunks.
+    pub(super) fn planned(
+        &mut self,
+        phase: Option<BodyPhase>,
+        edit: &UpstreamEdit,
+        max_body: Option<u64>,
+    ) {
         self.phase = phase;
         self.edit = (!edit.is_empty()).then(|| edit.clone());
+        self.budget = match (self.budget, max_body) {
+            (Some(left), Some(max)) => Some(left.min(max)),
+            (left, max) => left.or(max),
+        };
     }
 
     /// How the shard receives it.
@@ -205,9 +215,14 @@ impl H2Body {
         }
     }
 
-    /// Runs the embedder's body phase on every piece.
-    pub(super) fn inspect(&mut self, phase: Option<BodyPhase>) {
+    /// Once the request is planned: the embedder's body phase runs on
+    /// every piece, and the tenant's own body limit holds.
+    pub(super) fn planned(&mut self, phase: Option<BodyPhase>, max_body: Option<u64>) {
         self.phase = phase;
+        self.budget = match (self.budget, max_body) {
+            (Some(left), Some(max)) => Some(left.min(max)),
+            (left, max) => left.or(max),
+        };
     }
 
     /// One DATA frame's content, framed for the shard.

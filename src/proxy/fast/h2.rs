@@ -41,7 +41,7 @@ impl FastPath {
             }
         };
         if planned.is_ok() {
-            body.inspect(gw.body_phase(&ctx));
+            body.planned(gw.body_phase(&ctx), ctx.max_body);
         }
         let request = planned.map(|host| {
             let tls = stream.digest().is_some_and(|d| d.ssl_digest.is_some());

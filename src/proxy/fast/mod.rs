@@ -118,7 +118,7 @@ impl FastPath {
             body_timeout: config.limits.body_timeout,
             head_limit: config.limits.max_header_bytes,
             body_limits: BodyLimits {
-                max_body: config.limits.max_body_bytes,
+                max_body: config.largest_max_body(),
                 max_trailers: config.limits.max_header_bytes,
                 tenant_header,
                 trust_forwarded_for: config.trust_forwarded_for,
@@ -206,7 +206,7 @@ impl FastPath {
                 .with_authority(host);
         let mut planned = gw.plan(&view, &mut ctx);
         if planned.is_ok() {
-            h1_body.planned(gw.body_phase(&ctx), &ctx.upstream_edit);
+            h1_body.planned(gw.body_phase(&ctx), &ctx.upstream_edit, ctx.max_body);
         }
         // A body that came whole with its head goes with it (through the
         // body phase and the edit, once planned), and stays sendable again.

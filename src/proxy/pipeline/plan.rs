@@ -34,6 +34,7 @@ impl Gateway {
             .domains
             .resolve(host)
             .ok_or_else(|| Refusal::error(404, "unknown-domain"))?;
+        ctx.max_body = self.max_body_for(&resolved.tenant);
         match self.control.hooks.check_request(&resolved.tenant, req) {
             RequestCheck::Proceed => {}
             RequestCheck::AddFields(add) => {
@@ -54,6 +55,16 @@ impl Gateway {
             } => {
                 ctx.tenant = Some(resolved.tenant);
                 return Err(Refusal::answer(status, fields, body));
+            }
+        }
+        // A declared length over the tenant's own limit (the head reader
+        // knew only the largest any tenant has): 413, no token spent.
+        let declared = (req.header("content-length"))
+            .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok());
+        if let (Some(length), Some(max)) = (declared, ctx.max_body) {
+            if length > max {
+                ctx.tenant = Some(resolved.tenant);
+                return Err(Refusal::error(413, "body-too-large"));
             }
         }
         ctx.tenant = Some(resolved.tenant);
@@ -275,6 +286,16 @@ impl Gateway {
 }
 
 impl Gateway {
+    /// The largest body `tenant` may send: its plan's, else `limits`'.
+    fn max_body_for(&self, tenant: &str) -> Option<u64> {
+        let config = &self.control.config;
+        match self.control.router.plans().plan_of(tenant) {
+            Some(index) => (config.plans.plans.get(usize::from(index)))
+                .map_or(config.limits.max_body_bytes, |p| p.max_body_bytes),
+            None => config.limits.max_body_bytes,
+        }
+    }
+
     /// The body phase of a planned request, if the hooks inspect bodies.
     pub(crate) fn body_phase(&self, ctx: &RequestCtx) -> Option<BodyPhase> {
         let tenant = ctx.tenant.as_ref().filter(|_| self.inspect_bodies)?;
