@@ -89,11 +89,18 @@ fn families(control: &Control) -> Vec<MetricFamily> {
         ),
         family(
             "decisions_total",
-            "Routing decisions by outcome.",
+            "Routing decisions by outcome and tenant plan (`none`: no plan).",
             MetricType::COUNTER,
-            counts
-                .iter()
-                .map(|(d, n)| counter(vec![label("decision", d.as_str())], *n as f64))
+            (router.decision_counts_by_plan().iter())
+                .flat_map(|(plan, counts)| {
+                    counts.iter().map(move |(d, n)| {
+                        let labels = vec![
+                            label("decision", d.as_str()),
+                            label("plan", plan.unwrap_or("none")),
+                        ];
+                        counter(labels, *n as f64)
+                    })
+                })
                 .collect(),
         ),
     ];

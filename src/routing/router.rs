@@ -159,7 +159,9 @@ pub struct RouterMetrics {
 
 struct Counters {
     acquires: StripedCounter,
-    decisions: [StripedCounter; 7],
+    /// Decisions by plan: slot 0 for tenants on no plan, slot i + 1 for
+    /// plan i (bounded by the configuration).
+    decisions: Vec<[StripedCounter; 7]>,
     last_route: LastDuration,
     /// The tenants refused most over the last minute (bounded).
     refused: TopRefused,
@@ -222,6 +224,7 @@ pub struct Router {
 
 impl Router {
     pub fn new(options: RouterOptions) -> Self {
+        let plan_slots = options.plans.len() + 1;
         let mut membership = Membership::new(options.shards);
         membership.denied = Arc::new(DenyList::new(options.deny));
         let set = membership.publish();
@@ -245,7 +248,9 @@ impl Router {
             disposed: AtomicBool::new(false),
             counters: Counters {
                 acquires: StripedCounter::new(),
-                decisions: std::array::from_fn(|_| StripedCounter::new()),
+                decisions: (0..plan_slots)
+                    .map(|_| std::array::from_fn(|_| StripedCounter::new()))
+                    .collect(),
                 last_route: LastDuration::new(),
                 refused: TopRefused::default(),
             },
@@ -321,7 +326,10 @@ impl Router {
         let now = self.clock.now_ms();
         let result = self.decide_at(request, now, mode);
         if counted {
-            self.counters.decisions[result.decision.index()].incr();
+            let slot = (self.plans.plan_of(request.tenant)).map_or(0, |i| usize::from(i) + 1);
+            if let Some(counts) = self.counters.decisions.get(slot) {
+                counts[result.decision.index()].incr();
+            }
             self.counters
                 .refused
                 .record(request.tenant, result.decision, now);
@@ -708,17 +716,18 @@ impl Router {
 
     pub fn metrics(&self) -> RouterMetrics {
         let c = &self.counters;
+        let counts = self.decision_counts();
         let mut m = RouterMetrics {
-            routes: c.decisions.iter().map(StripedCounter::get).sum(),
+            routes: counts.iter().map(|(_, n)| n).sum(),
             acquires: c.acquires.get(),
-            allows: c.decisions[Decision::Allow.index()].get(),
+            allows: counts[Decision::Allow.index()].1,
             last_route_ms: c.last_route.get(),
             tenants: self.tenants.len(),
             ..Default::default()
         };
         for d in &Decision::ALL[1..] {
             m.rejects_by_decision
-                .insert(d.as_str().to_string(), c.decisions[d.index()].get());
+                .insert(d.as_str().to_string(), counts[d.index()].1);
         }
         let membership = self.membership.lock();
         for (id, routed) in &membership.routed {
@@ -736,9 +745,21 @@ impl Router {
         m
     }
 
-    /// Decisions counted so far, for every decision.
+    /// Decisions counted so far, for every decision (all plans).
     pub fn decision_counts(&self) -> [(Decision, u64); 7] {
-        Decision::ALL.map(|d| (d, self.counters.decisions[d.index()].get()))
+        let all = &self.counters.decisions;
+        Decision::ALL.map(|d| (d, all.iter().map(|c| c[d.index()].get()).sum()))
+    }
+
+    /// Decisions counted so far by plan (`None`: tenants on no plan), for
+    /// every decision.
+    pub fn decision_counts_by_plan(&self) -> Vec<(Option<&str>, [(Decision, u64); 7])> {
+        (self.counters.decisions.iter().enumerate())
+            .map(|(slot, counts)| {
+                let plan = slot.checked_sub(1).and_then(|i| self.plans.name(i as u16));
+                (plan, Decision::ALL.map(|d| (d, counts[d.index()].get())))
+            })
+            .collect()
     }
 
     pub fn snapshot(&self) -> RouterSnapshot {
