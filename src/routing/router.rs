@@ -139,6 +139,9 @@ impl Default for RouterOptions {
     }
 }
 
+/// How many of each decision.
+pub type DecisionCounts = [(Decision, u64); 7];
+
 /// The router's counters (the reference's `metrics()` plus allows).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RouterMetrics {
@@ -753,7 +756,7 @@ impl Router {
 
     /// Decisions counted so far by plan (`None`: tenants on no plan), for
     /// every decision.
-    pub fn decision_counts_by_plan(&self) -> Vec<(Option<&str>, [(Decision, u64); 7])> {
+    pub fn decision_counts_by_plan(&self) -> Vec<(Option<&str>, DecisionCounts)> {
         (self.counters.decisions.iter().enumerate())
             .map(|(slot, counts)| {
                 let plan = slot.checked_sub(1).and_then(|i| self.plans.name(i as u16));
