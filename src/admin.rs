@@ -466,10 +466,19 @@ impl AdminApi {
                 )
             }
         };
+        let plans = self.control.router.plans();
+        let tenants: Vec<Value> = (self.control.router.top_refused(n).into_iter())
+            .map(|t| {
+                let plan = plans.plan_of(&t.tenant).and_then(|i| plans.name(i));
+                let mut entry = json!(t);
+                entry["plan"] = json!(plan);
+                entry
+            })
+            .collect();
         Reply::ok(json!({
             "by": "refused",
             "window_seconds": top::SLOT_MS * top::SLOTS as u64 / 1000,
-            "tenants": self.control.router.top_refused(n),
+            "tenants": tenants,
         }))
     }
 

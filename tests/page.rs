@@ -239,7 +239,8 @@ fn the_operators_page_shows_and_steers_a_live_gateway() {
             ("c", shards[2].url()),
         ],
         "health: { interval_ms: 200, timeout_ms: 200, fall: 2, rise: 1 }\n\
-         limits: { rate: { tokens: 5, refill_per_second: 1 } }\n",
+         limits: { rate: { tokens: 5, refill_per_second: 1 } }\n\
+         plans: { free: {}, pro: { rate: null } }\ndefault_plan: free\n",
     ));
     let page = format!("http://127.0.0.1:{}/", gw.admin_port);
 
@@ -389,6 +390,38 @@ fn the_operators_page_shows_and_steers_a_live_gateway() {
         "return !!document.querySelector('#denied-list [data-denied=hot]');",
         json!([]),
         "the denied tenant is not listed",
+    );
+    // The hot tenant's plan is shown in its row; moved to pro from the
+    // tenant form, behind a confirmation.
+    browser.expect(
+        6,
+        "const c = document.querySelector('#top tr[data-tenant=hot] td[data-plan]'); return !!c && c.dataset.plan === 'free';",
+        json!([]),
+        "the plan column does not say free",
+    );
+    browser.expect(
+        6,
+        "return !!document.querySelector('#plan option[value=pro]');",
+        json!([]),
+        "the plans are not offered",
+    );
+    browser.js(
+        "document.querySelector('#tenant').value = 'hot'; document.querySelector('#plan').value = 'pro';",
+        json!([]),
+    );
+    browser.click("#tenant-form button[data-do=plan]");
+    assert!(browser.until(
+        Duration::from_secs(5),
+        "return document.querySelector('#confirm').open;",
+        json!([])
+    ));
+    browser.click("#confirm-ok");
+    assert!(
+        eventually(Duration::from_secs(5), || gw
+            .admin("GET", "/v1/tenants/hot", None, Some(TOKEN))
+            .json()["plan"]
+            == "pro"),
+        "the plan was not changed"
     );
     let shot = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/page-under-load.png");
     browser.screenshot(&shot);

@@ -137,14 +137,16 @@ async function refresh() {
   if (state.inFlight) return;
   state.inFlight = true;
   try {
-    const [shards, metrics, top, denied, cluster, certs] = await Promise.all([
+    const [shards, metrics, top, denied, cluster, certs, plans] = await Promise.all([
       api("GET", "/v1/shards"),
       api("GET", "/v1/metrics"),
       api("GET", "/v1/tenants/top?by=refused&n=10"),
       api("GET", "/v1/tenants/denied"),
       api("GET", "/v1/cluster"),
       api("GET", "/v1/certs"),
+      api("GET", "/v1/plans"),
     ]);
+    renderPlans(plans);
     const sample = { at: performance.now(), metrics, shards };
     const prev = state.history[state.history.length - 1];
     if (prev && (metrics.router.routes < prev.metrics.router.routes ||
@@ -346,6 +348,7 @@ function renderTop(top) {
   $("#top-window").textContent = `last ${top.window_seconds} s`;
   const rows = top.tenants.map((t) => el("tr", { "data-tenant": t.tenant },
     el("td", {}, t.tenant),
+    el("td", { "data-plan": t.plan || "" }, t.plan || "–"),
     el("td", { class: "num", title: t.error ? `at least ${t.refused - t.error}, at most ${t.refused}` : null },
       t.error ? `${t.refused - t.error}–${t.refused}` : t.refused),
     el("td", { class: "num wide" }, t.rate_limited),
@@ -389,6 +392,33 @@ $("#tenant-form [data-do=allow]").addEventListener("click", () => {
   const t = $("#tenant").value.trim();
   if (t) allowTenant(t);
 });
+$("#tenant-form [data-do=plan]").addEventListener("click", () => {
+  const t = $("#tenant").value.trim();
+  const plan = $("#plan").value;
+  if (!t) return;
+  // "" = no plan: the tenant follows the default plan (or `limits`).
+  const text = plan
+    ? `Move tenant “${t}” to plan “${plan}”? Its limits change from its next request.`
+    : `Take tenant “${t}” off its plan? It gets the default limits from its next request.`;
+  confirmThen(text, "Set plan",
+    () => plan
+      ? api("PUT", `/v1/tenants/${encodeURIComponent(t)}/plan`, { plan })
+      : api("DELETE", `/v1/tenants/${encodeURIComponent(t)}/plan`),
+    `tenant ${t}: plan ${plan || "none"}`);
+});
+
+function renderPlans(plans) {
+  const select = $("#plan");
+  const names = Object.keys(plans);
+  const wanted = ["", ...names].join("\n");
+  if (select.dataset.names === wanted) return; // keep the operator's choice
+  select.dataset.names = wanted;
+  select.replaceChildren(el("option", { value: "" }, "no plan"),
+    ...names.map((n) => el("option", { value: n }, n)));
+  const none = names.length === 0;
+  select.hidden = none;
+  $("#tenant-form [data-do=plan]").hidden = none;
+}
 
 function renderDomains(m, w, rate) {
   const d = m.domains, b = w ? w.base.metrics.domains : null;
