@@ -968,3 +968,42 @@ fn a_lease_unsettled_for_ten_seconds_is_reclaimed_and_a_fresh_one_is_not() {
     let held = redis_cli(&redis, &["HEXISTS", &key("stale"), "t|l|gw-2"]);
     assert_eq!(held, "0", "node 2's stale lease is dropped");
 }
+
+/// Tenant plans in cluster mode (DESIGN §6): a tenant's global bucket is
+/// its plan's on every node (`busy` is on pro: 20 tokens, 10/s, where
+/// `limits` has 2), and a plan set on one node reaches the others within
+/// a second.
+#[test]
+fn plans_hold_across_nodes_and_a_change_reaches_them_within_a_second() {
+    let redis = Redis::start();
+    let a = Backend::start("a");
+    let nodes = three(
+        &format!("\"{}\"", redis.url()),
+        &[("a", a.url())],
+        "limits:\n  rate: { tokens: 2, refill_per_second: 1 }\n\
+         plans:\n  pro: { rate: { tokens: 20, refill_per_second: 10 } }\n  free: {}\n\
+         tenants: { busy: pro }\n",
+    );
+    assert_one_bucket(&nodes, 20.0, 10.0);
+    let plan_on =
+        |n: &Gateway| n.admin("GET", "/v1/tenants/acme", None, Some(TOKEN)).json()["plan"].clone();
+    assert_eq!(plan_on(&nodes[2]), serde_json::Value::Null);
+    let put = nodes[0].admin(
+        "PUT",
+        "/v1/tenants/acme/plan",
+        Some("{\"plan\":\"pro\"}"),
+        Some(TOKEN),
+    );
+    assert_eq!(put.status, 200, "{}", put.text());
+    let took = wait_for(
+        Duration::from_secs(1),
+        "the plan seen on nodes 2 and 3",
+        || nodes[1..].iter().all(|n| plan_on(n) == "pro"),
+    );
+    eprintln!("plan shared in {took:?}");
+    let gone = nodes[1].admin("DELETE", "/v1/tenants/acme/plan", None, Some(TOKEN));
+    assert_eq!(gone.status, 200);
+    wait_for(Duration::from_secs(1), "no plan on nodes 1 and 3", || {
+        [&nodes[0], &nodes[2]].iter().all(|n| plan_on(n).is_null())
+    });
+}
