@@ -1,5 +1,6 @@
 //! Routing-core micro-benchmarks (targets from the routing-core issue):
-//! - route(), jump, 16 shards, cap and buckets on, 1 000 tenants: ≤ 75 ns
+//! - route(), jump, 16 shards, cap and buckets on, 1 000 tenants: ≤ 75 ns;
+//!   the same with 10 plans and 100 000 tenants mapped: within 5 % of it
 //! - route(), rendezvous and hrw, 64 shards with a load hook: ≤ 1 µs
 //! - domain resolve, exact / wildcard / fallback, 10 000 entries: ≤ 60 ns
 //! - admit + release, 2 threads on distinct tenants: ≥ 1.8× one thread
@@ -51,6 +52,33 @@ fn bench_jump(c: &mut Criterion) {
             black_box(r.decision);
         })
     });
+    // The same with tenant plans (DESIGN §6): 10 plans, 100 000 tenants
+    // mapped to them (the routed ones among them), the rest on none.
+    let plans = Router::new(RouterOptions {
+        shards: shards(16),
+        limits: limits(),
+        plans: (0..10)
+            .map(|p| (format!("plan-{p}").into(), limits()))
+            .collect(),
+        plan_tenants: (tenants
+            .iter()
+            .cloned()
+            .chain((1_000..100_000).map(|i| format!("mapped-{i}"))))
+        .enumerate()
+        .map(|(n, t)| (t.into(), (n % 10) as u16))
+        .collect(),
+        ..Default::default()
+    });
+    g.bench_function(
+        "jump_16_shards_limits_on_1000_tenants_10_plans_100000_mapped",
+        |b| {
+            b.iter(|| {
+                i = (i + 1) % tenants.len();
+                let r = plans.route(&RouteRequest::new(&tenants[i]));
+                black_box(r.decision);
+            })
+        },
+    );
     g.finish();
 }
 

@@ -9,6 +9,9 @@ use arc_swap::ArcSwap;
 use compact_str::CompactString;
 use std::collections::HashMap;
 
+/// The maps' hasher: tenants are looked up on every request.
+type Hasher = foldhash::fast::RandomState;
+
 /// The limits of every plan, and which plan each tenant is on.
 pub struct PlanSet {
     /// `limits`: tenants on no plan.
@@ -16,11 +19,11 @@ pub struct PlanSet {
     /// The plans, by index: name and limits.
     plans: Vec<(CompactString, Limits)>,
     /// Configured tenant → plan.
-    tenants: HashMap<CompactString, u16>,
+    tenants: HashMap<CompactString, u16, Hasher>,
     default_plan: Option<u16>,
     /// Runtime changes (admin API): tenant → plan, `None` = no plan
     /// (back to `default_plan`, or `limits`).
-    overrides: ArcSwap<HashMap<CompactString, Option<u16>>>,
+    overrides: ArcSwap<HashMap<CompactString, Option<u16>, Hasher>>,
 }
 
 impl PlanSet {
@@ -38,7 +41,7 @@ impl PlanSet {
         PlanSet {
             base,
             plans,
-            tenants,
+            tenants: tenants.into_iter().collect(),
             default_plan,
             overrides: ArcSwap::default(),
         }
@@ -64,11 +67,14 @@ impl PlanSet {
     /// The limits `tenant` is held to.
     #[inline]
     pub fn limits_for(&self, tenant: &str) -> &Limits {
-        match self.plan_of(tenant) {
-            Some(index) => self
-                .plans
-                .get(usize::from(index))
-                .map_or(&self.base, |p| &p.1),
+        self.limits_of(self.plan_of(tenant))
+    }
+
+    /// The limits of a plan (`None`: `limits`).
+    #[inline]
+    pub fn limits_of(&self, plan: Option<u16>) -> &Limits {
+        match plan {
+            Some(index) => (self.plans.get(usize::from(index))).map_or(&self.base, |p| &p.1),
             None => &self.base,
         }
     }

@@ -327,9 +327,11 @@ impl Router {
         let timed = counted && self.counters.last_route.sample();
         let started = if timed { self.clock.precise_ms() } else { 0.0 };
         let now = self.clock.now_ms();
-        let result = self.decide_at(request, now, mode);
+        // The tenant's plan, resolved once for its limits and its count.
+        let plan = self.plans.plan_of(request.tenant);
+        let result = self.decide_at(request, now, mode, plan);
         if counted {
-            let slot = (self.plans.plan_of(request.tenant)).map_or(0, |i| usize::from(i) + 1);
+            let slot = plan.map_or(0, |i| usize::from(i) + 1);
             if let Some(counts) = self.counters.decisions.get(slot) {
                 counts[result.decision.index()].incr();
             }
@@ -344,7 +346,13 @@ impl Router {
         result
     }
 
-    fn decide_at<'r>(&'r self, req: &RouteRequest<'_>, now: f64, mode: Mode) -> RouteResult<'r> {
+    fn decide_at<'r>(
+        &'r self,
+        req: &RouteRequest<'_>,
+        now: f64,
+        mode: Mode,
+        plan: Option<u16>,
+    ) -> RouteResult<'r> {
         if self.disposed.load(Ordering::Acquire) {
             return RouteResult::refused(Decision::NoShards);
         }
@@ -359,7 +367,7 @@ impl Router {
                 return RouteResult::refused(Decision::Denied);
             }
             let memo = self.placement_memo(req, &set, &candidates);
-            let (verdict, tenant, pick) = self.check_limits(req, now, mode, memo, || {
+            let (verdict, tenant, pick) = self.check_limits(req, plan, now, mode, memo, || {
                 self.sticky(&RoutingKey::new(req.tenant, None), &candidates)
             });
             match verdict {
@@ -459,12 +467,13 @@ impl Router {
     fn check_limits(
         &self,
         req: &RouteRequest<'_>,
+        plan: Option<u16>,
         now: f64,
         mode: Mode,
         memo: Option<u64>,
         pick: impl FnOnce() -> usize,
     ) -> (Verdict<'_>, Option<Arc<TenantEntry>>, Option<usize>) {
-        let limits = self.plans.limits_for(req.tenant);
+        let limits = self.plans.limits_of(plan);
         let route = req.route.and_then(|r| limits.route_index(r));
         let spend = match mode {
             Mode::Explain => {
@@ -480,11 +489,13 @@ impl Router {
             Mode::Admit => Spend::TokensAndAdmission,
         };
         let forget = self.forget_idle_tenants;
+        let plans = &self.plans;
         self.tenants.with_entry(
             req.tenant,
             now as u64,
             || limits.fresh_buckets(now),
-            |e, s| forget && limits.is_forgettable(e, s, now),
+            // Other tenants may be swept here: each judged by its own plan.
+            |e, s| forget && plans.limits_for(e.id()).is_forgettable(e, s, now),
             |entry, state| {
                 let verdict = limits.check(entry, state, route, now, spend);
                 if verdict != Verdict::Admit {
@@ -579,11 +590,13 @@ impl Router {
         let now = self.clock.now_ms();
         let limits = self.plans.limits_for(tenant);
         let forget = self.forget_idle_tenants;
+        let plans = &self.plans;
         let entry = self.tenants.with_entry(
             tenant,
             now as u64,
             || limits.fresh_buckets(now),
-            |e, s| forget && limits.is_forgettable(e, s, now),
+            // Other tenants may be swept here: each judged by its own plan.
+            |e, s| forget && plans.limits_for(e.id()).is_forgettable(e, s, now),
             |entry, _| {
                 entry.active.fetch_add(1, Ordering::AcqRel);
                 Arc::clone(entry)
