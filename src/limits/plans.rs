@@ -8,6 +8,7 @@ use super::{Limits, RateRule};
 use arc_swap::ArcSwap;
 use compact_str::CompactString;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The maps' hasher: tenants are looked up on every request.
 type Hasher = foldhash::fast::RandomState;
@@ -24,6 +25,9 @@ pub struct PlanSet {
     /// Runtime changes (admin API): tenant → plan, `None` = no plan
     /// (back to `default_plan`, or `limits`).
     overrides: ArcSwap<HashMap<CompactString, Option<u16>, Hasher>>,
+    /// Bumped after each runtime change: a plan cached with an older one
+    /// is looked up again.
+    generation: AtomicU64,
 }
 
 impl PlanSet {
@@ -44,6 +48,7 @@ impl PlanSet {
             tenants: tenants.into_iter().collect(),
             default_plan,
             overrides: ArcSwap::default(),
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -61,6 +66,25 @@ impl PlanSet {
         match overrides.get(tenant) {
             Some(set) => set.or(self.default_plan),
             None => self.tenants.get(tenant).copied().or(self.default_plan),
+        }
+    }
+
+    /// The plan of `tenant`, from `cache` if it was looked up since the
+    /// last runtime change (the tenant's state keeps it: one lookup per
+    /// tenant and change, not per request).
+    #[inline]
+    pub fn plan_cached(&self, tenant: &str, cache: &mut Option<(u64, Option<u16>)>) -> Option<u16> {
+        if self.plans.is_empty() {
+            return None;
+        }
+        let generation = self.generation.load(Ordering::Acquire);
+        match *cache {
+            Some((g, plan)) if g == generation => plan,
+            _ => {
+                let plan = self.plan_of(tenant);
+                *cache = Some((generation, plan));
+                plan
+            }
         }
     }
 
@@ -102,6 +126,7 @@ impl PlanSet {
             next.insert(CompactString::from(tenant), plan);
             next
         });
+        self.generation.fetch_add(1, Ordering::Release);
     }
 
     /// Drops a runtime change: `tenant` follows the configuration again.
@@ -111,6 +136,7 @@ impl PlanSet {
             next.remove(tenant);
             next
         });
+        self.generation.fetch_add(1, Ordering::Release);
     }
 }
 

@@ -66,6 +66,8 @@ pub struct TenantState {
     /// Cluster mode only: the node's lease on this tenant (see
     /// `cluster::SharedSlot`); `None` = no lease yet.
     pub shared: Option<Box<crate::cluster::SharedSlot>>,
+    /// `(plans' generation, plan)`: the tenant's plan as last looked up.
+    pub plan: Option<(u64, Option<u16>)>,
 }
 
 /// One tenant. Admission guards hold it to release their count.
@@ -95,6 +97,7 @@ impl TenantEntry {
                 buckets,
                 placement: None,
                 shared: None,
+                plan: None,
             }),
         })
     }

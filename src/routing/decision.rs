@@ -118,6 +118,8 @@ pub struct RouteResult<'r> {
     /// The live admission (`Router::admit` on `allow` only).
     pub admission: Option<AdmissionGuard>,
     pub(crate) pick: Option<(Guard<Arc<ShardSet>>, usize)>,
+    /// The tenant's plan, if the decision looked it up (`None`: not yet).
+    pub(crate) plan: Option<Option<u16>>,
 }
 
 impl<'r> RouteResult<'r> {
@@ -128,6 +130,7 @@ impl<'r> RouteResult<'r> {
             retry_after_secs: None,
             admission: None,
             pick: None,
+            plan: None,
         }
     }
 

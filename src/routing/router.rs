@@ -327,10 +327,11 @@ impl Router {
         let timed = counted && self.counters.last_route.sample();
         let started = if timed { self.clock.precise_ms() } else { 0.0 };
         let now = self.clock.now_ms();
-        // The tenant's plan, resolved once for its limits and its count.
-        let plan = self.plans.plan_of(request.tenant);
-        let result = self.decide_at(request, now, mode, plan);
+        let result = self.decide_at(request, now, mode);
         if counted {
+            // The plan the limits used (kept in the tenant's state), else
+            // looked up for a decision made before them.
+            let plan = (result.plan).unwrap_or_else(|| self.plans.plan_of(request.tenant));
             let slot = plan.map_or(0, |i| usize::from(i) + 1);
             if let Some(counts) = self.counters.decisions.get(slot) {
                 counts[result.decision.index()].incr();
@@ -346,13 +347,7 @@ impl Router {
         result
     }
 
-    fn decide_at<'r>(
-        &'r self,
-        req: &RouteRequest<'_>,
-        now: f64,
-        mode: Mode,
-        plan: Option<u16>,
-    ) -> RouteResult<'r> {
+    fn decide_at<'r>(&'r self, req: &RouteRequest<'_>, now: f64, mode: Mode) -> RouteResult<'r> {
         if self.disposed.load(Ordering::Acquire) {
             return RouteResult::refused(Decision::NoShards);
         }
@@ -367,12 +362,17 @@ impl Router {
                 return RouteResult::refused(Decision::Denied);
             }
             let memo = self.placement_memo(req, &set, &candidates);
-            let (verdict, tenant, pick) = self.check_limits(req, plan, now, mode, memo, || {
+            let (verdict, tenant, pick, plan) = self.check_limits(req, now, mode, memo, || {
                 self.sticky(&RoutingKey::new(req.tenant, None), &candidates)
             });
             match verdict {
                 Verdict::Admit => {}
-                Verdict::Capped => return RouteResult::refused(Decision::Capped),
+                Verdict::Capped => {
+                    return RouteResult {
+                        plan: Some(plan),
+                        ..RouteResult::refused(Decision::Capped)
+                    }
+                }
                 Verdict::RateLimited {
                     bucket,
                     retry_after_secs,
@@ -380,6 +380,7 @@ impl Router {
                     return RouteResult {
                         bucket: Some(bucket),
                         retry_after_secs,
+                        plan: Some(plan),
                         ..RouteResult::refused(Decision::RateLimited)
                     }
                 }
@@ -390,11 +391,12 @@ impl Router {
                 entry.routed.incr();
             }
             let admission = tenant.map(|t| AdmissionGuard::new(t, Some(entry.active.acquire())));
-            (entry.pos, admission)
+            (entry.pos, admission, plan)
         };
         RouteResult {
             admission: chosen.1,
             pick: Some((set, chosen.0)),
+            plan: Some(chosen.2),
             ..RouteResult::refused(Decision::Allow)
         }
     }
@@ -467,39 +469,54 @@ impl Router {
     fn check_limits(
         &self,
         req: &RouteRequest<'_>,
-        plan: Option<u16>,
         now: f64,
         mode: Mode,
         memo: Option<u64>,
         pick: impl FnOnce() -> usize,
-    ) -> (Verdict<'_>, Option<Arc<TenantEntry>>, Option<usize>) {
-        let limits = self.plans.limits_of(plan);
-        let route = req.route.and_then(|r| limits.route_index(r));
+    ) -> (
+        Verdict<'_>,
+        Option<Arc<TenantEntry>>,
+        Option<usize>,
+        Option<u16>,
+    ) {
+        let plans = &self.plans;
+        // Every plan's limits share one route list.
+        let route = req.route.and_then(|r| plans.base().route_index(r));
         let spend = match mode {
             Mode::Explain => {
-                let verdict = self
-                    .tenants
-                    .with_existing(req.tenant, |e, s| {
-                        limits.check(e, s, route, now, Spend::Nothing)
-                    })
-                    .unwrap_or_else(|| limits.check_fresh(req.tenant, route, now));
-                return (verdict, None, None);
+                let existing = self.tenants.with_existing(req.tenant, |e, s| {
+                    let plan = plans.plan_cached(req.tenant, &mut s.plan);
+                    (
+                        plans
+                            .limits_of(plan)
+                            .check(e, s, route, now, Spend::Nothing),
+                        plan,
+                    )
+                });
+                let (verdict, plan) = existing.unwrap_or_else(|| {
+                    let plan = plans.plan_of(req.tenant);
+                    (
+                        plans.limits_of(plan).check_fresh(req.tenant, route, now),
+                        plan,
+                    )
+                });
+                return (verdict, None, None, plan);
             }
             Mode::Route => Spend::Tokens,
             Mode::Admit => Spend::TokensAndAdmission,
         };
         let forget = self.forget_idle_tenants;
-        let plans = &self.plans;
         self.tenants.with_entry(
             req.tenant,
             now as u64,
-            || limits.fresh_buckets(now),
+            || plans.limits_for(req.tenant).fresh_buckets(now),
             // Other tenants may be swept here: each judged by its own plan.
             |e, s| forget && plans.limits_for(e.id()).is_forgettable(e, s, now),
             |entry, state| {
-                let verdict = limits.check(entry, state, route, now, spend);
+                let plan = plans.plan_cached(req.tenant, &mut state.plan);
+                let verdict = plans.limits_of(plan).check(entry, state, route, now, spend);
                 if verdict != Verdict::Admit {
-                    return (verdict, None, None);
+                    return (verdict, None, None, plan);
                 }
                 let entry = (mode == Mode::Admit).then(|| Arc::clone(entry));
                 let pick = memo.map(|generation| match state.placement {
@@ -510,7 +527,7 @@ impl Router {
                         pos
                     }
                 });
-                (verdict, entry, pick)
+                (verdict, entry, pick, plan)
             },
         )
     }
