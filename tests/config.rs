@@ -104,6 +104,7 @@ const BROKEN: &[(&str, &str, &str, usize)] = &[
     ("a plan's negative cap", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nplans:\n  free: { connection_cap: -1 }\n", "plans.free.connection_cap", 5),
     ("a plan's route without slash", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nplans:\n  free:\n    routes: { api: { tokens: 1, refill_per_second: 1 } }\n", "plans.free.routes.api", 6),
     ("a plan's name unfit for a label", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nplans:\n  \"free plan\": {}\n", "plans.free plan", 5),
+    ("a plan named like no plan", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nplans:\n  none: {}\n", "plans.none", 5),
     ("a typo in a plan", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nplans:\n  free: { connection_caps: 3 }\n", "plans.free", 5),
     ("ACME in a cluster without a secret", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ncluster: { redis: \"redis://127.0.0.1:6379\" }\ntls:\n  acme: { directory: \"https://127.0.0.1:9/dir\", storage: /tmp/acme }\n", "cluster.secret_file", 4),
     ("a secret too short", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ncluster:\n  redis: \"redis://127.0.0.1:6379\"\n  secret_file: /dev/null\n", "cluster.secret_file", 6),

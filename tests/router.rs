@@ -604,6 +604,10 @@ fn each_tenants_limits_follow_its_plan() {
         o.plans = vec![
             ("free".into(), Limits::new(None, never(2.0), Vec::new())),
             ("pro".into(), Limits::new(None, never(5.0), Vec::new())),
+            (
+                "unlimited".into(),
+                Limits::new(None, RateRule::UNLIMITED, Vec::new()),
+            ),
         ];
         o.plan_tenants = [("acme".into(), 1)].into_iter().collect();
         o.default_plan = Some(0);
@@ -621,8 +625,10 @@ fn each_tenants_limits_follow_its_plan() {
     // Back on pro, a bucket that never refills stays as it was (0).
     f.router.plans().unset("acme");
     assert_eq!(admitted("acme", 1), 0);
-    // A fresh tenant moved down has its 5 cut to 2.
-    assert_eq!(admitted("bigco", 0), 0);
+    // A drained tenant moved to a plan without a rate limit is admitted.
+    f.router.plans().set("acme", Some(2));
+    assert_eq!(admitted("acme", 3), 3, "unlimited");
+    // A tenant moved down has its 5 cut to 2.
     f.router.plans().set("bigco", Some(1));
     assert_eq!(admitted("bigco", 1), 1, "4 of pro's 5 left");
     f.router.plans().set("bigco", Some(0));

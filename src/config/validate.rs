@@ -261,6 +261,11 @@ fn check_plans(
                 "a plan's name is 1 to 64 letters, digits, `_`, `.` or `-`",
             );
         }
+        // `none` labels tenants on no plan in the metrics; `-` says "no
+        // plan" in the cluster's shared state.
+        if name == "none" || name == "-" {
+            c.error(&field, format!("`{name}` is reserved (it means no plan)"));
+        }
         let rate = match plan.rate {
             None => limits.rate,
             Some(None) => RateRule::UNLIMITED,

@@ -334,7 +334,7 @@ impl Limits {
         }
         // A tenant moved to a smaller plan: its tokens cut to the new
         // capacity (refill only caps a bucket that refills).
-        buckets.tenant.tokens = buckets.tenant.tokens.min(self.rate.tokens);
+        buckets.tenant.tokens = moved(buckets.tenant.tokens, &self.rate);
         if !buckets.tenant.has_token() {
             return Verdict::RateLimited {
                 bucket: Bucket::Tenant,
@@ -354,7 +354,7 @@ impl Limits {
             if refill {
                 bucket.refill(rule, now);
             }
-            bucket.tokens = bucket.tokens.min(rule.tokens);
+            bucket.tokens = moved(bucket.tokens, rule);
             if !bucket.has_token() {
                 return Verdict::RateLimited {
                     bucket: Bucket::Route(name.as_str()),
@@ -369,6 +369,17 @@ impl Limits {
             buckets.tenant.take();
         }
         Verdict::Admit
+    }
+}
+
+/// A bucket's tokens under `rule`, which may be a new plan's: cut to a
+/// smaller capacity; an unlimited rule (which never refills) holds an
+/// unlimited bucket.
+#[inline]
+fn moved(tokens: f64, rule: &RateRule) -> f64 {
+    match rule.is_unlimited() {
+        true => f64::INFINITY,
+        false => tokens.min(rule.tokens),
     }
 }
 
