@@ -45,7 +45,7 @@ impl AdminApi {
             log::error!("cannot register metrics: {e}");
         }
         AdminApi {
-            routes: RoutePrefixes::new(control.config.limits.routes.iter().map(|(p, _)| p.clone())),
+            routes: RoutePrefixes::new(control.config.route_prefixes()),
             control,
             registry,
         }
@@ -318,13 +318,15 @@ impl AdminApi {
             (None, Some(directory)) => Some(directory.peek_region_for(tenant)),
             (None, None) => None,
         };
-        let route = get("path")
-            .and_then(|p| self.routes.route_for(p))
-            .map(|i| self.routes.name(i));
+        let found = get("path")
+            .map(|p| self.routes.route_for(p))
+            .unwrap_or_default();
+        let name = |i: Option<usize>| i.map(|i| self.routes.name(i));
         let request = RouteRequest {
             tenant,
             channel: get("channel"),
-            route,
+            route: name(found.longest),
+            route_also: name(found.other),
             region: region.as_deref(),
             balance: None,
             exclude: &[],

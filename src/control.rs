@@ -5,7 +5,6 @@
 
 use crate::cluster::Shared;
 use crate::config::{Config, HashKind, LoadKind};
-use crate::limits::plans::over_routes;
 use crate::limits::{Limits, RateRule};
 use crate::metrics::GatewayMetrics;
 use crate::proxy::hooks::GatewayHooks;
@@ -88,7 +87,7 @@ impl Control {
         // same route whichever plan a tenant is on).
         let union = config.route_prefixes();
         let limits_of = |cap, rate, routes: &[(String, RateRule)]| {
-            let limits = Limits::new(cap, rate, over_routes(&union, routes));
+            let limits = Limits::over_union(cap, rate, routes, &union);
             match &cluster {
                 Some(shared) => limits.with_shared(Arc::clone(shared)),
                 None => limits,

@@ -54,8 +54,7 @@ pub fn capture(control: &Control) -> StateSnapshot {
     });
     snap.route_buckets.retain(|r| {
         let limits = plans.limits_for(&r.tenant);
-        limits
-            .route_index(&r.route)
+        (limits.bucket_route(limits.route_index(&r.route), None))
             .and_then(|i| limits.route_rule(i))
             .is_none_or(|rule| r.tokens.0 < rule.tokens)
     });

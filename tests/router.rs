@@ -635,3 +635,44 @@ fn each_tenants_limits_follow_its_plan() {
     assert_eq!(admitted("bigco", 5), 2, "cut to free's 2");
     let _ = &f.clock;
 }
+
+/// A route another plan limits on its own stays under this plan's
+/// covering prefix: a free tenant cannot leave `/api` through the
+/// `/api/export` that only pro names, nor through a path read two ways.
+#[test]
+fn a_route_only_another_plan_names_is_held_by_the_tenants_own_prefix() {
+    let never = |tokens| RateRule::new(tokens, 0.0);
+    let union: Vec<String> = vec!["/api".into(), "/api/export".into(), "/internal".into()];
+    let own = |routes: &[(&str, f64)]| -> Vec<(String, RateRule)> {
+        (routes.iter()).map(|(p, t)| (p.to_string(), never(*t))).collect()
+    };
+    let base = Limits::over_union(None, RateRule::UNLIMITED, &own(&[("/api", 2.0)]), &union);
+    let pro = own(&[("/api/export", 3.0), ("/internal", 1.0)]);
+    let f = router_with(shards(2), base, |o| {
+        o.plans = vec![(
+            "pro".into(),
+            Limits::over_union(None, RateRule::UNLIMITED, &pro, &union),
+        )];
+        o.plan_tenants = [("acme".into(), 0)].into_iter().collect();
+    });
+    let admitted = |tenant: &str, route: &str, also: Option<&str>, n: usize| {
+        (0..n)
+            .filter(|_| {
+                let mut request = RouteRequest::new(tenant).route(route);
+                request.route_also = also;
+                decide(&f.router, request).0 == Decision::Allow
+            })
+            .count()
+    };
+    // No plan: `/api/export` spends `/api`'s two tokens.
+    assert_eq!(admitted("free", "/api/export", None, 1), 1);
+    assert_eq!(admitted("free", "/api", None, 3), 1, "one bucket for both");
+    // `/internal/../api/x`: the longest is pro's `/internal`, the other
+    // reading `/api`, which this tenant is held to (drained).
+    assert_eq!(admitted("free", "/internal", Some("/api"), 1), 0);
+    assert_eq!(admitted("other", "/internal", Some("/api"), 3), 2);
+    // Pro: `/api/export` has its own three, `/api` is unlimited.
+    assert_eq!(admitted("acme", "/api/export", None, 4), 3);
+    assert_eq!(admitted("acme", "/api", None, 4), 4);
+    assert_eq!(admitted("acme", "/internal", Some("/api"), 2), 1);
+}

@@ -60,6 +60,16 @@ pub enum Verdict<'a> {
     },
 }
 
+/// Whether the route prefix `prefix` covers `path`, on path-segment
+/// boundaries: `/api/export` covers `/api/export` and `/api/export/x`,
+/// not `/api/exporter`; `/api/` covers everything under `/api/`.
+pub fn prefix_covers(prefix: &str, path: &str) -> bool {
+    match path.strip_prefix(prefix) {
+        None => false,
+        Some(rest) => prefix.ends_with('/') || rest.is_empty() || rest.starts_with('/'),
+    }
+}
+
 /// What an admitted check does to the tenant's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Spend {
@@ -77,6 +87,10 @@ pub struct Limits {
     connection_cap: Option<u64>,
     rate: RateRule,
     routes: Vec<(CompactString, RateRule)>,
+    /// For each route, the route whose bucket holds it: itself, or (a
+    /// plan's limits over every plan's routes) the plan's own longest
+    /// prefix covering it; `None`: no bucket, unlimited.
+    held_by: Vec<Option<u16>>,
     /// Cluster mode: buckets and caps shared through Redis.
     shared: Option<Arc<Shared>>,
 }
@@ -94,14 +108,52 @@ impl Limits {
         rate: RateRule,
         routes: impl IntoIterator<Item = (String, RateRule)>,
     ) -> Self {
+        let routes: Vec<(CompactString, RateRule)> = (routes.into_iter())
+            .take(usize::from(u16::MAX))
+            .map(|(name, rule)| (CompactString::from(name), rule))
+            .collect();
         Limits {
             connection_cap,
             rate,
-            routes: routes
-                .into_iter()
-                .take(usize::from(u16::MAX))
-                .map(|(name, rule)| (CompactString::from(name), rule))
-                .collect(),
+            held_by: (0..routes.len()).map(|i| Some(i as u16)).collect(),
+            routes,
+            shared: None,
+        }
+    }
+
+    /// One plan's limits over `union`, every route prefix any plan names
+    /// (so a route index means one route whichever plan a tenant is on):
+    /// each prefix is held by the plan's own longest prefix covering it,
+    /// or by none (unlimited). A tenant whose plan limits `/api` is held
+    /// to it under `/api/export` too, though another plan gives
+    /// `/api/export` a bucket of its own.
+    pub fn over_union(
+        connection_cap: Option<u64>,
+        rate: RateRule,
+        own: &[(String, RateRule)],
+        union: &[String],
+    ) -> Self {
+        let union = &union[..union.len().min(usize::from(u16::MAX))];
+        let index_of = |prefix: &str| union.iter().position(|p| p == prefix);
+        let held_by: Vec<Option<u16>> = (union.iter())
+            .map(|prefix| {
+                let covering = own.iter().filter(|(p, _)| prefix_covers(p, prefix));
+                let longest = covering.max_by_key(|(p, _)| p.len())?;
+                index_of(&longest.0).map(|i| i as u16)
+            })
+            .collect();
+        let routes = (union.iter().zip(&held_by))
+            .map(|(prefix, held)| {
+                let rule = held.and_then(|i| own.iter().find(|(p, _)| *p == union[usize::from(i)]));
+                let rule = rule.map_or(RateRule::UNLIMITED, |(_, r)| *r);
+                (CompactString::from(prefix.as_str()), rule)
+            })
+            .collect();
+        Limits {
+            connection_cap,
+            rate,
+            routes,
+            held_by,
             shared: None,
         }
     }
@@ -143,6 +195,19 @@ impl Limits {
             .iter()
             .position(|(n, _)| n.as_str() == name)
             .map(|i| i as u16)
+    }
+
+    /// The route whose bucket a request falls under: `route`'s holder, or
+    /// `also`'s (the same path read another way) when its prefix is
+    /// longer.
+    #[inline]
+    pub fn bucket_route(&self, route: Option<u16>, also: Option<u16>) -> Option<u16> {
+        let held = |r: Option<u16>| self.held_by.get(usize::from(r?)).copied().flatten();
+        let length = |i: u16| self.route_name(i).map_or(0, str::len);
+        match (held(route), held(also)) {
+            (Some(a), Some(b)) if length(b) > length(a) => Some(b),
+            (a, b) => a.or(b),
+        }
     }
 
     pub fn route_name(&self, index: u16) -> Option<&str> {

@@ -4,7 +4,9 @@
 //! means one route whichever plan a tenant is on, and its buckets survive
 //! a move between plans.
 
-use super::{Limits, RateRule};
+use super::Limits;
+#[cfg(test)]
+use super::RateRule;
 use arc_swap::ArcSwap;
 use compact_str::CompactString;
 use std::collections::HashMap;
@@ -140,19 +142,6 @@ impl PlanSet {
     }
 }
 
-/// Every route prefix of `limits` and the plans, each once, in the order
-/// first seen; then `rules` (one plan's, or `limits`') over that list,
-/// unlimited where it has none.
-pub fn over_routes(union: &[String], rules: &[(String, RateRule)]) -> Vec<(String, RateRule)> {
-    let rules: HashMap<&str, RateRule> = rules.iter().map(|(p, r)| (p.as_str(), *r)).collect();
-    (union.iter())
-        .map(|prefix| {
-            let rule = rules.get(prefix.as_str()).copied();
-            (prefix.clone(), rule.unwrap_or(RateRule::UNLIMITED))
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,12 +168,30 @@ mod tests {
     }
 
     #[test]
-    fn every_plan_sees_the_same_route_indices() {
-        let union = vec!["/a".to_string(), "/b".to_string()];
+    fn every_plan_holds_a_route_by_its_own_longest_prefix() {
+        let union: Vec<String> = ["/api", "/api/export", "/b", "/api/export/x"]
+            .map(String::from)
+            .into();
         let rule = RateRule::new(5.0, 1.0);
-        let only_b = vec![("/b".to_string(), rule)];
-        let routes = over_routes(&union, &only_b);
-        assert_eq!(routes[0], ("/a".to_string(), RateRule::UNLIMITED));
-        assert_eq!(routes[1], ("/b".to_string(), rule));
+        let only_api =
+            Limits::over_union(None, RateRule::UNLIMITED, &[("/api".into(), rule)], &union);
+        // Another plan's `/api/export` (and what lies under it) is still
+        // this plan's `/api`: one bucket, index 0.
+        for index in [0, 1, 3] {
+            assert_eq!(only_api.bucket_route(Some(index), None), Some(0), "{index}");
+        }
+        assert_eq!(only_api.route_rule(1), Some(&rule));
+        assert_eq!(
+            only_api.bucket_route(Some(2), None),
+            None,
+            "`/b`: unlimited"
+        );
+        // A path read two ways: the longer prefix this plan has.
+        assert_eq!(only_api.bucket_route(Some(2), Some(0)), Some(0));
+        let both = [("/api".into(), rule), ("/api/export".into(), rule)];
+        let both = Limits::over_union(None, RateRule::UNLIMITED, &both, &union);
+        assert_eq!(both.bucket_route(Some(3), None), Some(1));
+        assert_eq!(both.bucket_route(Some(0), Some(3)), Some(1));
+        assert_eq!(both.bucket_route(Some(9), None), None, "unknown index");
     }
 }

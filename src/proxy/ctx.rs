@@ -2,6 +2,7 @@
 
 use super::hooks::UpstreamFailure;
 use super::pipeline::answer::Refusal;
+use super::pipeline::routes::RouteMatch;
 use super::pipeline::watch::{Verdict, Watch};
 use crate::control::ShardPeer;
 use crate::limits::AdmissionGuard;
@@ -17,7 +18,7 @@ pub struct RequestCtx {
     /// The resolved tenant (after the domain map).
     pub tenant: Option<CompactString>,
     /// Index of the matched route prefix.
-    pub(crate) route: Option<usize>,
+    pub(crate) route: RouteMatch,
     pub(crate) channel: Option<String>,
     pub(crate) region: Option<String>,
     /// The shard of the current attempt.
@@ -71,7 +72,7 @@ impl Default for RequestCtx {
         RequestCtx {
             started: Instant::now(),
             tenant: None,
-            route: None,
+            route: RouteMatch::default(),
             channel: None,
             region: None,
             shard: None,

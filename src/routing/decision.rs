@@ -64,6 +64,10 @@ pub struct RouteRequest<'a> {
     pub channel: Option<&'a str>,
     /// A route name with its own bucket (unknown names are unlimited).
     pub route: Option<&'a str>,
+    /// A second route the same request falls under when its path reads
+    /// two ways (`/a/../b`); each tenant is held to the longer of its
+    /// plan's prefixes covering either.
+    pub route_also: Option<&'a str>,
     /// Keep shards of this region or of none.
     pub region: Option<&'a str>,
     /// Overrides the router's balance strategy for this call.

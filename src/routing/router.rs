@@ -480,23 +480,27 @@ impl Router {
         Option<u16>,
     ) {
         let plans = &self.plans;
-        // Every plan's limits share one route list.
-        let route = req.route.and_then(|r| plans.base().route_index(r));
+        // Every plan's limits share one route list; each holds a request
+        // to the bucket of its own longest prefix covering it.
+        let index = |name: Option<&str>| name.and_then(|r| plans.base().route_index(r));
+        let (route, also) = (index(req.route), index(req.route_also));
+        let route = |limits: &Limits| limits.bucket_route(route, also);
         let spend = match mode {
             Mode::Explain => {
                 let existing = self.tenants.with_existing(req.tenant, |e, s| {
                     let plan = plans.plan_cached(req.tenant, &mut s.plan);
-                    (
-                        plans
-                            .limits_of(plan)
-                            .check(e, s, route, now, Spend::Nothing),
-                        plan,
-                    )
+                    let limits = plans.limits_of(plan);
+                    let verdict = limits.check(e, s, route(limits), now, Spend::Nothing);
+                    (verdict, plan)
                 });
                 let (verdict, plan) = existing.unwrap_or_else(|| {
                     let plan = plans.plan_of(req.tenant);
                     (
-                        plans.limits_of(plan).check_fresh(req.tenant, route, now),
+                        plans.limits_of(plan).check_fresh(
+                            req.tenant,
+                            route(plans.limits_of(plan)),
+                            now,
+                        ),
                         plan,
                     )
                 });
@@ -514,7 +518,8 @@ impl Router {
             |e, s| forget && plans.limits_for(e.id()).is_forgettable(e, s, now),
             |entry, state| {
                 let plan = plans.plan_cached(req.tenant, &mut state.plan);
-                let verdict = plans.limits_of(plan).check(entry, state, route, now, spend);
+                let limits = plans.limits_of(plan);
+                let verdict = limits.check(entry, state, route(limits), now, spend);
                 if verdict != Verdict::Admit {
                     return (verdict, None, None, plan);
                 }
@@ -864,7 +869,9 @@ impl Router {
         }
         for r in &snapshot.route_buckets {
             let limits = plans.limits_for(&r.tenant);
-            let Some(index) = limits.route_index(&r.route) else {
+            // Under the bucket that holds the route now (the plan may have
+            // changed while the state file waited).
+            let Some(index) = limits.bucket_route(limits.route_index(&r.route), None) else {
                 continue;
             };
             let Some(rule) = limits.route_rule(index) else {

@@ -94,7 +94,8 @@ impl Gateway {
         let request = RouteRequest {
             tenant,
             channel: ctx.channel.as_deref(),
-            route: ctx.route.map(|i| self.routes.name(i)),
+            route: ctx.route.longest.map(|i| self.routes.name(i)),
+            route_also: ctx.route.other.map(|i| self.routes.name(i)),
             region: ctx.region.as_deref(),
             balance: None,
             exclude: &ctx.failed,

@@ -10,7 +10,18 @@
 //! and dot segments removed. The shard still receives the path byte for
 //! byte.
 
+use crate::limits::prefix_covers as covers;
 use std::borrow::Cow;
+
+/// The prefixes covering a path: the longest over both readings, and the
+/// other reading's longest when the two fall under different prefixes (a
+/// plan that lacks the longest may hold the other: the router keeps the
+/// longer of what each plan has).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RouteMatch {
+    pub longest: Option<usize>,
+    pub other: Option<usize>,
+}
 
 /// The configured prefixes, longest first.
 #[derive(Clone, Debug, Default)]
@@ -29,11 +40,11 @@ impl RoutePrefixes {
         RoutePrefixes { prefixes }
     }
 
-    /// The longest prefix covering `path` (the path without its query), as
-    /// an index for [`RoutePrefixes::name`].
-    pub fn route_for(&self, path: &str) -> Option<usize> {
+    /// The prefixes covering `path` (the path without its query), as
+    /// indices for [`RoutePrefixes::name`].
+    pub fn route_for(&self, path: &str) -> RouteMatch {
         if self.prefixes.is_empty() {
-            return None;
+            return RouteMatch::default();
         }
         // Two readings of the path: dot segments resolved (as a server
         // that normalises reads it) and `..` kept as a name (as Express,
@@ -41,8 +52,25 @@ impl RoutePrefixes {
         // neither reading leaves a bucket.
         let resolved = normalise(path, true);
         let literal = normalise(path, false);
-        let matching = |p: &str| covers(p, &resolved) || covers(p, &literal);
-        self.prefixes.iter().position(|p| matching(p))
+        let longest = |path: &str| self.prefixes.iter().position(|p| covers(p, path));
+        let first = longest(&resolved);
+        if resolved == literal {
+            return RouteMatch {
+                longest: first,
+                other: None,
+            };
+        }
+        // Longest first: the smaller index is the longer prefix.
+        match (first, longest(&literal)) {
+            (Some(a), Some(b)) => RouteMatch {
+                longest: Some(a.min(b)),
+                other: (a != b).then_some(a.max(b)),
+            },
+            (a, b) => RouteMatch {
+                longest: a.or(b),
+                other: None,
+            },
+        }
     }
 
     pub fn name(&self, index: usize) -> &str {
@@ -51,13 +79,6 @@ impl RoutePrefixes {
 
     pub fn is_empty(&self) -> bool {
         self.prefixes.is_empty()
-    }
-}
-
-fn covers(prefix: &str, path: &str) -> bool {
-    match path.strip_prefix(prefix) {
-        None => false,
-        Some(rest) => prefix.ends_with('/') || rest.is_empty() || rest.starts_with('/'),
     }
 }
 
@@ -143,7 +164,11 @@ mod tests {
 
     impl Named {
         fn route_for(&self, path: &str) -> Option<&str> {
-            self.0.route_for(path).map(|i| self.0.name(i))
+            self.0.route_for(path).longest.map(|i| self.0.name(i))
+        }
+
+        fn other_for(&self, path: &str) -> Option<&str> {
+            self.0.route_for(path).other.map(|i| self.0.name(i))
         }
     }
 
@@ -187,6 +212,14 @@ mod tests {
         assert_eq!(r.route_for("/x/../api/export"), Some("/api/export"));
         assert_eq!(r.route_for("/../../api/"), Some("/api/"));
         assert_eq!(r.route_for("api/export"), Some("/api/export"));
+        // The other reading's prefix is kept when it differs: a plan may
+        // limit only that one.
+        let r = Named(RoutePrefixes::new(["/internal/reports", "/api"]));
+        let path = "/internal/reports/../../api/x";
+        assert_eq!(r.route_for(path), Some("/internal/reports"));
+        assert_eq!(r.other_for(path), Some("/api"));
+        assert_eq!(r.other_for("/api/x"), None);
+        assert_eq!(r.other_for("/api/./x"), None, "one prefix either way");
     }
 
     #[test]
