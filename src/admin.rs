@@ -5,7 +5,7 @@
 //! unknown fields or ids answer 400/404 with a message, and nothing is half
 //! applied: each request is validated whole before it changes anything.
 
-use crate::control::Control;
+use crate::control::{Control, PlanChangeError};
 use crate::limits::top;
 use crate::proxy::pipeline::routes::RoutePrefixes;
 use crate::routing::{RouteRequest, Shard, ShardId};
@@ -502,6 +502,16 @@ impl AdminApi {
         serde_json::Value::Object(plans.collect())
     }
 
+    /// A plan change's answer: the tenant as it is now, or why not (409
+    /// past the bound on runtime changes: put the rest in `tenants`).
+    fn plan_changed(&self, tenant: &str, changed: Result<(), PlanChangeError>) -> Reply {
+        match changed {
+            Ok(()) => Reply::ok(self.tenant(tenant)),
+            Err(e @ PlanChangeError::Full) => Reply::error(StatusCode::CONFLICT, e.to_string()),
+            Err(e) => Reply::error(StatusCode::BAD_REQUEST, e.to_string()),
+        }
+    }
+
     /// `GET /v1/tenants/{tenant}`: its plan and the limits it is held to.
     fn tenant(&self, tenant: &str) -> serde_json::Value {
         let plans = self.control.router.plans();
@@ -624,16 +634,10 @@ impl AdminApi {
             (&Method::GET, ["v1", "tenants", tenant]) => Reply::ok(self.tenant(tenant)),
             (&Method::PUT, ["v1", "tenants", tenant, "plan"]) => match parse::<PlanBody>(body) {
                 Err(r) => r,
-                Ok(b) => match c.set_plan(tenant, Some(&b.plan)) {
-                    Ok(()) => Reply::ok(self.tenant(tenant)),
-                    Err(e) => Reply::error(StatusCode::BAD_REQUEST, e),
-                },
+                Ok(b) => self.plan_changed(tenant, c.set_plan(tenant, Some(&b.plan))),
             },
             (&Method::DELETE, ["v1", "tenants", tenant, "plan"]) => {
-                match c.set_plan(tenant, None) {
-                    Ok(()) => Reply::ok(self.tenant(tenant)),
-                    Err(e) => Reply::error(StatusCode::BAD_REQUEST, e),
-                }
+                self.plan_changed(tenant, c.set_plan(tenant, None))
             }
             (&Method::GET, ["v1", "route"]) => self.explain(query),
             (&Method::GET, ["v1", "snapshot"]) => Reply::ok(json!(state::capture(c))),

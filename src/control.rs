@@ -429,41 +429,64 @@ impl Control {
             self.deny(tenant);
         }
         for (tenant, plan) in &diff.plans {
-            if let Err(e) = self.set_plan(tenant, plan.as_deref()) {
+            if let Err(e) = self.set_plan(tenant, Some(plan)) {
                 log::warn!("state: cannot restore the plan of `{tenant}`: {e}");
             }
         }
     }
 
-    /// Moves `tenant` to `plan` (`None`: no plan — the default one, if
-    /// configured) from its next request on, on every node. Refused: an
-    /// unknown plan, or a new tenant past [`MAX_PLAN_CHANGES`].
-    pub fn set_plan(&self, tenant: &str, plan: Option<&str>) -> Result<(), String> {
-        let plans = self.router.plans();
-        let index = match plan {
-            None => None,
-            Some(name) => Some(
-                plans
-                    .index_of(name)
-                    .ok_or_else(|| format!("unknown plan `{name}`"))?,
-            ),
-        };
-        let mut diff = self.diff.lock();
-        if diff.plans.len() >= MAX_PLAN_CHANGES && !diff.plans.contains_key(tenant) {
-            return Err(format!(
-                "at most {MAX_PLAN_CHANGES} tenants' plans are set at runtime: put the rest in `tenants`"
-            ));
+    /// Moves `tenant` to `plan` from its next request on, on every node;
+    /// `None` drops the runtime change (the tenant follows `tenants`,
+    /// then `default_plan`, then `limits` again). Refused: an unknown
+    /// plan, an empty tenant, or a new tenant past [`MAX_PLAN_CHANGES`].
+    pub fn set_plan(&self, tenant: &str, plan: Option<&str>) -> Result<(), PlanChangeError> {
+        if tenant.is_empty() {
+            return Err(PlanChangeError::NoTenant);
         }
-        plans.set(tenant, index);
-        diff.plans
-            .insert(tenant.to_string(), plan.map(str::to_string));
+        let plans = self.router.plans();
+        let mut diff = self.diff.lock();
+        match plan {
+            Some(name) => {
+                let index = (plans.index_of(name))
+                    .ok_or_else(|| PlanChangeError::UnknownPlan(name.to_string()))?;
+                if diff.plans.len() >= MAX_PLAN_CHANGES && !diff.plans.contains_key(tenant) {
+                    return Err(PlanChangeError::Full);
+                }
+                plans.set(tenant, index);
+                diff.plans.insert(tenant.to_string(), name.to_string());
+            }
+            None => {
+                plans.unset(tenant);
+                diff.plans.remove(tenant);
+            }
+        }
         self.publish(|| {
-            (
-                format!("plan:{tenant}"),
-                plan.unwrap_or(REMOVED).to_string(),
-            )
+            let value = plan.unwrap_or(REMOVED).to_string();
+            (format!("plan:{tenant}"), value)
         });
         Ok(())
+    }
+}
+
+/// Why a plan change was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlanChangeError {
+    UnknownPlan(String),
+    NoTenant,
+    /// [`MAX_PLAN_CHANGES`] tenants already have a runtime plan.
+    Full,
+}
+
+impl std::fmt::Display for PlanChangeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PlanChangeError::UnknownPlan(name) => write!(f, "unknown plan `{name}`"),
+            PlanChangeError::NoTenant => f.write_str("tenant: required"),
+            PlanChangeError::Full => write!(
+                f,
+                "at most {MAX_PLAN_CHANGES} tenants' plans are set at runtime: put the rest in `tenants`"
+            ),
+        }
     }
 }
 
@@ -535,9 +558,8 @@ pub struct RuntimeDiff {
     /// Configured denials lifted at runtime.
     pub deny_removed: Vec<String>,
     pub deny_added: Vec<String>,
-    /// Plans set at runtime: tenant → plan (`None`: no plan, the default
-    /// one if any).
-    pub plans: std::collections::BTreeMap<String, Option<String>>,
+    /// Plans set at runtime: tenant → plan.
+    pub plans: std::collections::BTreeMap<String, String>,
 }
 
 impl RuntimeDiff {

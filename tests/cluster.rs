@@ -982,28 +982,58 @@ fn plans_hold_across_nodes_and_a_change_reaches_them_within_a_second() {
         &[("a", a.url())],
         "limits:\n  rate: { tokens: 2, refill_per_second: 1 }\n\
          plans:\n  pro: { rate: { tokens: 20, refill_per_second: 10 } }\n  free: {}\n\
+         \x20 open: { rate: null }\n\
          tenants: { busy: pro }\n",
     );
     assert_one_bucket(&nodes, 20.0, 10.0);
-    let plan_on =
-        |n: &Gateway| n.admin("GET", "/v1/tenants/acme", None, Some(TOKEN)).json()["plan"].clone();
-    assert_eq!(plan_on(&nodes[2]), serde_json::Value::Null);
-    let put = nodes[0].admin(
-        "PUT",
-        "/v1/tenants/acme/plan",
-        Some("{\"plan\":\"pro\"}"),
-        Some(TOKEN),
-    );
-    assert_eq!(put.status, 200, "{}", put.text());
+    let plan_on = |n: &Gateway, tenant: &str| {
+        let path = format!("/v1/tenants/{tenant}");
+        n.admin("GET", &path, None, Some(TOKEN)).json()["plan"].clone()
+    };
+    let set = |n: &Gateway, tenant: &str, plan: &str| {
+        let path = format!("/v1/tenants/{tenant}/plan");
+        let body = format!("{{\"plan\":\"{plan}\"}}");
+        let put = n.admin("PUT", &path, Some(&body), Some(TOKEN));
+        assert_eq!(put.status, 200, "{}", put.text());
+    };
+    assert_eq!(plan_on(&nodes[2], "acme"), serde_json::Value::Null);
+    set(&nodes[0], "acme", "pro");
     let took = wait_for(
         Duration::from_secs(1),
         "the plan seen on nodes 2 and 3",
-        || nodes[1..].iter().all(|n| plan_on(n) == "pro"),
+        || nodes[1..].iter().all(|n| plan_on(n, "acme") == "pro"),
     );
     eprintln!("plan shared in {took:?}");
     let gone = nodes[1].admin("DELETE", "/v1/tenants/acme/plan", None, Some(TOKEN));
     assert_eq!(gone.status, 200);
     wait_for(Duration::from_secs(1), "no plan on nodes 1 and 3", || {
-        [&nodes[0], &nodes[2]].iter().all(|n| plan_on(n).is_null())
+        [&nodes[0], &nodes[2]]
+            .iter()
+            .all(|n| plan_on(n, "acme").is_null())
     });
+    // Moved to an unlimited plan and back: each node's unlimited bucket
+    // opens its share of pro's on credit, not pro's whole capacity (three
+    // buckets' worth in all).
+    set(&nodes[0], "busy", "open");
+    wait_for(Duration::from_secs(1), "busy on `open` everywhere", || {
+        nodes.iter().all(|n| plan_on(n, "busy") == "open")
+    });
+    let (_, refused, _) = spread(&nodes, "busy.localhost", 0.3, Duration::from_millis(5));
+    assert_eq!(refused, 0, "unlimited");
+    let configured = nodes[2].admin("DELETE", "/v1/tenants/busy/plan", None, Some(TOKEN));
+    assert_eq!(configured.json()["plan"], "pro", "back to `tenants`");
+    wait_for(
+        Duration::from_secs(1),
+        "busy back on pro everywhere",
+        || nodes.iter().all(|n| plan_on(n, "busy") == "pro"),
+    );
+    // At most one bucket (leases left while unlimited count against the
+    // refill until they expire, so fewer may be admitted for a while).
+    let (admitted, _, secs) = spread(&nodes, "busy.localhost", 2.0, Duration::from_millis(5));
+    let most = 20.0 + 10.0 * secs + slack(20.0, 10.0, 3.0);
+    eprintln!("after the move back: admitted {admitted} in {secs:.2}s, at most {most:.1}");
+    assert!(
+        f64::from(admitted) <= most,
+        "{admitted} > one bucket's {most:.1}"
+    );
 }

@@ -907,8 +907,10 @@ fn a_tenants_plan_is_set_at_runtime_and_survives_a_restart() {
     let mut gw = start(
         &[("a", a.url())],
         "limits: { rate: { tokens: 9, refill_per_second: 0 } }\n\
-         plans:\n  free: { rate: { tokens: 2, refill_per_second: 0 }, connection_cap: 5 }\n  \
-         pro: { rate: null, max_body_bytes: null }\n  big: { rate: { tokens: 20, refill_per_second: 0 } }\n  \
+         plans:\n  free: { rate: { tokens: 2, refill_per_second: 0 }, connection_cap: 5,\n    \
+         routes: { /api: { tokens: 1, refill_per_second: 0 } } }\n  \
+         pro: { rate: null, max_body_bytes: null, routes: { /api/export: { tokens: 1, refill_per_second: 0 },\n    \
+         /internal: { tokens: 1, refill_per_second: 0 } } }\n  big: { rate: { tokens: 20, refill_per_second: 0 } }\n  \
          tiny: { max_body_bytes: 10 }\n\
          tenants: { acme: pro, big1: big, small: tiny }\ndefault_plan: free\n",
     );
@@ -933,6 +935,22 @@ fn a_tenants_plan_is_set_at_runtime_and_survives_a_restart() {
     assert_eq!(post("small", "Transfer-Encoding: chunked", chunks), 413);
     assert_eq!(post("acme", "Content-Length: 11", "01234567890"), 200);
     assert_eq!(post("acme", "Transfer-Encoding: chunked", chunks), 200);
+    // A route only pro names stays under free's `/api`, however spelled.
+    let route = |tenant: &str, path: &str| gw.get(&format!("{tenant}.localhost"), path).status;
+    assert_eq!(route("someone", "/api/export/x"), 200);
+    assert_eq!(
+        route("someone", "/internal/../api/x"),
+        429,
+        "free's /api, drained"
+    );
+    let explained = admin(
+        &gw,
+        "GET",
+        "/v1/route?tenant=someone&path=/api/export",
+        None,
+    )
+    .json();
+    assert_eq!(explained["bucket"], "/api", "{explained}");
     let explained = admin(&gw, "GET", "/v1/route?tenant=acme", None).json();
     assert_eq!(explained["plan"], "pro", "{explained}");
     assert_eq!(other["limits"]["connection_cap"], 5);
@@ -960,13 +978,14 @@ fn a_tenants_plan_is_set_at_runtime_and_survives_a_restart() {
         vec![200, 200, 429],
         "on free from the next request"
     );
-    // Decisions by plan, every plan exported (and `none`): other's 429 and
-    // acme's since its move count under free, acme's 14 before under pro.
+    // Decisions by plan, every plan exported (and `none`): other's 429,
+    // someone's route 429 and acme's since its move count under free,
+    // acme's 14 before under pro.
     let m = parse_prometheus(&gw.admin("GET", "/metrics", None, None).text());
     let count = |d: &str, plan: &str| {
         m[&format!("shardgate_decisions_total{{decision=\"{d}\",plan=\"{plan}\"}}")]
     };
-    assert_eq!(count("rate-limited", "free"), 2.0);
+    assert_eq!(count("rate-limited", "free"), 3.0);
     assert_eq!(count("allow", "pro"), 14.0);
     assert_eq!(count("allow", "none"), 0.0);
     assert_eq!(count("capped", "big"), 0.0);
@@ -977,6 +996,10 @@ fn a_tenants_plan_is_set_at_runtime_and_survives_a_restart() {
         Some("{\"plan\":\"gold\"}"),
     );
     assert_eq!(unknown.status, 400, "{}", unknown.text());
+    let nobody = admin(&gw, "PUT", "/v1/tenants//plan", Some("{\"plan\":\"pro\"}"));
+    assert_eq!(nobody.status, 400, "{}", nobody.text());
+    // DELETE drops a runtime change: a tenant never set follows the
+    // default plan still, and leaves nothing in the state file.
     let cleared = admin(&gw, "DELETE", "/v1/tenants/bigco/plan", None);
     assert_eq!(cleared.json()["plan"], "free", "no plan: the default one");
     // A bucket judged by its own plan: 15 of big's 20 left is not full,
@@ -984,12 +1007,26 @@ fn a_tenants_plan_is_set_at_runtime_and_survives_a_restart() {
     assert_eq!(statuses(&gw, "big1", 5), vec![200; 5]);
     let state = gw.dir.path().join("state.json");
     assert!(eventually(Duration::from_secs(5), || {
-        std::fs::read_to_string(&state).is_ok_and(|s| s.contains("bigco") && s.contains("big1"))
+        std::fs::read_to_string(&state).is_ok_and(|s| s.contains("\"acme\"") && s.contains("big1"))
     }));
+    assert!(!std::fs::read_to_string(&state)
+        .unwrap_or_default()
+        .contains("bigco"));
     gw.kill9();
     gw.restart();
     let acme = admin(&gw, "GET", "/v1/tenants/acme", None).json();
     assert_eq!(acme["plan"], "free", "after a restart: {acme}");
     let after = statuses(&gw, "big1", 16);
     assert_eq!(after.iter().filter(|s| **s == 200).count(), 15, "{after:?}");
+    // DELETE of acme's change: back to `tenants`' pro, after a restart too.
+    let restored = admin(&gw, "DELETE", "/v1/tenants/acme/plan", None);
+    assert_eq!(restored.json()["plan"], "pro", "{}", restored.text());
+    let changed = |s: &str| s.contains("\"acme\": \"free\"") || s.contains("\"acme\":\"free\"");
+    assert!(eventually(Duration::from_secs(5), || {
+        std::fs::read_to_string(&state).is_ok_and(|s| !changed(&s))
+    }));
+    gw.kill9();
+    gw.restart();
+    let acme = admin(&gw, "GET", "/v1/tenants/acme", None).json();
+    assert_eq!(acme["plan"], "pro", "after a restart: {acme}");
 }

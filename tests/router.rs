@@ -620,18 +620,18 @@ fn each_tenants_limits_follow_its_plan() {
     assert_eq!(admitted("acme", 3), 3, "pro: 5 tokens");
     assert_eq!(admitted("someone", 3), 2, "the default plan: 2 tokens");
     // acme holds 2 of pro's 5: moved to free (2), it keeps 2, spends them.
-    f.router.plans().set("acme", Some(0));
+    f.router.plans().set("acme", 0);
     assert_eq!(admitted("acme", 3), 2);
     // Back on pro, a bucket that never refills stays as it was (0).
     f.router.plans().unset("acme");
     assert_eq!(admitted("acme", 1), 0);
     // A drained tenant moved to a plan without a rate limit is admitted.
-    f.router.plans().set("acme", Some(2));
+    f.router.plans().set("acme", 2);
     assert_eq!(admitted("acme", 3), 3, "unlimited");
     // A tenant moved down has its 5 cut to 2.
-    f.router.plans().set("bigco", Some(1));
+    f.router.plans().set("bigco", 1);
     assert_eq!(admitted("bigco", 1), 1, "4 of pro's 5 left");
-    f.router.plans().set("bigco", Some(0));
+    f.router.plans().set("bigco", 0);
     assert_eq!(admitted("bigco", 5), 2, "cut to free's 2");
     let _ = &f.clock;
 }
@@ -644,7 +644,9 @@ fn a_route_only_another_plan_names_is_held_by_the_tenants_own_prefix() {
     let never = |tokens| RateRule::new(tokens, 0.0);
     let union: Vec<String> = vec!["/api".into(), "/api/export".into(), "/internal".into()];
     let own = |routes: &[(&str, f64)]| -> Vec<(String, RateRule)> {
-        (routes.iter()).map(|(p, t)| (p.to_string(), never(*t))).collect()
+        (routes.iter())
+            .map(|(p, t)| (p.to_string(), never(*t)))
+            .collect()
     };
     let base = Limits::over_union(None, RateRule::UNLIMITED, &own(&[("/api", 2.0)]), &union);
     let pro = own(&[("/api/export", 3.0), ("/internal", 1.0)]);

@@ -322,8 +322,11 @@ impl Limits {
             Some(_) => entry.active() + shared.others_active(entry.id()),
         };
         let n = shared.nodes_alive();
-        // No lease yet, or one given back: the next request opens one.
-        let opening = state.shared.as_ref().is_none_or(|s| s.dormant.is_some());
+        // No lease yet, or one given back: the next request opens one. So
+        // does a tenant moved here from an unlimited plan (its bucket holds
+        // unlimited tokens): its share on credit, not the whole capacity.
+        let from_unlimited = !self.rate.is_unlimited() && state.buckets.tenant.tokens.is_infinite();
+        let opening = state.shared.as_ref().is_none_or(|s| s.dormant.is_some()) || from_unlimited;
         if spend == Spend::Nothing {
             let (mut copy, mut slot) = match &state.shared {
                 Some(slot) => (state.buckets.clone(), SharedSlot::clone(slot)),
@@ -343,8 +346,13 @@ impl Limits {
         }
         let route = route.filter(|i| usize::from(*i) < self.routes.len());
         if let Some(index) = route {
+            let rule = &self.routes[usize::from(index)].1;
+            // A route bucket an unlimited plan left opens a share too.
+            state
+                .buckets
+                .routes
+                .retain(|(i, b)| *i != index || rule.is_unlimited() || b.tokens.is_finite());
             if !state.buckets.routes.iter().any(|(i, _)| *i == index) {
-                let rule = &self.routes[usize::from(index)].1;
                 let share = slot.opening_share(rule, n, now);
                 state
                     .buckets

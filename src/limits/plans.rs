@@ -7,8 +7,8 @@
 use super::Limits;
 #[cfg(test)]
 use super::RateRule;
-use arc_swap::ArcSwap;
 use compact_str::CompactString;
+use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -24,9 +24,10 @@ pub struct PlanSet {
     /// Configured tenant → plan.
     tenants: HashMap<CompactString, u16, Hasher>,
     default_plan: Option<u16>,
-    /// Runtime changes (admin API): tenant → plan, `None` = no plan
-    /// (back to `default_plan`, or `limits`).
-    overrides: ArcSwap<HashMap<CompactString, Option<u16>, Hasher>>,
+    /// Runtime changes (admin API): tenant → plan. Read only when a
+    /// tenant's cached plan is stale; written one change at a time (a
+    /// restore of a million is linear).
+    overrides: RwLock<HashMap<CompactString, u16, Hasher>>,
     /// Bumped after each runtime change: a plan cached with an older one
     /// is looked up again.
     generation: AtomicU64,
@@ -49,7 +50,7 @@ impl PlanSet {
             plans,
             tenants: tenants.into_iter().collect(),
             default_plan,
-            overrides: ArcSwap::default(),
+            overrides: RwLock::default(),
             generation: AtomicU64::new(0),
         }
     }
@@ -64,11 +65,9 @@ impl PlanSet {
         if self.plans.is_empty() {
             return None;
         }
-        let overrides = self.overrides.load();
-        match overrides.get(tenant) {
-            Some(set) => set.or(self.default_plan),
-            None => self.tenants.get(tenant).copied().or(self.default_plan),
-        }
+        let set = self.overrides.read().get(tenant).copied();
+        set.or_else(|| self.tenants.get(tenant).copied())
+            .or(self.default_plan)
     }
 
     /// The plan of `tenant`, from `cache` if it was looked up since the
@@ -121,24 +120,24 @@ impl PlanSet {
         (self.plans.iter().position(|p| p.0 == name)).map(|i| i as u16)
     }
 
-    /// Moves `tenant` to `plan` (`None`: no plan) from its next request.
-    pub fn set(&self, tenant: &str, plan: Option<u16>) {
-        self.overrides.rcu(|current| {
-            let mut next = HashMap::clone(current);
-            next.insert(CompactString::from(tenant), plan);
-            next
-        });
+    /// Moves `tenant` to `plan` from its next request.
+    pub fn set(&self, tenant: &str, plan: u16) {
+        self.overrides
+            .write()
+            .insert(CompactString::from(tenant), plan);
         self.generation.fetch_add(1, Ordering::Release);
     }
 
-    /// Drops a runtime change: `tenant` follows the configuration again.
+    /// Drops a runtime change: `tenant` follows the configuration again
+    /// (`tenants`, then `default_plan`, then `limits`).
     pub fn unset(&self, tenant: &str) {
-        self.overrides.rcu(|current| {
-            let mut next = HashMap::clone(current);
-            next.remove(tenant);
-            next
-        });
+        self.overrides.write().remove(tenant);
         self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// How many tenants' plans are set at runtime.
+    pub fn changed(&self) -> usize {
+        self.overrides.read().len()
     }
 }
 
@@ -157,10 +156,10 @@ mod tests {
         let set = PlanSet::new(limits(9), plans, tenants, Some(0));
         assert_eq!(set.limits_for("acme").connection_cap(), Some(2));
         assert_eq!(set.limits_for("other").connection_cap(), Some(1));
-        set.set("other", Some(1));
+        set.set("other", 1);
         assert_eq!(set.limits_for("other").connection_cap(), Some(2));
-        set.set("acme", None);
-        assert_eq!(set.plan_of("acme"), Some(0), "no plan: the default one");
+        set.set("acme", 0);
+        assert_eq!(set.plan_of("acme"), Some(0));
         set.unset("acme");
         assert_eq!(set.plan_of("acme"), Some(1), "the configuration again");
         let single = PlanSet::single(limits(9));
