@@ -457,7 +457,10 @@ impl Control {
             }
             None => {
                 plans.unset(tenant);
-                diff.plans.remove(tenant);
+                if diff.plans.remove(tenant).is_none() {
+                    // Nothing was set: nothing to share (no entry kept).
+                    return Ok(());
+                }
             }
         }
         self.publish(|| {

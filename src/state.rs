@@ -54,9 +54,9 @@ pub fn capture(control: &Control) -> StateSnapshot {
     });
     snap.route_buckets.retain(|r| {
         let limits = plans.limits_for(&r.tenant);
-        (limits.bucket_route(limits.route_index(&r.route), None))
-            .and_then(|i| limits.route_rule(i))
-            .is_none_or(|rule| r.tokens.0 < rule.tokens)
+        (limits.route_index(&r.route))
+            .and_then(|i| limits.holds(i))
+            .is_some_and(|rule| r.tokens.0 < rule.tokens)
     });
     // Clock domain → wall clock.
     let offset = wall_ms() - router.clock().now_ms();

@@ -505,8 +505,8 @@ fn lease_of(limits: &crate::limits::Limits, state: &TenantState) -> Vec<LeaseBuc
         });
     }
     for (index, bucket) in &state.buckets.routes {
-        let (Some(name), Some(rule)) = (limits.route_name(*index), limits.route_rule(*index))
-        else {
+        // Only the plan's own limited buckets (not one another plan left).
+        let (Some(name), Some(rule)) = (limits.route_name(*index), limits.holds(*index)) else {
             continue;
         };
         let credit = slot

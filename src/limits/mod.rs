@@ -210,6 +210,39 @@ impl Limits {
         }
     }
 
+    /// The rule of a route this plan gives a bucket of its own: not one
+    /// held by a covering prefix, not an unlimited one. A bucket under any
+    /// other index is another plan's, left from before a move.
+    pub fn holds(&self, index: u16) -> Option<&RateRule> {
+        let own = self.held_by.get(usize::from(index)).copied().flatten() == Some(index);
+        (self.route_rule(index)).filter(|rule| own && !rule.is_unlimited())
+    }
+
+    /// A tenant just moved to these limits from another plan: route
+    /// buckets of the other plan go; in cluster mode each bucket is cut to
+    /// this node's share of the new capacity (`1/N`, as a new lease gets:
+    /// the other nodes cut theirs too). An unlimited bucket (from a plan
+    /// without that limit) opens its share on credit at the next request.
+    pub fn after_move(&self, state: &mut TenantState) {
+        let buckets = &mut state.buckets;
+        buckets.routes.retain(|(i, _)| self.holds(*i).is_some());
+        let Some(shared) = &self.shared else {
+            return;
+        };
+        let n = shared.nodes_alive().max(1.0);
+        let cut = |tokens: &mut f64, rule: &RateRule| {
+            if tokens.is_finite() && !rule.is_unlimited() {
+                *tokens = tokens.min(rule.tokens / n);
+            }
+        };
+        cut(&mut buckets.tenant.tokens, &self.rate);
+        for (index, bucket) in &mut buckets.routes {
+            if let Some(rule) = self.holds(*index) {
+                cut(&mut bucket.tokens, rule);
+            }
+        }
+    }
+
     pub fn route_name(&self, index: u16) -> Option<&str> {
         self.routes.get(usize::from(index)).map(|(n, _)| n.as_str())
     }
@@ -236,7 +269,7 @@ impl Limits {
             let refilled = |slot: &SharedSlot| {
                 slot.dormant.is_some()
                     && std::iter::once(&self.rate)
-                        .chain(self.routes.iter().map(|(_, r)| r))
+                        .chain((0..self.routes.len()).filter_map(|i| self.holds(i as u16)))
                         .all(|rule| {
                             rule.is_unlimited() || slot.opening_share(rule, 1.0, now) >= rule.tokens
                         })
@@ -247,7 +280,8 @@ impl Limits {
         entry.active() == 0
             && b.tenant.is_full_at(&self.rate, now)
             && b.routes.iter().all(|(i, bucket)| {
-                self.route_rule(*i)
+                // Another plan's bucket (left from a move) counts for nothing.
+                self.holds(*i)
                     .is_none_or(|rule| bucket.is_full_at(rule, now))
             })
     }

@@ -488,7 +488,9 @@ impl Router {
         let spend = match mode {
             Mode::Explain => {
                 let existing = self.tenants.with_existing(req.tenant, |e, s| {
-                    let plan = plans.plan_cached(req.tenant, &mut s.plan);
+                    // A copy of the cache: explaining moves nothing.
+                    let mut cache = s.plan;
+                    let plan = plans.plan_cached(req.tenant, &mut cache);
                     let limits = plans.limits_of(plan);
                     let verdict = limits.check(e, s, route(limits), now, Spend::Nothing);
                     (verdict, plan)
@@ -517,8 +519,12 @@ impl Router {
             // Other tenants may be swept here: each judged by its own plan.
             |e, s| forget && plans.limits_for(e.id()).is_forgettable(e, s, now),
             |entry, state| {
+                let before = state.plan.map(|(_, plan)| plan);
                 let plan = plans.plan_cached(req.tenant, &mut state.plan);
                 let limits = plans.limits_of(plan);
+                if before.is_some_and(|before| before != plan) {
+                    limits.after_move(state);
+                }
                 let verdict = limits.check(entry, state, route(limits), now, spend);
                 if verdict != Verdict::Admit {
                     return (verdict, None, None, plan);
@@ -869,12 +875,12 @@ impl Router {
         }
         for r in &snapshot.route_buckets {
             let limits = plans.limits_for(&r.tenant);
-            // Under the bucket that holds the route now (the plan may have
+            // Only a bucket of the tenant's own plan (the plan may have
             // changed while the state file waited).
-            let Some(index) = limits.bucket_route(limits.route_index(&r.route), None) else {
+            let Some(index) = limits.route_index(&r.route) else {
                 continue;
             };
-            let Some(rule) = limits.route_rule(index) else {
+            let Some(rule) = limits.holds(index) else {
                 continue;
             };
             let entry = restored

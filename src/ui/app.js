@@ -396,15 +396,16 @@ $("#tenant-form [data-do=plan]").addEventListener("click", () => {
   const t = $("#tenant").value.trim();
   const plan = $("#plan").value;
   if (!t) return;
-  // "" = no plan: the tenant follows the default plan (or `limits`).
+  // "" = as configured: the runtime change is dropped; the tenant follows
+  // `tenants`, then `default_plan`, then `limits`.
   const text = plan
     ? `Move tenant “${t}” to plan “${plan}”? Its limits change from its next request.`
-    : `Take tenant “${t}” off its plan? It gets the default limits from its next request.`;
+    : `Put tenant “${t}” back on its configured plan? Its limits change from its next request.`;
   confirmThen(text, "Set plan",
     () => plan
       ? api("PUT", `/v1/tenants/${encodeURIComponent(t)}/plan`, { plan })
       : api("DELETE", `/v1/tenants/${encodeURIComponent(t)}/plan`),
-    `tenant ${t}: plan ${plan || "none"}`);
+    `tenant ${t}: plan ${plan || "as configured"}`);
 });
 
 function renderPlans(plans) {
@@ -413,7 +414,7 @@ function renderPlans(plans) {
   const wanted = ["", ...names].join("\n");
   if (select.dataset.names === wanted) return; // keep the operator's choice
   select.dataset.names = wanted;
-  select.replaceChildren(el("option", { value: "" }, "no plan"),
+  select.replaceChildren(el("option", { value: "" }, "as configured"),
     ...names.map((n) => el("option", { value: n }, n)));
   const none = names.length === 0;
   select.hidden = none;

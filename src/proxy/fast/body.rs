@@ -152,6 +152,10 @@ impl H1Body {
                 .framing
                 .consume(input)
                 .map_err(|_| BodyError::Malformed)?;
+            if let Some(budget) = &mut self.budget {
+                // The tenant's own limit, whatever the length said.
+                *budget = (budget.checked_sub(used as u64)).ok_or(BodyError::TooLarge)?;
+            }
             inspect(&mut self.phase, &input[..used], self.framing.is_done())?;
             return Ok(input.split_to(used).freeze());
         }

@@ -71,6 +71,15 @@ pub fn check_request_line(buf: &[u8]) -> Result<(), Refused> {
     }
 }
 
+/// The largest length a `Content-Length` value names (`5, 5` is one
+/// length said twice; the head reader refuses values that differ), or
+/// `None` when it names none.
+pub fn declared_length(value: &[u8]) -> Option<u64> {
+    (value.split(|b| *b == b',').map(<[u8]>::trim_ascii))
+        .filter_map(|text| std::str::from_utf8(text).ok()?.parse::<u64>().ok())
+        .max()
+}
+
 /// Checks the framing fields of a parsed head (`fields` as (name, value),
 /// `http10`: the request is HTTP/1.0) and the body size they announce
 /// against `max_body` (`None`: unlimited); returns the body's framing.

@@ -7,6 +7,7 @@
 use super::answer::Refusal;
 use super::body::BodyPhase;
 use super::fields::{is_hop_by_hop, is_ours, is_text};
+use super::message::declared_length;
 use super::watch::probe;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::hooks::{
@@ -59,8 +60,7 @@ impl Gateway {
         }
         // A declared length over the tenant's own limit (the head reader
         // knew only the largest any tenant has): 413, no token spent.
-        let declared = (req.header("content-length"))
-            .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok());
+        let declared = req.header("content-length").and_then(declared_length);
         if let (Some(length), Some(max)) = (declared, ctx.max_body) {
             if length > max {
                 ctx.tenant = Some(resolved.tenant);
