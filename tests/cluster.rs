@@ -981,7 +981,8 @@ fn plans_hold_across_nodes_and_a_change_reaches_them_within_a_second() {
         &format!("\"{}\"", redis.url()),
         &[("a", a.url())],
         "limits:\n  rate: { tokens: 2, refill_per_second: 1 }\n\
-         plans:\n  pro: { rate: { tokens: 20, refill_per_second: 10 } }\n  free: {}\n\
+         plans:\n  pro: { rate: { tokens: 20, refill_per_second: 10 } }\n  \
+         free: { rate: { tokens: 6, refill_per_second: 3 } }\n\
          \x20 open: { rate: null }\n\
          tenants: { busy: pro }\n",
     );
@@ -1036,4 +1037,20 @@ fn plans_hold_across_nodes_and_a_change_reaches_them_within_a_second() {
         f64::from(admitted) <= most,
         "{admitted} > one bucket's {most:.1}"
     );
+    // Moved down to free (6 tokens, 3 a second) with pro's bucket full
+    // again: Redis' balance and every node's lease are cut to free's one
+    // bucket.
+    std::thread::sleep(Duration::from_millis(2500));
+    set(&nodes[1], "busy", "free");
+    wait_for(Duration::from_secs(1), "busy on free everywhere", || {
+        nodes.iter().all(|n| plan_on(n, "busy") == "free")
+    });
+    let (admitted, _, secs) = spread(&nodes, "busy.localhost", 2.0, Duration::from_millis(5));
+    let most = 6.0 + 3.0 * secs + slack(6.0, 3.0, 3.0);
+    eprintln!("after the move down: admitted {admitted} in {secs:.2}s, at most {most:.1}");
+    assert!(
+        f64::from(admitted) <= most,
+        "{admitted} > free's one bucket {most:.1}"
+    );
+    assert!(admitted >= 1, "free still admits");
 }

@@ -57,6 +57,9 @@ for b = 0, tonumber(ARGV[4]) - 1 do
   local lost = ARGV[at + 5] == '1' and not h[name .. '|l|' .. me]
   local gf, sf, lp, ap = name .. '|g', name .. '|s', name .. '|l|', name .. '|a|'
   local g = tonumber(h[gf] or cap)
+  -- a smaller capacity than the balance was kept for (a tenant moved to a
+  -- smaller plan): cut before anything is granted
+  if g > cap then g = cap end
   local stamp = tonumber(h[sf] or now)
   local leased, holders = 0, 0
   for f, v in pairs(h) do
@@ -380,11 +383,13 @@ impl Syncer {
         let now_ms = router.clock().now_ms();
         let mut jobs = Vec::new();
         self.tracked.retain(|tenant, last| {
-            // Each tenant's own plan: its buckets' capacities and rates.
-            let limits = router.plans().limits_for(tenant);
             let seen_now = *last == now;
             let idle = now.duration_since(*last) >= IDLE_RELEASE;
             let verdict = router.with_tenant(tenant, |entry, state: &mut TenantState| {
+                // Each tenant's own plan: its buckets' capacities and rates
+                // (a lease from before a move starts again first).
+                let plans = router.plans();
+                let limits = plans.limits_of(plans.current(tenant, state, now_ms));
                 let live = entry.active() > 0;
                 let Some(slot) = state.shared.as_deref_mut() else {
                     // No lease: tracked only while it holds admissions.
@@ -499,7 +504,9 @@ fn lease_of(limits: &crate::limits::Limits, state: &TenantState) -> Vec<LeaseBuc
             name: "t".to_string(),
             cap: rule.tokens,
             rate: rule.refill_per_second,
-            held: state.buckets.tenant.tokens.max(0.0),
+            // Never infinite: a bucket an unlimited plan left reopens
+            // before it is settled (`Limits::after_move`).
+            held: state.buckets.tenant.tokens.clamp(0.0, rule.tokens),
             credit: slot.credit,
             leased: leased(None),
         });
@@ -519,7 +526,7 @@ fn lease_of(limits: &crate::limits::Limits, state: &TenantState) -> Vec<LeaseBuc
             name: format!("r:{name}"),
             cap: rule.tokens,
             rate: rule.refill_per_second,
-            held: bucket.tokens.max(0.0),
+            held: bucket.tokens.clamp(0.0, rule.tokens),
             credit,
             leased: leased(Some(*index)),
         });
@@ -622,9 +629,11 @@ impl Syncer {
         let n = self.shared().nodes_alive();
         let secs = elapsed.as_secs_f64();
         let router = &self.control.router;
+        let now_ms = router.clock().now_ms();
         for tenant in self.tracked.keys() {
-            let limits = router.plans().limits_for(tenant);
             router.with_tenant(tenant, |_, state| {
+                let plans = router.plans();
+                let limits = plans.limits_of(plans.current(tenant, state, now_ms));
                 if state.shared.is_none() {
                     return;
                 }
@@ -645,7 +654,7 @@ impl Syncer {
                     );
                 }
                 for (index, bucket) in state.buckets.routes.iter_mut() {
-                    if let Some(rule) = limits.route_rule(*index) {
+                    if let Some(rule) = limits.holds(*index) {
                         topup(&mut bucket.tokens, rule.tokens, rule.refill_per_second);
                     }
                 }
@@ -668,9 +677,10 @@ impl Syncer {
             rule.is_unlimited() || tokens >= rule.tokens / n - 1e-9
         };
         self.tracked.retain(|tenant, last| {
-            let limits = router.plans().limits_for(tenant);
             let idle = now.duration_since(*last) >= IDLE_RELEASE;
             let kept = router.with_tenant(tenant, |entry, state: &mut TenantState| {
+                let plans = router.plans();
+                let limits = plans.limits_of(plans.current(tenant, state, now_ms));
                 if let Some(slot) = state.shared.as_deref_mut() {
                     slot.queued = false;
                 }
@@ -681,7 +691,7 @@ impl Syncer {
                 let refilled = full(b.tenant.tokens, limits.rate())
                     && b.routes.iter().all(|(i, bucket)| {
                         limits
-                            .route_rule(*i)
+                            .holds(*i)
                             .is_none_or(|rule| full(bucket.tokens, rule))
                     });
                 if refilled {

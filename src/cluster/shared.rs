@@ -50,6 +50,16 @@ pub struct SharedSlot {
 }
 
 impl SharedSlot {
+    /// Gives the lease up to open a new one at the next request: a full
+    /// share on credit, nothing owed or leased from before (a move between
+    /// plans, or off an unlimited one).
+    pub fn reopen(&mut self, now: f64) {
+        self.dormant = Some((1.0, now));
+        self.credit = 0.0;
+        self.route_credit.clear();
+        self.low_water.clear();
+    }
+
     pub fn add_route_credit(&mut self, index: u16, amount: f64) {
         match self.route_credit.iter_mut().find(|(i, _)| *i == index) {
             Some((_, c)) => *c += amount,

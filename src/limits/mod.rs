@@ -218,29 +218,23 @@ impl Limits {
         (self.route_rule(index)).filter(|rule| own && !rule.is_unlimited())
     }
 
-    /// A tenant just moved to these limits from another plan: route
-    /// buckets of the other plan go; in cluster mode each bucket is cut to
-    /// this node's share of the new capacity (`1/N`, as a new lease gets:
-    /// the other nodes cut theirs too). An unlimited bucket (from a plan
-    /// without that limit) opens its share on credit at the next request.
-    pub fn after_move(&self, state: &mut TenantState) {
-        let buckets = &mut state.buckets;
-        buckets.routes.retain(|(i, _)| self.holds(*i).is_some());
-        let Some(shared) = &self.shared else {
+    /// A tenant just moved to these limits from another plan (`now`:
+    /// clock ms). On one node its buckets stay: a route both plans name
+    /// keeps its bucket, the next check cuts tokens to the new capacity,
+    /// and a bucket only the old plan held is ignored (see
+    /// [`Limits::holds`]). In cluster mode the node's lease starts again:
+    /// its buckets go, and the next request opens this node's share of the
+    /// new capacity on credit, as a new lease does (Redis' balance is the
+    /// tenant's whatever its plan; leases it still counts for the old
+    /// buckets lapse within 10 s).
+    pub fn after_move(&self, state: &mut TenantState, now: f64) {
+        if self.shared.is_none() {
             return;
-        };
-        let n = shared.nodes_alive().max(1.0);
-        let cut = |tokens: &mut f64, rule: &RateRule| {
-            if tokens.is_finite() && !rule.is_unlimited() {
-                *tokens = tokens.min(rule.tokens / n);
-            }
-        };
-        cut(&mut buckets.tenant.tokens, &self.rate);
-        for (index, bucket) in &mut buckets.routes {
-            if let Some(rule) = self.holds(*index) {
-                cut(&mut bucket.tokens, rule);
-            }
         }
+        if let Some(slot) = state.shared.as_deref_mut() {
+            slot.reopen(now);
+        }
+        state.buckets = self.fresh_buckets(now);
     }
 
     pub fn route_name(&self, index: u16) -> Option<&str> {
@@ -359,8 +353,12 @@ impl Limits {
         // No lease yet, or one given back: the next request opens one. So
         // does a tenant moved here from an unlimited plan (its bucket holds
         // unlimited tokens): its share on credit, not the whole capacity.
-        let from_unlimited = !self.rate.is_unlimited() && state.buckets.tenant.tokens.is_infinite();
-        let opening = state.shared.as_ref().is_none_or(|s| s.dormant.is_some()) || from_unlimited;
+        if !self.rate.is_unlimited() && state.buckets.tenant.tokens.is_infinite() {
+            if let Some(slot) = state.shared.as_deref_mut() {
+                slot.reopen(now);
+            }
+        }
+        let opening = state.shared.as_ref().is_none_or(|s| s.dormant.is_some());
         if spend == Spend::Nothing {
             let (mut copy, mut slot) = match &state.shared {
                 Some(slot) => (state.buckets.clone(), SharedSlot::clone(slot)),

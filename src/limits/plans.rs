@@ -4,9 +4,9 @@
 //! means one route whichever plan a tenant is on, and its buckets survive
 //! a move between plans.
 
-use super::Limits;
 #[cfg(test)]
 use super::RateRule;
+use super::{Limits, TenantState};
 use compact_str::CompactString;
 use parking_lot::RwLock;
 use std::collections::HashMap;
@@ -87,6 +87,21 @@ impl PlanSet {
                 plan
             }
         }
+    }
+
+    /// The plan of `tenant`, whose state is `state`: the cached one, or,
+    /// after a runtime change, the new one, with the state brought along
+    /// when the plan changed (see [`Limits::after_move`]). Every reader of
+    /// a tenant's buckets goes through here, so none reads them under a
+    /// plan they were not built for.
+    #[inline]
+    pub fn current(&self, tenant: &str, state: &mut TenantState, now: f64) -> Option<u16> {
+        let before = state.plan.map(|(_, plan)| plan);
+        let plan = self.plan_cached(tenant, &mut state.plan);
+        if before.is_some_and(|before| before != plan) {
+            self.limits_of(plan).after_move(state, now);
+        }
+        plan
     }
 
     /// The limits `tenant` is held to.

@@ -519,12 +519,8 @@ impl Router {
             // Other tenants may be swept here: each judged by its own plan.
             |e, s| forget && plans.limits_for(e.id()).is_forgettable(e, s, now),
             |entry, state| {
-                let before = state.plan.map(|(_, plan)| plan);
-                let plan = plans.plan_cached(req.tenant, &mut state.plan);
+                let plan = plans.current(req.tenant, state, now);
                 let limits = plans.limits_of(plan);
-                if before.is_some_and(|before| before != plan) {
-                    limits.after_move(state);
-                }
                 let verdict = limits.check(entry, state, route(limits), now, spend);
                 if verdict != Verdict::Admit {
                     return (verdict, None, None, plan);
