@@ -439,7 +439,9 @@ impl Limits {
         }
         // A tenant moved to a smaller plan: its tokens cut to the new
         // capacity (refill only caps a bucket that refills).
-        buckets.tenant.tokens = moved(buckets.tenant.tokens, &self.rate);
+        if buckets.tenant.tokens > self.rate.tokens || self.rate.is_unlimited() {
+            buckets.tenant.tokens = moved(buckets.tenant.tokens, &self.rate);
+        }
         if !buckets.tenant.has_token() {
             return Verdict::RateLimited {
                 bucket: Bucket::Tenant,

@@ -15,6 +15,36 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The maps' hasher: tenants are looked up on every request.
 type Hasher = foldhash::fast::RandomState;
 
+/// A tenant's plan as last looked up, and under which generation of the
+/// runtime changes, in one word (it sits in every tenant's state): the
+/// generation + 1 above 16 bits, the plan + 1 below (0: no plan); 0
+/// altogether: never looked up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlanCache(u64);
+
+impl PlanCache {
+    fn new(generation: u64, plan: Option<u16>) -> Self {
+        let slot = plan.map_or(0, |p| u64::from(p) + 1) & 0xffff;
+        PlanCache((generation.wrapping_add(1) << 16) | slot)
+    }
+
+    /// The plan cached under `generation`, if that is the cache's.
+    #[inline]
+    fn at(self, generation: u64) -> Option<Option<u16>> {
+        let same = self.0 >> 16 == (generation.wrapping_add(1) & (u64::MAX >> 16));
+        (self.0 != 0 && same).then(|| self.plan_slot())
+    }
+
+    /// The plan last looked up, whatever the generation (`None`: never).
+    pub fn plan(self) -> Option<Option<u16>> {
+        (self.0 != 0).then(|| self.plan_slot())
+    }
+
+    fn plan_slot(self) -> Option<u16> {
+        ((self.0 & 0xffff) as u16).checked_sub(1)
+    }
+}
+
 /// The limits of every plan, and which plan each tenant is on.
 pub struct PlanSet {
     /// `limits`: tenants on no plan.
@@ -74,16 +104,16 @@ impl PlanSet {
     /// last runtime change (the tenant's state keeps it: one lookup per
     /// tenant and change, not per request).
     #[inline]
-    pub fn plan_cached(&self, tenant: &str, cache: &mut Option<(u64, Option<u16>)>) -> Option<u16> {
+    pub fn plan_cached(&self, tenant: &str, cache: &mut PlanCache) -> Option<u16> {
         if self.plans.is_empty() {
             return None;
         }
         let generation = self.generation.load(Ordering::Acquire);
-        match *cache {
-            Some((g, plan)) if g == generation => plan,
-            _ => {
+        match cache.at(generation) {
+            Some(plan) => plan,
+            None => {
                 let plan = self.plan_of(tenant);
-                *cache = Some((generation, plan));
+                *cache = PlanCache::new(generation, plan);
                 plan
             }
         }
@@ -96,7 +126,7 @@ impl PlanSet {
     /// plan they were not built for.
     #[inline]
     pub fn current(&self, tenant: &str, state: &mut TenantState, now: f64) -> Option<u16> {
-        let before = state.plan.map(|(_, plan)| plan);
+        let before = state.plan.plan();
         let plan = self.plan_cached(tenant, &mut state.plan);
         if before.is_some_and(|before| before != plan) {
             self.limits_of(plan).after_move(state, now);
@@ -179,6 +209,21 @@ mod tests {
         assert_eq!(set.plan_of("acme"), Some(1), "the configuration again");
         let single = PlanSet::single(limits(9));
         assert_eq!(single.limits_for("acme").connection_cap(), Some(9));
+    }
+
+    #[test]
+    fn a_cached_plan_holds_for_its_generation_only() {
+        assert_eq!(PlanCache::default().plan(), None, "never looked up");
+        for plan in [None, Some(0), Some(255)] {
+            let cache = PlanCache::new(7, plan);
+            assert_eq!(cache.at(7), Some(plan));
+            assert_eq!(cache.at(8), None);
+            assert_eq!(cache.plan(), Some(plan));
+        }
+        assert_eq!(
+            PlanCache::new(u64::MAX, Some(3)).at(u64::MAX),
+            Some(Some(3))
+        );
     }
 
     #[test]

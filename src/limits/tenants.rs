@@ -66,8 +66,8 @@ pub struct TenantState {
     /// Cluster mode only: the node's lease on this tenant (see
     /// `cluster::SharedSlot`); `None` = no lease yet.
     pub shared: Option<Box<crate::cluster::SharedSlot>>,
-    /// `(plans' generation, plan)`: the tenant's plan as last looked up.
-    pub plan: Option<(u64, Option<u16>)>,
+    /// The tenant's plan as last looked up.
+    pub plan: super::plans::PlanCache,
 }
 
 /// One tenant. Admission guards hold it to release their count.
@@ -97,7 +97,7 @@ impl TenantEntry {
                 buckets,
                 placement: None,
                 shared: None,
-                plan: None,
+                plan: Default::default(),
             }),
         })
     }

@@ -331,9 +331,14 @@ impl Router {
         if counted {
             // The plan the limits used (kept in the tenant's state), else
             // looked up for a decision made before them.
-            let plan = (result.plan).unwrap_or_else(|| self.plans.plan_of(request.tenant));
-            let slot = plan.map_or(0, |i| usize::from(i) + 1);
-            if let Some(counts) = self.counters.decisions.get(slot) {
+            let decisions = &self.counters.decisions;
+            let slot = match decisions.len() {
+                1 => 0,
+                _ => (result.plan)
+                    .unwrap_or_else(|| self.plans.plan_of(request.tenant))
+                    .map_or(0, |i| usize::from(i) + 1),
+            };
+            if let Some(counts) = decisions.get(slot) {
                 counts[result.decision.index()].incr();
             }
             self.counters
