@@ -517,15 +517,7 @@ impl AdminApi {
         let plans = self.control.router.plans();
         let plan = plans.plan_of(tenant);
         let limits = plans.limits_for(tenant);
-        let config = &self.control.config;
-        let max_body = match plan {
-            Some(index) => config
-                .plans
-                .plans
-                .get(usize::from(index))
-                .and_then(|p| p.max_body_bytes),
-            None => config.limits.max_body_bytes,
-        };
+        let max_body = self.control.config.max_body_of(plan);
         json!({
             "tenant": tenant,
             "plan": plan.and_then(|i| plans.name(i)),

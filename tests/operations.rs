@@ -968,12 +968,11 @@ fn a_tenants_plan_is_set_at_runtime_and_survives_a_restart() {
         "free: 2 tokens"
     );
     assert_eq!(statuses(&gw, "acme", 12), vec![200; 12], "pro: unlimited");
-    let moved = admin(
-        &gw,
-        "PUT",
-        "/v1/tenants/acme/plan",
-        Some("{\"plan\":\"free\"}"),
-    );
+    let set_acme = |gw: &Gateway, plan: &str| {
+        let body = format!("{{\"plan\":\"{plan}\"}}");
+        admin(gw, "PUT", "/v1/tenants/acme/plan", Some(&body))
+    };
+    let moved = set_acme(&gw, "free");
     assert_eq!(moved.status, 200, "{}", moved.text());
     assert_eq!(moved.json()["plan"], "free");
     assert_eq!(
@@ -992,12 +991,7 @@ fn a_tenants_plan_is_set_at_runtime_and_survives_a_restart() {
     assert_eq!(count("allow", "pro"), 14.0);
     assert_eq!(count("allow", "none"), 0.0);
     assert_eq!(count("capped", "big"), 0.0);
-    let unknown = admin(
-        &gw,
-        "PUT",
-        "/v1/tenants/acme/plan",
-        Some("{\"plan\":\"gold\"}"),
-    );
+    let unknown = set_acme(&gw, "gold");
     assert_eq!(unknown.status, 400, "{}", unknown.text());
     let nobody = admin(&gw, "PUT", "/v1/tenants//plan", Some("{\"plan\":\"pro\"}"));
     assert_eq!(nobody.status, 400, "{}", nobody.text());

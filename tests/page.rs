@@ -198,6 +198,16 @@ impl Browser {
     }
 }
 
+/// Waits for the page's confirmation dialog and confirms.
+fn confirm(browser: &Browser) {
+    assert!(browser.until(
+        Duration::from_secs(5),
+        "return document.querySelector('#confirm').open;",
+        json!([])
+    ));
+    browser.click("#confirm-ok");
+}
+
 fn base64_decode(s: &str) -> Vec<u8> {
     let value = |c: u8| match c {
         b'A'..=b'Z' => Some(c - b'A'),
@@ -333,12 +343,7 @@ fn the_operators_page_shows_and_steers_a_live_gateway() {
 
     // Drain through the button, with its confirmation; the API agrees.
     browser.click("#shards button[data-action=drain][data-shard=\"b\"]");
-    assert!(browser.until(
-        Duration::from_secs(5),
-        "return document.querySelector('#confirm').open;",
-        json!([])
-    ));
-    browser.click("#confirm-ok");
+    confirm(&browser);
     browser.expect(
         6,
         "return !!document.querySelector('#shards tr[data-shard=\"b\"][data-state=draining]');",
@@ -372,12 +377,7 @@ fn the_operators_page_shows_and_steers_a_live_gateway() {
     );
     // Deny the hot tenant from its row; the API lists it, the page too.
     browser.click("#top button[data-action=deny][data-tenant=hot]");
-    assert!(browser.until(
-        Duration::from_secs(5),
-        "return document.querySelector('#confirm').open;",
-        json!([])
-    ));
-    browser.click("#confirm-ok");
+    confirm(&browser);
     assert!(
         eventually(Duration::from_secs(5), || gw
             .admin("GET", "/v1/tenants/denied", None, Some(TOKEN))
@@ -410,12 +410,7 @@ fn the_operators_page_shows_and_steers_a_live_gateway() {
         json!([]),
     );
     browser.click("#tenant-form button[data-do=plan]");
-    assert!(browser.until(
-        Duration::from_secs(5),
-        "return document.querySelector('#confirm').open;",
-        json!([])
-    ));
-    browser.click("#confirm-ok");
+    confirm(&browser);
     assert!(
         eventually(Duration::from_secs(5), || gw
             .admin("GET", "/v1/tenants/hot", None, Some(TOKEN))

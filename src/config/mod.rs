@@ -71,6 +71,12 @@ pub struct PlansConfig {
 }
 
 impl Config {
+    /// The body limit of a plan (`None`: `limits`'); `None` = unlimited.
+    pub fn max_body_of(&self, plan: Option<u16>) -> Option<u64> {
+        let plan = plan.and_then(|i| self.plans.plans.get(usize::from(i)));
+        plan.map_or(self.limits.max_body_bytes, |p| p.max_body_bytes)
+    }
+
     /// The largest body any tenant may send (`None`: some may send any):
     /// what the head reader refuses before the tenant is known.
     pub fn largest_max_body(&self) -> Option<u64> {

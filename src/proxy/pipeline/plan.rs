@@ -289,12 +289,8 @@ impl Gateway {
 impl Gateway {
     /// The largest body `tenant` may send: its plan's, else `limits`'.
     fn max_body_for(&self, tenant: &str) -> Option<u64> {
-        let config = &self.control.config;
-        match self.control.router.plans().plan_of(tenant) {
-            Some(index) => (config.plans.plans.get(usize::from(index)))
-                .map_or(config.limits.max_body_bytes, |p| p.max_body_bytes),
-            None => config.limits.max_body_bytes,
-        }
+        let plan = self.control.router.plans().plan_of(tenant);
+        self.control.config.max_body_of(plan)
     }
 
     /// The body phase of a planned request, if the hooks inspect bodies.
