@@ -200,6 +200,12 @@ fn families(control: &Control) -> Vec<MetricFamily> {
         MetricType::COUNTER,
         vec![counter(vec![], control.metrics.retries() as f64)],
     ));
+    out.push(family(
+        "access_log_dropped_total",
+        "Access log lines dropped: the file's buffer was full, or the file could not be written.",
+        MetricType::COUNTER,
+        vec![counter(vec![], control.access_log.dropped() as f64)],
+    ));
     let d = control.domains.metrics();
     out.push(family(
         "domain_resolves_total",

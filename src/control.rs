@@ -39,6 +39,8 @@ pub struct Control {
     pub regions: Option<RegionDirectory>,
     pub hooks: Arc<dyn GatewayHooks>,
     pub metrics: GatewayMetrics,
+    /// Each request's line (DESIGN §7).
+    pub access_log: crate::access_log::AccessLog,
     /// Cluster mode (DESIGN §4): what the cluster service shares.
     pub cluster: Option<Arc<Shared>>,
     /// TLS at the edge (DESIGN §5): certificates, ACME challenges.
@@ -145,7 +147,9 @@ impl Control {
             }
         };
         let edge = Arc::new(crate::tls::Edge::new(&config));
+        let access_log = crate::access_log::AccessLog::new(&config.log)?;
         Ok(Control {
+            access_log,
             edge,
             config: Arc::new(config),
             router,

@@ -6,6 +6,7 @@
 //! [`health`] checker and the [`state`] file; [`server::Shardgate`] puts
 //! them together from a [`config::Config`].
 
+pub mod access_log;
 pub mod admin;
 pub mod cluster;
 pub mod collector;

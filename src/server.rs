@@ -305,6 +305,7 @@ impl Shardgate {
         if let Some(state) = &control.config.state {
             crate::state::save(&control, &state.path);
         }
+        control.access_log.flush();
         std::process::exit(0)
     }
 }

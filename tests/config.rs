@@ -2,7 +2,7 @@
 //! apply, and every kind of mistake is refused with the field (and line)
 //! named.
 
-use shardgate::config::{Config, HashKind, LoadKind, Scheme};
+use shardgate::config::{AccessFormat, Config, HashKind, LoadKind, Scheme};
 use shardgate::routing::Balance;
 use std::time::Duration;
 
@@ -108,8 +108,44 @@ const BROKEN: &[(&str, &str, &str, usize)] = &[
     ("a typo in a plan", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nplans:\n  free: { connection_caps: 3 }\n", "plans.free", 5),
     ("ACME in a cluster without a secret", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ncluster: { redis: \"redis://127.0.0.1:6379\" }\ntls:\n  acme: { directory: \"https://127.0.0.1:9/dir\", storage: /tmp/acme }\n", "cluster.secret_file", 4),
     ("a secret too short", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ncluster:\n  redis: \"redis://127.0.0.1:6379\"\n  secret_file: /dev/null\n", "cluster.secret_file", 6),
+    ("a request ID in a forwarding field", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nrequest_id:\n  header: X-Forwarded-For\n", "request_id.header", 5),
+    ("a request ID in the tenant's field", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ntenant_header: x-app\nrequest_id:\n  header: x_app\n", "request_id.header", 6),
+    ("a request ID in a framing field", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nrequest_id:\n  header: content-length\n", "request_id.header", 5),
+    ("a request ID in traceparent", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nrequest_id:\n  header: traceparent\n", "request_id.header", 5),
+    ("a request ID field that is no name", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nrequest_id:\n  header: \"x id\"\n", "request_id.header", 5),
+    ("a typo in request_id", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nrequest_id: { trust_incomin: true }\n", "request_id", 4),
+    ("an unknown access format", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nlog:\n  access_format: xml\n", "log.access_format", 5),
+    ("an access file for a log that is off", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nlog:\n  access: off\n  access_path: /tmp/a.log\n", "log.access_path", 6),
     ("a secret file missing", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ncluster:\n  redis: \"redis://127.0.0.1:6379\"\n  secret_file: /nonexistent/secret\n", "cluster.secret_file", 6),
 ];
+
+/// DESIGN §7: request IDs by default in `X-Request-Id`, the text access
+/// log off; asking for a format or a file turns it on.
+#[test]
+fn observability_defaults_and_switches() {
+    let c = Config::parse(MINIMAL, None).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.request_id.header.as_str(), "x-request-id");
+    assert!(!c.request_id.trust_incoming);
+    assert_eq!(c.log.access, None);
+    assert_eq!(c.log.access_format, AccessFormat::Text);
+    assert_eq!(c.log.access_path, None);
+    let text = format!(
+        "{MINIMAL}request_id: {{ header: X-Correlation-ID, trust_incoming: true }}\n\
+         log: {{ access_format: json, access_path: /var/log/a.log }}\n"
+    );
+    let c = Config::parse(&text, None).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.request_id.header.as_str(), "x-correlation-id");
+    assert!(c.request_id.trust_incoming);
+    assert_eq!(c.log.access, Some(log::Level::Info));
+    assert_eq!(c.log.access_format, AccessFormat::Json);
+    assert_eq!(
+        c.log.access_path.as_deref(),
+        Some(std::path::Path::new("/var/log/a.log"))
+    );
+    let text = format!("{MINIMAL}log: {{ access: debug, access_format: text }}\n");
+    let c = Config::parse(&text, None).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.log.access, Some(log::Level::Debug));
+}
 
 /// Plans (DESIGN §6): a field left out is `limits`' value, `null` is no
 /// limit; tenants and the default plan resolve to plans.

@@ -613,6 +613,47 @@ fn http2_routes_forwards_and_refuses_as_http1_does() {
 }
 
 #[test]
+fn http2_answers_carry_the_request_id_the_shard_saw() {
+    let ca = Ca::new();
+    let certs = tempfile::tempdir().expect("dir");
+    ca.issue(certs.path(), "apps", &["*.apps.test"]);
+    let ca_file = ca.pem_file(certs.path());
+    let backend = Backend::start("a");
+    let (gw, _) = edge(&backend, certs.path(), "  default_cert: apps\n", "");
+    let id_of = |text: &str| {
+        let ids: Vec<String> = (text.lines())
+            .filter_map(|l| l.strip_prefix("x-request-id: "))
+            .map(|v| v.trim().to_string())
+            .collect();
+        assert_eq!(ids.len(), 1, "one ID: {text}");
+        ids[0].clone()
+    };
+    let args = ["-D", "-", "-H", "x-request-id: from-the-client"];
+    let (status, version, text) = curl_h2_with(gw.port, "shop.apps.test", "/", &ca_file, &args);
+    assert_eq!((status.as_str(), version.as_str()), ("200", "2"), "{text}");
+    let id = id_of(&text);
+    assert_eq!(id.len(), 22, "{id}");
+    let seen = backend.requests();
+    let last = seen.last().expect("forwarded");
+    assert_eq!(last.header("x-request-id"), Some(id.as_str()));
+    assert_eq!(last.header_count("x-request-id"), 1);
+    // shardgate's own answer over HTTP/2, and one with a body (POST).
+    let r = gw.admin("PUT", "/v1/tenants/closed/deny", None, None);
+    assert_eq!(r.status, 200);
+    let (status, _, text) = curl_h2_with(gw.port, "closed.apps.test", "/", &ca_file, &args);
+    assert_eq!(status, "403", "{text}");
+    assert_eq!(id_of(&text).len(), 22);
+    let post = ["-D", "-", "--data-binary", "hello"];
+    let (status, _, text) = curl_h2_with(gw.port, "shop.apps.test", "/", &ca_file, &post);
+    assert_eq!(status, "200", "{text}");
+    let id = id_of(&text);
+    let seen = backend.requests();
+    let last = seen.last().expect("forwarded");
+    assert_eq!(last.header("x-request-id"), Some(id.as_str()));
+    assert_eq!(last.body, b"hello");
+}
+
+#[test]
 fn http2_streams_reach_shards_as_http1_requests_and_come_back_whole() {
     let ca = Ca::new();
     let certs = tempfile::tempdir().expect("dir");

@@ -33,6 +33,9 @@
 #                     binary, SHARDGATE2_BIN, for A/B comparisons)
 #   PINGORA_BIN=target/release/examples/bare_pingora
 #   SHARDGATE2_BIN=   the other shardgate for `shardgate2`
+#   SG2_LOG=          `shardgate2`'s own `log:` value, e.g.
+#                     '{ access_format: json, access_path: "{dir}/access.log" }'
+#                     (default: `shardgate`'s, `{ access: off }`)
 #   BACKENDS=4        backend ports (18101…)
 #   HAPROXY_MAXCONN=  HAProxy's maxconn (default 16 x the most connections, >= 4096)
 #   OUT=              also write the raw per-run rows (TSV) to this file
@@ -138,6 +141,7 @@ conns_log=$SG_WORK/backend-conns.log
 touch "$conns_log"
 
 write_shardgate_conf "$SG_WORK/shardgate.yaml" "$SG_PORT" "$SG_ADMIN" "${backend_ports[@]}"
+SG_LOG=${SG2_LOG:-${SG_LOG:-}} write_shardgate_conf "$SG_WORK/sg2.yaml" "$SG_PORT" "$SG_ADMIN" "${backend_ports[@]}"
 SG_SERVER_EXTRA="fast_path: false${SG_SERVER_EXTRA:+, $SG_SERVER_EXTRA}" \
   write_shardgate_conf "$SG_WORK/sg-nofast.yaml" "$SG_PORT" "$SG_ADMIN" "${backend_ports[@]}"
 write_nginx_proxy_conf "$SG_WORK/nginx.conf" http "$NGINX_PORT" $((maxconns + 1024)) "${backend_ports[@]}"
@@ -174,7 +178,7 @@ run() {
       ;;
     shardgate2)
       port=$SG_PORT
-      SHARDGATE_BIN=$SHARDGATE2_BIN start_proxy shardgate "$SG_WORK/shardgate.yaml" "$port" "$SG_ADMIN"
+      SHARDGATE_BIN=$SHARDGATE2_BIN start_proxy shardgate "$SG_WORK/sg2.yaml" "$port" "$SG_ADMIN"
       ;;
     pingora)
       port=$PINGORA_PORT

@@ -302,7 +302,8 @@ EOF
 
 # write_shardgate_conf FILE PORT ADMIN_PORT BACKEND_PORT...
 # SG_SERVER_EXTRA: more `server:` fields (`fast_path: false`);
-# SG_LIMITS_EXTRA: one more `limits:` line (`max_body_bytes: null`).
+# SG_LIMITS_EXTRA: one more `limits:` line (`max_body_bytes: null`);
+# SG_LOG: the `log:` value (default `{ access: off }`; `{dir}` = FILE's folder).
 # limits.max_body_bytes is left at its default (100 MiB) unless set so.
 write_shardgate_conf() {
   local file=$1 port=$2 admin=$3
@@ -329,9 +330,10 @@ limits:
     /api/export: { tokens: 1000000000, refill_per_second: 1000000000 }
 ${SG_LIMITS_EXTRA:+  $SG_LIMITS_EXTRA
 }domains: { fallback_suffix: .localhost }
-log: { access: off }
+log: ${SG_LOG:-"{ access: off }"}
 EOF
   } >"$file"
+  sed -i "s|{dir}|$dir|g" "$file"
 }
 
 # write_nginx_proxy_conf FILE MODE PORT MAXCONN BACKEND_PORT...

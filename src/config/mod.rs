@@ -38,6 +38,8 @@ pub struct Config {
     pub health: HealthConfig,
     pub state: Option<StateConfig>,
     pub log: LogConfig,
+    /// Each request's ID (DESIGN §7).
+    pub request_id: RequestIdConfig,
     /// Cluster mode; `None`: a single node, no Redis.
     pub cluster: Option<ClusterConfig>,
     /// TLS at the edge; `None`: no `tls` section.
@@ -395,6 +397,27 @@ pub struct StateConfig {
 pub struct LogConfig {
     /// Level of the per-request access log line; `None` = off.
     pub access: Option<log::Level>,
+    pub access_format: AccessFormat,
+    /// The access log's own file; `None`: the process log.
+    pub access_path: Option<PathBuf>,
+}
+
+/// How an access log line reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccessFormat {
+    /// One line of `key=value` fields after the client and request line.
+    Text,
+    /// One JSON object per request (DESIGN §7).
+    Json,
+}
+
+/// `request_id` (DESIGN §7).
+#[derive(Clone, Debug)]
+pub struct RequestIdConfig {
+    /// The field on every answer and upstream request.
+    pub header: HeaderName,
+    /// Keep a client's well-formed value instead of making one.
+    pub trust_incoming: bool,
 }
 
 /// One problem with a configuration file.

@@ -37,6 +37,8 @@ pub struct RawConfig {
     pub state: Switch<RawState>,
     #[serde(default)]
     pub log: RawLog,
+    #[serde(default)]
+    pub request_id: RawRequestId,
     pub cluster: Option<RawCluster>,
     pub tls: Option<RawTlsSection>,
     /// Tenant plans (DESIGN §6), in configuration order.
@@ -271,6 +273,19 @@ pub struct RawState {
 pub struct RawLog {
     /// Access log: `off` or a `log` level (`error` … `trace`).
     pub access: Option<String>,
+    /// `text` or `json`.
+    pub access_format: Option<String>,
+    /// A file for the access log (else the process log).
+    pub access_path: Option<String>,
+}
+
+/// `request_id:` (DESIGN §7).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRequestId {
+    pub header: Option<String>,
+    #[serde(default)]
+    pub trust_incoming: bool,
 }
 
 /// A value that may be spelt `null` (as opposed to left out).

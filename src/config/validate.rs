@@ -186,8 +186,39 @@ fn check(c: &mut Checker<'_>, raw: RawConfig) -> Config {
             interval: c.positive_ms("state.interval_ms", s.interval_ms, 1000),
         }),
     };
+    let (file_given, format_given) = (
+        raw.log.access_path.is_some(),
+        raw.log.access_format.is_some(),
+    );
     let log = LogConfig {
+        access_format: match raw.log.access_format.as_deref() {
+            None | Some("text") => AccessFormat::Text,
+            Some("json") => AccessFormat::Json,
+            Some(other) => {
+                c.error(
+                    "log.access_format",
+                    format!("`{other}`: expected text or json"),
+                );
+                AccessFormat::Text
+            }
+        },
+        access_path: match raw.log.access_path {
+            Some(path) if path.is_empty() => {
+                c.error("log.access_path", "must not be empty");
+                None
+            }
+            path => path.map(PathBuf::from),
+        },
         access: match raw.log.access.as_deref() {
+            // Asking for a file or a format turns the log on.
+            None if file_given || format_given => Some(log::Level::Info),
+            Some("off") if file_given => {
+                c.error(
+                    "log.access_path",
+                    "the access log is off (`log.access: off`): remove one of the two",
+                );
+                None
+            }
             None | Some("off") => None,
             Some(level) => match level.parse::<log::Level>() {
                 Ok(l) => Some(l),
@@ -201,6 +232,7 @@ fn check(c: &mut Checker<'_>, raw: RawConfig) -> Config {
             },
         },
     };
+    let request_id = check_request_id(c, raw.request_id, &tenant_header);
     let cluster_secret_given = raw.cluster.as_ref().map(|r| r.secret_file.is_some());
     let cluster = raw.cluster.map(|r| check_cluster(c, r));
     let wanted = listen.iter().any(|l| l.tls == ListenerTls::Section);
@@ -229,10 +261,95 @@ fn check(c: &mut Checker<'_>, raw: RawConfig) -> Config {
         health,
         state,
         log,
+        request_id,
         cluster,
         tls,
         plans,
     }
+}
+
+/// `request_id`: a field that means nothing else to HTTP or to shardgate.
+fn check_request_id(
+    c: &mut Checker<'_>,
+    r: RawRequestId,
+    tenant_header: &HeaderName,
+) -> RequestIdConfig {
+    let default = HeaderName::from_static("x-request-id");
+    let header = match r.header.as_deref() {
+        None => default,
+        Some(name) => match c.header_name("request_id.header", name) {
+            Some(header) if has_a_meaning(&header, tenant_header) => {
+                c.error(
+                    "request_id.header",
+                    format!("`{name}` already has a meaning (framing, forwarding, hop-by-hop, tracing, shardgate's own answers or the tenant header)"),
+                );
+                default
+            }
+            Some(header) => header,
+            None => default,
+        },
+    };
+    RequestIdConfig {
+        header,
+        trust_incoming: r.trust_incoming,
+    }
+}
+
+/// Whether a field is one HTTP or shardgate already gives a meaning: the
+/// request ID in it would be dropped, or would change what a message
+/// means (its framing, its content, a handshake, a cache's or a browser's
+/// reading of it).
+fn has_a_meaning(name: &HeaderName, tenant_header: &HeaderName) -> bool {
+    use crate::proxy::pipeline::fields::{is_hop_by_hop, same_field, Owned};
+    const TAKEN: [&str; 27] = [
+        "host",
+        "expect",
+        "date",
+        "location",
+        "retry-after",
+        "cookie",
+        "set-cookie",
+        "authorization",
+        "www-authenticate",
+        "cache-control",
+        "pragma",
+        "expires",
+        "age",
+        "etag",
+        "last-modified",
+        "vary",
+        "range",
+        "origin",
+        "referer",
+        "user-agent",
+        "server",
+        "via",
+        "link",
+        "allow",
+        "strict-transport-security",
+        "traceparent",
+        "tracestate",
+    ];
+    const TAKEN_PREFIXES: [&str; 6] = [
+        "content-",
+        "accept",
+        "if-",
+        "sec-",
+        "access-control-",
+        "proxy-",
+    ];
+    let name = name.as_str();
+    let owned = Owned {
+        tenant_header: tenant_header.as_str(),
+        request_id_header: "",
+        trust_forwarded_for: false,
+    };
+    let lower = name.replace('_', "-");
+    is_hop_by_hop(name)
+        || owned.owns(name)
+        || TAKEN.iter().any(|t| same_field(name, t))
+        || TAKEN_PREFIXES.iter().any(|p| lower.starts_with(p))
+        || lower == "transfer-encoding"
 }
 
 /// The most plans a configuration may name: each is a value of the

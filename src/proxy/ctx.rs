@@ -2,6 +2,7 @@
 
 use super::hooks::UpstreamFailure;
 use super::pipeline::answer::Refusal;
+use super::pipeline::request_id::{self, RequestId};
 use super::pipeline::routes::RouteMatch;
 use super::pipeline::watch::{Verdict, Watch};
 use crate::control::ShardPeer;
@@ -15,6 +16,9 @@ use std::time::Instant;
 
 pub struct RequestCtx {
     pub started: Instant,
+    /// The request's ID (DESIGN §7): made with the context, a trusted
+    /// client's in its place once planned.
+    pub request_id: RequestId,
     /// The resolved tenant (after the domain map).
     pub tenant: Option<CompactString>,
     /// Index of the matched route prefix.
@@ -65,12 +69,17 @@ pub struct RequestCtx {
     /// The phases of `Gateway` that ran (Pingora's path), one bit each: a
     /// wrapper that did not forward one is caught (`pingora.rs`).
     pub(crate) phases: u8,
+    /// Body bytes read from the client and sent to it (set by the
+    /// transport before the request's end).
+    pub bytes_in: u64,
+    pub bytes_out: u64,
 }
 
 impl Default for RequestCtx {
     fn default() -> Self {
         RequestCtx {
             started: Instant::now(),
+            request_id: request_id::new_id(),
             tenant: None,
             route: RouteMatch::default(),
             channel: None,
@@ -96,6 +105,8 @@ impl Default for RequestCtx {
             body_phase: None,
             body_seen: 0,
             phases: 0,
+            bytes_in: 0,
+            bytes_out: 0,
         }
     }
 }

@@ -10,6 +10,7 @@ use super::ctx::RequestCtx;
 use super::fast::FastPath;
 use super::fast::OrEmpty;
 use super::head::{read_head, Head, HeadError, HeadFailure, HeadLimits};
+use super::hooks::RequestLine;
 use super::pipeline::answer::Refusal;
 use super::pipeline::edge::edge_answer;
 use super::pipeline::framing::Framing;
@@ -22,7 +23,7 @@ use pingora::protocols::l4::socket::SocketAddr;
 use pingora::protocols::{SocketDigest, Stream, ALPN};
 use pingora::server::ShutdownWatch;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
 /// The front end of every client connection, in front of `inner` (the
@@ -78,44 +79,54 @@ impl<A> Frontend<A> {
             HeadError::TooLarge => Refusal::error(431, "header-too-large"),
             HeadError::Refused(refused) => Refusal::error(refused.status, refused.code),
         };
+        let mut ctx = RequestCtx {
+            started: failure.began,
+            ..RequestCtx::default()
+        };
+        let refusal = self.identified(refusal, &ctx);
+        ctx.bytes_out = refusal.body.len() as u64;
         let _ = tokio::time::timeout(Duration::from_secs(1), async {
             let _ = stream.write_all(&refusal.http1(false, true)).await;
             let _ = stream.flush().await;
             let _ = stream.shutdown().await;
         })
         .await;
-        self.log_head(stream, head, refusal.status, failure.began);
+        self.log_head(&mut ctx, stream, head, refusal.status);
         linger(stream).await;
+    }
+
+    /// `answer` saying the request's ID (when the front end knows the
+    /// gateway's configuration).
+    fn identified(&self, answer: Refusal, ctx: &RequestCtx) -> Refusal {
+        match &self.gateway {
+            Some(gateway) => gateway.identified(answer, ctx),
+            None => answer,
+        }
     }
 
     /// [`Frontend::log`] for an HTTP/1 head answered on `stream`: its
     /// request line if readable, else `-`.
-    fn log_head(&self, stream: &Stream, head: &[u8], status: u16, began: Instant) {
-        let (method, target) = request_line(head).unwrap_or(("-", "-"));
+    fn log_head(&self, ctx: &mut RequestCtx, stream: &Stream, head: &[u8], status: u16) {
+        let (method, target, protocol) = request_line(head).unwrap_or(("-", "-", "HTTP/1.1"));
         let client = peer(stream.get_socket_digest().as_ref());
-        self.log(client.as_ref(), method, &target, status, began);
+        let line = RequestLine {
+            client: &OrEmpty(client.as_ref()),
+            method,
+            target: &target,
+            host: None,
+            protocol,
+        };
+        self.log(ctx, &line, status);
     }
 
     /// Logs a request the front end answered (or dropped) itself — the
     /// head reader's refusals, the edge's answers, HTTP/2 streams reset by
     /// their client before they were served — as every request is logged:
     /// the access line and the hooks' logging phase.
-    pub(super) fn log(
-        &self,
-        client: Option<&SocketAddr>,
-        method: &str,
-        target: &dyn std::fmt::Display,
-        status: u16,
-        began: Instant,
-    ) {
-        let Some(gateway) = &self.gateway else {
-            return;
-        };
-        let mut ctx = RequestCtx {
-            started: began,
-            ..RequestCtx::default()
-        };
-        gateway.log_request(&mut ctx, &OrEmpty(client), method, target, status);
+    pub(super) fn log(&self, ctx: &mut RequestCtx, line: &RequestLine<'_>, status: u16) {
+        if let Some(gateway) = &self.gateway {
+            gateway.log_request(ctx, line, status);
+        }
     }
 }
 
@@ -124,17 +135,22 @@ pub(super) fn peer(socket: Option<&Arc<SocketDigest>>) -> Option<SocketAddr> {
     socket.and_then(|d| d.peer_addr().cloned())
 }
 
-/// The method and target of `head`'s request line, if it has a whole one
-/// of visible ASCII (what the log may show of a head it refused).
-fn request_line(head: &[u8]) -> Option<(&str, &str)> {
+/// The method, target and protocol of `head`'s request line, if it has a
+/// whole one of visible ASCII (what the log may show of a head it
+/// refused).
+fn request_line(head: &[u8]) -> Option<(&str, &str, &'static str)> {
     let end = head.iter().position(|&b| b == b'\n')?;
     let line = std::str::from_utf8(&head[..end])
         .ok()?
         .trim_end_matches('\r');
     let mut parts = line.split(' ');
     let (method, target) = (parts.next()?, parts.next()?);
+    let protocol = match parts.next() {
+        Some("HTTP/1.0") => "HTTP/1.0",
+        _ => "HTTP/1.1",
+    };
     let visible = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic());
-    (visible(method) && visible(target)).then_some((method, target))
+    (visible(method) && visible(target)).then_some((method, target, protocol))
 }
 
 #[async_trait::async_trait]
@@ -247,15 +263,21 @@ where
                     // read on: the connection closes after the answer.
                     let bodiless = matches!(head.body, Framing::Length(0));
                     let more = bodiless && !answer.close && !*shutdown.borrow();
-                    let began = Instant::now();
+                    let mut ctx = RequestCtx::default();
+                    let reply = self.identified(answer.answer, &ctx);
                     let sent = async {
-                        stream.write_all(&answer.bytes).await?;
+                        stream
+                            .write_all(&reply.http1(answer.head_only, answer.close))
+                            .await?;
                         stream.flush().await
                     };
                     let sent = tokio::time::timeout(self.limits.keepalive_timeout, sent).await;
                     let sent = matches!(sent, Ok(Ok(())));
-                    let status = if sent { answer.status } else { 0 };
-                    self.log_head(&stream, &buf, status, began);
+                    let status = if sent { reply.status } else { 0 };
+                    if sent && !answer.head_only {
+                        ctx.bytes_out = reply.body.len() as u64;
+                    }
+                    self.log_head(&mut ctx, &stream, &buf, status);
                     if sent && more {
                         continue;
                     }

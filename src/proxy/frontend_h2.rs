@@ -4,15 +4,18 @@
 //! when it is off).
 
 use super::client::Rewound;
+use super::ctx::RequestCtx;
 use super::fast::FastPath;
+use super::fast::OrEmpty;
 use super::frontend::{peer, Frontend};
+use super::hooks::RequestLine;
 use pingora::apps::HttpServerApp;
 use pingora::protocols::http::v2::server::HttpSession as H2Session;
 use pingora::protocols::Stream;
 use pingora::server::ShutdownWatch;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
 /// The streams in flight on an HTTP/2 connection, and a wake-up when the
@@ -195,13 +198,16 @@ where
             if session.idle().now_or_never().is_some() {
                 let req = session.req_header();
                 let client = peer(digest.socket_digest.as_ref());
-                self.log(
-                    client.as_ref(),
-                    req.method.as_str(),
-                    &req.uri,
-                    0,
-                    Instant::now(),
-                );
+                {
+                    let line = RequestLine {
+                        client: &OrEmpty(client.as_ref()),
+                        method: req.method.as_str(),
+                        target: &req.uri,
+                        host: req.uri.authority().map(|a| a.as_str()),
+                        protocol: "HTTP/2",
+                    };
+                    self.log(&mut RequestCtx::default(), &line, 0);
+                }
                 early_resets += 1;
                 if early_resets > MAX_EARLY_RESETS && early_resets > served {
                     log::warn!(

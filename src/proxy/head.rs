@@ -9,7 +9,7 @@
 
 use super::pipeline::fields::websocket_handshake;
 use super::pipeline::framing::Framing;
-use super::pipeline::message::{check_framing, check_request_line, Refused};
+use super::pipeline::message::{check_authority, check_framing, check_request_line, Refused};
 use bytes::BytesMut;
 use pingora::protocols::Stream;
 use pingora::server::ShutdownWatch;
@@ -225,6 +225,11 @@ fn parse(buf: &[u8], limits: &HeadLimits) -> Parsed {
                 values("upgrade"),
             );
             match check_request_line(buf)
+                .and_then(|()| {
+                    let (method, target) =
+                        (req.method.unwrap_or_default(), req.path.unwrap_or_default());
+                    check_authority(method, target, values("host"))
+                })
                 .and_then(|()| check_framing(fields, http10, limits.max_body_bytes))
             {
                 // After a switch of protocols (a WebSocket), everything the

@@ -12,6 +12,7 @@ use http::{HeaderName, HeaderValue};
 use std::fmt;
 
 /// A client request as the hooks see it, whichever transport carries it.
+#[derive(Clone, Copy)]
 pub struct RequestView<'a> {
     /// The method as sent (`GET`, …).
     pub method: &'a str,
@@ -23,9 +24,11 @@ pub struct RequestView<'a> {
     /// An absolute-form target's authority, if the target had one.
     pub authority: Option<&'a str>,
     fields: Fields<'a>,
+    request_id: &'a str,
 }
 
 /// The request's fields, as each transport holds them.
+#[derive(Clone, Copy)]
 enum Fields<'a> {
     Raw(&'a [(&'a str, &'a [u8])]),
     Map(&'a http::HeaderMap),
@@ -45,6 +48,7 @@ impl<'a> RequestView<'a> {
             path,
             authority: None,
             fields: Fields::Raw(fields),
+            request_id: "",
         }
     }
 
@@ -62,7 +66,20 @@ impl<'a> RequestView<'a> {
             path: req.uri.path(),
             authority: req.uri.authority().map(|a| a.as_str()),
             fields: Fields::Map(&req.headers),
+            request_id: "",
         }
+    }
+
+    /// The same view, with the request's ID.
+    pub(crate) fn with_request_id(mut self, id: &'a str) -> Self {
+        self.request_id = id;
+        self
+    }
+
+    /// The request's ID (DESIGN §7): the value of `request_id.header` on
+    /// the upstream request and on the answer.
+    pub fn request_id(&self) -> &'a str {
+        self.request_id
     }
 
     /// Every value of the field `name` (case-insensitive), in order.
@@ -323,6 +340,8 @@ impl fmt::Display for UpstreamFailure {
 /// A finished request, as [`GatewayHooks::logging`] sees it: what the
 /// access log line says, on every transport, refusals included.
 pub struct RequestSummary<'a> {
+    /// The request's ID (DESIGN §7), as the client and the shard saw it.
+    pub request_id: &'a str,
     /// The client's address (empty if unknown).
     pub client: &'a dyn fmt::Display,
     pub method: &'a str,
@@ -343,6 +362,27 @@ pub struct RequestSummary<'a> {
     pub attempts: u32,
     /// The last upstream failure, if an attempt failed.
     pub failure: Option<UpstreamFailure>,
+    /// The client's `Host` (or authority), as sent.
+    pub host: Option<&'a str>,
+    /// Body bytes read from the client, and sent to it.
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// `HTTP/1.0`, `HTTP/1.1` or `HTTP/2`.
+    pub protocol: &'static str,
+    /// The trace the request is part of (32 hex digits), when traced.
+    pub trace_id: Option<&'a str>,
+}
+
+/// What a transport tells of a request when it is over, for the access
+/// log and the hooks' logging phase.
+#[derive(Clone, Copy)]
+pub(crate) struct RequestLine<'a> {
+    pub client: &'a dyn fmt::Display,
+    pub method: &'a str,
+    /// The target (HTTP/2: the URI).
+    pub target: &'a dyn fmt::Display,
+    pub host: Option<&'a str>,
+    pub protocol: &'static str,
 }
 
 pub trait GatewayHooks: Send + Sync + 'static {

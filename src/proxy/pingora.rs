@@ -11,11 +11,12 @@
 //! `logging` ends the request.
 
 use super::ctx::RequestCtx;
-use super::hooks::{RequestView, ResponseEdit, UpstreamFailure};
+use super::hooks::{RequestLine, RequestView, ResponseEdit, UpstreamFailure};
 use super::pipeline::answer::Refusal;
 use super::pipeline::failure::{AttemptFailure, Next};
 use super::pipeline::fields::{
     joined_cookie, strip_response_hop_by_hop, unrequested_switch, websocket_handshake, Forwarding,
+    Owned,
 };
 use super::pipeline::plan::host_from;
 use super::pipeline::watch::{quiet, Verdict, Watch};
@@ -169,7 +170,7 @@ impl ProxyHttp for Gateway {
             }
             Err(refusal) => {
                 ctx.answered = Some(refusal.status);
-                refusal.send(session).await?;
+                self.identified(refusal, ctx).send(session).await?;
                 if session.req_header().version == http::Version::HTTP_2 {
                     // As the fast transport: the body still coming is read
                     // off a while, so that the stream ends without a reset
@@ -343,9 +344,9 @@ impl ProxyHttp for Gateway {
             host: &host,
             proto: self.scheme_of(tls),
             peer_ip,
-            trust_forwarded_for: config.trust_forwarded_for,
-            tenant_header: config.tenant_header.as_str(),
+            owned: Owned::of(config),
             tenant: ctx.tenant.as_deref().unwrap_or_default(),
+            request_id: &ctx.request_id,
         };
         // The embedder's edit (checked by the plan): its fields replace
         // the client's, look-alikes with `_` for `-` included.
@@ -421,7 +422,9 @@ impl ProxyHttp for Gateway {
                 return Err(e);
             }
         }
-        Ok(())
+        // The request's ID, over the shard's and the edit's.
+        let id_header = self.control.config.request_id.header.clone();
+        upstream_response.insert_header(id_header, ctx.request_id.as_str())
     }
 
     /// The head the client gets. Pingora sends a body framed by the
@@ -541,6 +544,7 @@ impl ProxyHttp for Gateway {
         if let Some(refusal) = refusal {
             // The connection closes after it, and the answer says so.
             session.set_keepalive(None);
+            let refusal = self.identified(refusal, ctx);
             if final_status(session).is_none() && refusal.send(session).await.is_ok() {
                 code = refusal.status;
                 ctx.answered = Some(code);
@@ -575,7 +579,24 @@ impl ProxyHttp for Gateway {
         }
         let status = ctx.answered.or_else(|| final_status(session)).unwrap_or(0);
         let req = session.req_header();
-        let client = super::fast::OrEmpty(session.client_addr());
-        self.finish(ctx, &client, req.method.as_str(), &req.uri, status);
+        // A WebSocket's tunnel is not counted (as on the fast transport).
+        if status != 101 {
+            ctx.bytes_in = session.as_ref().body_bytes_read() as u64;
+            ctx.bytes_out = session.as_ref().body_bytes_sent() as u64;
+        }
+        let host = (req.headers.get(HOST).and_then(|h| h.to_str().ok()))
+            .or_else(|| req.uri.authority().map(|a| a.as_str()));
+        let line = RequestLine {
+            client: &super::fast::OrEmpty(session.client_addr()),
+            method: req.method.as_str(),
+            target: &req.uri,
+            host,
+            protocol: match req.version {
+                http::Version::HTTP_2 => "HTTP/2",
+                http::Version::HTTP_10 => "HTTP/1.0",
+                _ => "HTTP/1.1",
+            },
+        };
+        self.finish(ctx, &line, status);
     }
 }

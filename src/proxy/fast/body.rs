@@ -9,7 +9,7 @@ use super::request::Outgoing;
 use crate::proxy::hooks::UpstreamEdit;
 use crate::proxy::pipeline::answer::Refusal;
 use crate::proxy::pipeline::body::BodyPhase;
-use crate::proxy::pipeline::fields::{is_hop_by_hop, is_ours, same_field};
+use crate::proxy::pipeline::fields::{is_hop_by_hop, same_field, Owned};
 use crate::proxy::pipeline::framing::{Framing, Part};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -56,8 +56,7 @@ pub(super) struct BodyLimits {
     /// `limits.max_header_bytes`, for a trailer section.
     pub max_trailers: usize,
     /// The fields shardgate owns (never taken from a client's trailers).
-    pub tenant_header: &'static str,
-    pub trust_forwarded_for: bool,
+    pub owned: Owned<'static>,
 }
 
 /// An HTTP/1 request body as it arrives, turned into the bytes the shard
@@ -75,6 +74,8 @@ pub(super) struct H1Body {
     /// The embedder's upstream edit, if any: its fields are not taken
     /// from the client's trailers either.
     edit: Option<UpstreamEdit>,
+    /// Content bytes taken so far.
+    received: u64,
 }
 
 /// The body phase's verdict on a piece, as a body error.
@@ -102,7 +103,13 @@ impl H1Body {
             limits,
             phase: None,
             edit: None,
+            received: 0,
         }
+    }
+
+    /// Content bytes taken so far (framing not counted).
+    pub(super) fn received(&self) -> u64 {
+        self.received
     }
 
     /// Once the request is planned: the embedder's body phase runs on what
@@ -157,6 +164,7 @@ impl H1Body {
                 *budget = (budget.checked_sub(used as u64)).ok_or(BodyError::TooLarge)?;
             }
             inspect(&mut self.phase, &input[..used], self.framing.is_done())?;
+            self.received += used as u64;
             return Ok(input.split_to(used).freeze());
         }
         let mut data: smallvec::SmallVec<[std::ops::Range<usize>; 4]> = Default::default();
@@ -185,6 +193,7 @@ impl H1Body {
             inspect(&mut self.phase, &[], self.framing.is_done())?;
         }
         let len: usize = data.iter().map(|r| r.len()).sum();
+        self.received += len as u64;
         let mut out = BytesMut::with_capacity(len + 32);
         put_chunk(&mut out, data.iter().map(|r| &input[r.clone()]), len);
         if self.framing.is_done() {
@@ -204,6 +213,8 @@ pub(super) struct H2Body {
     left: u64,
     /// The embedder's body phase, if it inspects bodies.
     phase: Option<BodyPhase>,
+    /// Content bytes taken so far.
+    received: u64,
 }
 
 impl H2Body {
@@ -216,7 +227,13 @@ impl H2Body {
                 _ => 0,
             },
             phase: None,
+            received: 0,
         }
+    }
+
+    /// Content bytes taken so far.
+    pub(super) fn received(&self) -> u64 {
+        self.received
     }
 
     /// Once the request is planned: the embedder's body phase runs on
@@ -231,6 +248,7 @@ impl H2Body {
 
     /// One DATA frame's content, framed for the shard.
     pub(super) fn data(&mut self, data: Bytes) -> Result<Bytes, BodyError> {
+        self.received += data.len() as u64;
         if let Some(budget) = &mut self.budget {
             *budget = budget
                 .checked_sub(data.len() as u64)
@@ -296,7 +314,7 @@ fn put_last_chunk(
             for field in fields {
                 let name = field.name;
                 let refused = is_hop_by_hop(name)
-                    || is_ours(name, limits.tenant_header, limits.trust_forwarded_for)
+                    || limits.owned.owns(name)
                     || [
                         "content-length",
                         "host",
@@ -328,8 +346,11 @@ mod tests {
         BodyLimits {
             max_body,
             max_trailers: 64,
-            tenant_header: "x-tenant-id",
-            trust_forwarded_for: false,
+            owned: Owned {
+                tenant_header: "x-tenant-id",
+                request_id_header: "x-request-id",
+                trust_forwarded_for: false,
+            },
         }
     }
 

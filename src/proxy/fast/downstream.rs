@@ -6,7 +6,9 @@
 
 use super::body::{BodyError, H1Body, H2Body, BODY_READ};
 use super::poll_read_buf;
-use super::response::{h2_response_head, response_head, Encoding, ParsedResponse, Persist};
+use super::response::{
+    h2_response_head, response_head, Encoding, IdField, ParsedResponse, Persist,
+};
 use crate::proxy::client::poll_watch;
 use crate::proxy::hooks::ResponseEdit;
 use crate::proxy::pipeline::answer::Refusal;
@@ -26,6 +28,8 @@ pub(super) struct ResponseStart<'a> {
     pub buf: &'a [u8],
     pub parsed: &'a ParsedResponse,
     pub edit: Option<&'a ResponseEdit>,
+    /// The request's ID, in its field.
+    pub id: IdField<'a>,
     /// The client's connection closes after this response.
     pub close: bool,
 }
@@ -64,6 +68,10 @@ pub(super) trait Downstream {
     /// The response was cut short: make sure the client sees it so (an
     /// HTTP/1 connection does once it closes; an HTTP/2 stream is reset).
     fn abort(&mut self) {}
+
+    /// Body bytes read from the client so far, and queued for it (the
+    /// access log's `bytes_in`, `bytes_out`).
+    fn counts(&self) -> (u64, u64);
 }
 
 /// The interim answer to `Expect: 100-continue`.
@@ -94,6 +102,8 @@ pub(super) struct H1Client<'c> {
     pending: Bytes,
     /// Bytes were written and not yet flushed.
     unflushed: bool,
+    /// Body bytes queued for the client.
+    bytes_out: u64,
 }
 
 /// What an HTTP/1 request is, beside its body.
@@ -123,6 +133,7 @@ impl<'c> H1Client<'c> {
             // A client that sent body bytes with its head did not wait.
             expect_continue: request.expect_continue,
             interim: None,
+            bytes_out: 0,
             encoding: Encoding::Bodiless,
             out: Vec::new(),
             written: 0,
@@ -239,12 +250,22 @@ impl Downstream for H1Client<'_> {
             (false, true) => Persist::KeepAlive,
             (false, false) => Persist::Default,
         };
-        self.out = response_head(head.buf, head.parsed, self.encoding, persist, head.edit);
+        self.out = response_head(
+            head.buf,
+            head.parsed,
+            self.encoding,
+            persist,
+            head.edit,
+            head.id,
+        );
         self.written = 0;
         Ok(())
     }
 
     fn queue(&mut self, content: Bytes, end: Option<&[u8]>) {
+        if self.encoding != Encoding::Bodiless {
+            self.bytes_out += content.len() as u64;
+        }
         match self.encoding {
             Encoding::Bodiless => {}
             Encoding::Length | Encoding::Close => {
@@ -290,6 +311,13 @@ impl Downstream for H1Client<'_> {
         self.out = refusal.http1_to(self.head_only, self.close, self.http10);
         self.written = 0;
         self.pending = Bytes::new();
+        if !self.head_only {
+            self.bytes_out += refusal.body.len() as u64;
+        }
+    }
+
+    fn counts(&self) -> (u64, u64) {
+        (self.body.received(), self.bytes_out)
     }
 }
 
@@ -315,6 +343,8 @@ pub(super) struct H2Client {
     /// The end is queued (with trailers if any).
     end: Option<Option<http::HeaderMap>>,
     ended: bool,
+    /// Body bytes queued for the client.
+    bytes_out: u64,
 }
 
 impl H2Client {
@@ -328,6 +358,7 @@ impl H2Client {
             queued: Bytes::new(),
             end: None,
             ended: false,
+            bytes_out: 0,
         }
     }
 }
@@ -388,7 +419,7 @@ impl Downstream for H2Client {
     }
 
     fn start(&mut self, head: ResponseStart<'_>) -> Result<(), ()> {
-        let header = h2_response_head(head.buf, head.parsed, head.edit)?;
+        let header = h2_response_head(head.buf, head.parsed, head.edit, head.id)?;
         let end = head.parsed.bodiless
             || matches!(
                 head.parsed.framing,
@@ -406,6 +437,7 @@ impl Downstream for H2Client {
         if self.ended {
             return;
         }
+        self.bytes_out += content.len() as u64;
         if self.queued.is_empty() {
             self.queued = content;
         } else if !content.is_empty() {
@@ -481,9 +513,14 @@ impl Downstream for H2Client {
         self.writer = self.session.take_response_body_writer();
         self.ended = !body;
         if body {
+            self.bytes_out += refusal.body.len() as u64;
             self.queued = Bytes::from(refusal.body.clone());
             self.end = Some(None);
         }
+    }
+
+    fn counts(&self) -> (u64, u64) {
+        (self.body.received(), self.bytes_out)
     }
 }
 

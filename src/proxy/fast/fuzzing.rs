@@ -4,7 +4,7 @@
 
 use super::request::{parse_head, Outgoing, UpstreamHead};
 use super::response::{parse_response, response_head, Encoding, Persist};
-use crate::proxy::pipeline::fields::Forwarding;
+use crate::proxy::pipeline::fields::{Forwarding, Owned};
 
 /// `bytes` as a shard's response, read as `attempt` reads it: what the
 /// client would receive is one well-formed head with the same status,
@@ -20,6 +20,7 @@ pub fn response(bytes: &[u8], head_only: bool, websocket: bool, split: usize) {
         &parsed,
         Encoding::of(&parsed, false),
         Persist::Default,
+        None,
         None,
     );
     let mut slots = [httparse::EMPTY_HEADER; 260];
@@ -83,9 +84,13 @@ pub fn request(bytes: &[u8]) {
         host: "a.example",
         proto: "http",
         peer_ip: None,
-        trust_forwarded_for: false,
-        tenant_header: "x-tenant-id",
+        owned: Owned {
+            tenant_header: "x-tenant-id",
+            request_id_header: "x-request-id",
+            trust_forwarded_for: false,
+        },
         tenant: "a",
+        request_id: "id-1",
     };
     let upstream = UpstreamHead {
         method: head.method,

@@ -5,12 +5,12 @@
 //! HTTP/1.1 through the same exchange as an HTTP/1 request's.
 
 use super::body::H2Body;
-use super::downstream::H2Client;
+use super::downstream::{Downstream, H2Client};
 use super::exchange::{Exchanged, Request};
 use super::request::{Outgoing, UpstreamHead};
 use super::{FastPath, OrEmpty};
 use crate::proxy::ctx::RequestCtx;
-use crate::proxy::hooks::RequestView;
+use crate::proxy::hooks::{RequestLine, RequestView};
 use crate::proxy::pipeline::answer::Refusal;
 use crate::proxy::pipeline::fields::joined_cookie;
 use bytes::Bytes;
@@ -78,14 +78,18 @@ impl FastPath {
             }
         };
         // Logged as Pingora's path logs an HTTP/2 request: its URI.
-        let req = client.session.req_header();
-        gw.finish(
-            &mut ctx,
-            &OrEmpty(client_addr.as_ref()),
-            req.method.as_str(),
-            &req.uri,
-            status,
-        );
+        (ctx.bytes_in, ctx.bytes_out) = client.counts();
+        {
+            let req = client.session.req_header();
+            let line = RequestLine {
+                client: &OrEmpty(client_addr.as_ref()),
+                method: req.method.as_str(),
+                target: &req.uri,
+                host: req.uri.authority().map(|a| a.as_str()),
+                protocol: "HTTP/2",
+            };
+            gw.finish(&mut ctx, &line, status);
+        }
         // An answer came before the body ended (a refusal, a shard that
         // answered early): the rest is read off a while, its admission
         // already released, so that the stream ends cleanly. (Reset at

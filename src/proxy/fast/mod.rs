@@ -42,9 +42,9 @@ pub mod fuzzing;
 use super::client::linger;
 use super::ctx::RequestCtx;
 use super::head::Head;
-use super::hooks::{RequestView, ResponseEdit};
+use super::hooks::{RequestLine, RequestView, ResponseEdit};
 use super::pipeline::answer::Refusal;
-use super::pipeline::fields::Forwarding;
+use super::pipeline::fields::{Forwarding, Owned};
 use super::pipeline::message::request_target;
 use super::Gateway;
 use body::{BodyLimits, H1Body};
@@ -109,8 +109,13 @@ impl FastPath {
             );
         }
         let tls = conn::UpstreamTls::new(config.server.ca_file.as_deref(), upstream.tls_verify)?;
-        // A `&'static str` of the tenant header, for the trailers check.
-        let tenant_header: &'static str = Box::leak(config.tenant_header.as_str().into());
+        // The owned fields' names as `&'static str`, for the trailers check.
+        let leak = |name: &http::HeaderName| -> &'static str { Box::leak(name.as_str().into()) };
+        let owned = Owned {
+            tenant_header: leak(&config.tenant_header),
+            request_id_header: leak(&config.request_id.header),
+            trust_forwarded_for: config.trust_forwarded_for,
+        };
         Ok(FastPath {
             idle_timeout: upstream.keepalive_timeout,
             connect_timeout: upstream.connect_timeout,
@@ -120,8 +125,7 @@ impl FastPath {
             body_limits: BodyLimits {
                 max_body: config.largest_max_body(),
                 max_trailers: config.limits.max_header_bytes,
-                tenant_header,
-                trust_forwarded_for: config.trust_forwarded_for,
+                owned,
             },
             tls,
             gateway,
@@ -153,23 +157,36 @@ impl FastPath {
             .get_socket_digest()
             .and_then(|d| d.peer_addr().cloned());
         let Some(parsed) = head_in(&head, &read.layout) else {
-            let refusal = Refusal::error(400, "bad-request");
+            let refusal = gw.identified(Refusal::error(400, "bad-request"), &ctx);
+            ctx.bytes_out = refusal.body.len() as u64;
             let _ = self
                 .send_all(&mut client, &refusal.http1(false, true))
                 .await;
-            let client = OrEmpty(client_addr.as_ref());
-            gw.log_request(&mut ctx, &client, "-", &"-", 400);
+            let line = RequestLine {
+                client: &OrEmpty(client_addr.as_ref()),
+                method: "-",
+                target: &"-",
+                host: None,
+                protocol: "HTTP/1.1",
+            };
+            gw.log_request(&mut ctx, &line, 400);
             return None;
         };
         let log_target = parsed.target;
+        let log_host = parsed.values("host").next();
+        let log_host = log_host.and_then(|h| std::str::from_utf8(h).ok());
         let finish = |ctx: &mut RequestCtx, status| {
-            gw.finish(
-                ctx,
-                &OrEmpty(client_addr.as_ref()),
-                parsed.method,
-                &log_target,
-                status,
-            );
+            let line = RequestLine {
+                client: &OrEmpty(client_addr.as_ref()),
+                method: parsed.method,
+                target: &log_target,
+                host: log_host,
+                protocol: match parsed.http10 {
+                    true => "HTTP/1.0",
+                    false => "HTTP/1.1",
+                },
+            };
+            gw.finish(ctx, &line, status);
         };
         let announced_length = parsed.values("content-length").next().is_some();
         let mut h1_body = H1Body::new(body, self.body_limits);
@@ -197,6 +214,7 @@ impl FastPath {
                 };
                 let mut c = H1Client::new(&mut client, ahead, h1_body, request);
                 let status = self.answer(&mut c, &mut ctx, refusal, true).await;
+                (ctx.bytes_in, ctx.bytes_out) = c.counts();
                 finish(&mut ctx, status);
                 return None;
             }
@@ -263,6 +281,7 @@ impl FastPath {
                 self.exchange(&mut c, &request, &mut ctx).await
             }
         };
+        (ctx.bytes_in, ctx.bytes_out) = c.counts();
         let unread = !c.body_done();
         let keep = !c.close && !unread;
         let status = match exchanged {
@@ -290,6 +309,7 @@ impl FastPath {
                         let log = tunnel::TunnelLog {
                             client: client_addr,
                             target,
+                            host: log_host.map(str::to_owned),
                         };
                         self.spawn_tunnel(client, upstream, ctx, log);
                         return None;
@@ -315,10 +335,16 @@ impl FastPath {
             host,
             proto: self.gateway.scheme_of(tls),
             peer_ip: client.and_then(|a| a.as_inet()).map(|a| a.ip()),
-            trust_forwarded_for: config.trust_forwarded_for,
-            tenant_header: config.tenant_header.as_str(),
+            owned: Owned::of(config),
             tenant: ctx.tenant.as_deref().unwrap_or_default(),
+            request_id: &ctx.request_id,
         }
+    }
+
+    /// The request's ID, in its field, for a proxied response head.
+    fn id_field<'a>(&'a self, ctx: &'a RequestCtx) -> response::IdField<'a> {
+        let header = &self.gateway.control().config.request_id.header;
+        Some((header, ctx.request_id.as_str()))
     }
 
     /// The embedder's edit of a response head (none unless a hook made one).

@@ -198,15 +198,20 @@ pub(super) fn push_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy::pipeline::fields::Owned;
 
     fn forwarding() -> Forwarding<'static> {
         Forwarding {
             host: "a.example",
             proto: "http",
             peer_ip: Some("10.0.0.1".parse().unwrap()),
-            trust_forwarded_for: false,
-            tenant_header: "x-tenant-id",
+            owned: Owned {
+                tenant_header: "x-tenant-id",
+                request_id_header: "x-request-id",
+                trust_forwarded_for: false,
+            },
             tenant: "a",
+            request_id: "id-1",
         }
     }
 
@@ -242,7 +247,7 @@ mod tests {
     #[test]
     fn the_shard_gets_the_fields_minus_hops_and_ours_with_framing_anew() {
         let raw = "POST /up?x=1 HTTP/1.1\r\nHost: a.example\r\nConnection: keep-alive, X-Hop, Host\r\nX-Hop: 1\r\n\
-Keep-Alive: 5\r\nExpect: 100-continue\r\nContent-Length: 5, 5\r\nX-Tenant-Id: evil\r\nX-Kept: yes\r\n\r\n";
+Keep-Alive: 5\r\nExpect: 100-continue\r\nContent-Length: 5, 5\r\nX-Tenant-Id: evil\r\nX-Request-Id: theirs\r\nX-Kept: yes\r\n\r\n";
         let head = parse_head(raw.as_bytes()).unwrap();
         let up = UpstreamHead {
             method: head.method,
@@ -257,7 +262,7 @@ Keep-Alive: 5\r\nExpect: 100-continue\r\nContent-Length: 5, 5\r\nX-Tenant-Id: ev
             text,
             "POST /up?x=1 HTTP/1.1\r\nHost: a.example\r\nX-Kept: yes\r\nX-Forwarded-Host: a.example\r\n\
 X-Forwarded-Proto: http\r\nX-Forwarded-For: 10.0.0.1\r\nX-Real-IP: 10.0.0.1\r\nx-tenant-id: a\r\n\
-Content-Length: 5\r\n\r\n"
+x-request-id: id-1\r\nContent-Length: 5\r\n\r\n"
         );
         let up = UpstreamHead {
             host: Some("b.example"),

@@ -51,6 +51,7 @@ impl FastPath {
             buf: &head,
             parsed: &parsed,
             edit: edit.as_ref(),
+            id: self.id_field(ctx),
             // What the client still sends of its body cannot be told from
             // a next request once the answer is over: it closes.
             close: !client.body_done(),
@@ -165,6 +166,7 @@ impl FastPath {
         close: bool,
     ) -> (u16, bool) {
         ctx.answered = Some(refusal.status);
+        let refusal = self.gateway.identified(refusal, ctx);
         client.queue_answer(&refusal, close);
         let sent = tokio::time::timeout(self.send_timeout, poll_fn(|cx| client.poll_send(cx)));
         (refusal.status, matches!(sent.await, Ok(Ok(()))))

@@ -57,17 +57,24 @@ pub(super) enum Persist {
     Close,
 }
 
+/// The request's ID and the field it goes in, on every response head
+/// (over the shard's and the embedder's field of that name).
+pub(super) type IdField<'a> = Option<(&'a http::HeaderName, &'a str)>;
+
 /// The response head an HTTP/1 client receives: the shard's status and
 /// fields, minus hop-by-hop ones and the framing fields `encoding`
-/// replaces; plus the edit, a `Date` if it has none, the body's framing
-/// and `persist`.
+/// replaces; plus the edit, a `Date` if it has none, the request's ID,
+/// the body's framing and `persist`.
 pub(super) fn response_head(
     buf: &[u8],
     parsed: &ParsedResponse,
     encoding: Encoding,
     persist: Persist,
     edit: Option<&ResponseEdit>,
+    id: IdField<'_>,
 ) -> Vec<u8> {
+    let id_name = id.map(|(name, _)| name.as_str().as_bytes());
+    let not_id = |name: &[u8]| !id_name.is_some_and(|id| name.eq_ignore_ascii_case(id));
     let mut out = Vec::with_capacity(parsed.head_len + 64);
     // httparse accepts only three-digit codes: 100..=999.
     let code = parsed.status;
@@ -96,17 +103,23 @@ pub(super) fn response_head(
         } else {
             hops.keeps(name)
         };
-        if keep && !edit.is_some_and(|e| e.removes(name)) {
+        if keep && !edit.is_some_and(|e| e.removes(name)) && not_id(name) {
             dated |= name.eq_ignore_ascii_case(b"date");
             push_field(&mut out, name, value);
         }
     }
     for (name, value) in edit.iter().flat_map(|e| e.add.iter()) {
-        push_field(&mut out, name.as_str().as_bytes(), value.as_bytes());
+        let name = name.as_str().as_bytes();
+        if not_id(name) {
+            push_field(&mut out, name, value.as_bytes());
+        }
     }
     if !dated {
         // RFC 9110 §6.6.1: a forwarded response gets a Date if it has none.
         push_field(&mut out, b"Date", get_cached_date().as_bytes());
+    }
+    if let Some((name, value)) = id {
+        push_field(&mut out, name.as_str().as_bytes(), value.as_bytes());
     }
     if encoding == Encoding::Chunked && !parsed.chunked {
         out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
@@ -128,6 +141,7 @@ pub(super) fn h2_response_head(
     buf: &[u8],
     parsed: &ParsedResponse,
     edit: Option<&ResponseEdit>,
+    id: IdField<'_>,
 ) -> Result<ResponseHeader, ()> {
     // No case map: HTTP/2 sends field names in lower case anyway.
     let mut head =
@@ -155,6 +169,10 @@ pub(super) fn h2_response_head(
     }
     if let Some(edit) = edit {
         edit.apply(&mut head).map_err(|_| ())?;
+    }
+    if let Some((name, value)) = id {
+        // Over the shard's and the edit's.
+        head.insert_header(name.clone(), value).map_err(|_| ())?;
     }
     Ok(head)
 }
@@ -353,7 +371,14 @@ mod tests {
         let raw = b"HTTP/1.1 200 Fine\r\nConnection: close, X-Secret\r\nX-Secret: 1\r\nKeep-Alive: timeout=5\r\n\
 Transfer-Encoding: chunked\r\nContent-Length: 12\r\nTrailer: x-sum\r\nX-Kept: yes\r\nDate: then\r\n\r\n";
         let p = parse_response(raw, false, false).unwrap().unwrap();
-        let head = response_head(raw, &p, Encoding::of(&p, false), Persist::Default, None);
+        let head = response_head(
+            raw,
+            &p,
+            Encoding::of(&p, false),
+            Persist::Default,
+            None,
+            None,
+        );
         assert_eq!(
             String::from_utf8(head).unwrap(),
             "HTTP/1.1 200 Fine\r\nTransfer-Encoding: chunked\r\nX-Kept: yes\r\nDate: then\r\n\r\n"
@@ -366,6 +391,7 @@ Transfer-Encoding: chunked\r\nContent-Length: 12\r\nTrailer: x-sum\r\nX-Kept: ye
             &p,
             Encoding::Length,
             Persist::Default,
+            None,
             None,
         ))
         .unwrap();
@@ -383,6 +409,7 @@ Transfer-Encoding: chunked\r\nContent-Length: 12\r\nTrailer: x-sum\r\nX-Kept: ye
             Encoding::Close,
             Persist::Close,
             None,
+            None,
         ))
         .unwrap();
         assert!(
@@ -397,6 +424,7 @@ Transfer-Encoding: chunked\r\nContent-Length: 12\r\nTrailer: x-sum\r\nX-Kept: ye
             Encoding::Bodiless,
             Persist::Close,
             None,
+            None,
         ))
         .unwrap();
         assert!(
@@ -407,6 +435,30 @@ Transfer-Encoding: chunked\r\nContent-Length: 12\r\nTrailer: x-sum\r\nX-Kept: ye
             head.ends_with(" GMT\r\nConnection: close\r\n\r\n"),
             "{head}"
         );
+    }
+
+    #[test]
+    fn the_request_id_goes_over_the_shards_and_the_edits() {
+        let raw = b"HTTP/1.1 200 OK\r\nX-Request-Id: shards\r\nContent-Length: 0\r\n\r\n";
+        let p = parse_response(raw, false, false).unwrap().unwrap();
+        let mut edit = ResponseEdit::new(200);
+        edit.add.push((
+            http::HeaderName::from_static("x-request-id"),
+            http::HeaderValue::from_static("edits"),
+        ));
+        let name = http::HeaderName::from_static("x-request-id");
+        let id = Some((&name, "ours"));
+        let head = response_head(raw, &p, Encoding::Length, Persist::Default, Some(&edit), id);
+        let head = String::from_utf8(head).unwrap();
+        assert_eq!(
+            head.matches("x-request-id").count() + head.matches("X-Request-Id").count(),
+            1,
+            "{head}"
+        );
+        assert!(head.contains("x-request-id: ours\r\n"), "{head}");
+        let h2 = h2_response_head(raw, &p, Some(&edit), id).unwrap();
+        let values: Vec<_> = h2.headers.get_all("x-request-id").iter().collect();
+        assert_eq!(values, ["ours"]);
     }
 
     #[test]
@@ -431,6 +483,7 @@ Transfer-Encoding: chunked\r\nContent-Length: 12\r\nTrailer: x-sum\r\nX-Kept: ye
                 &p,
                 Encoding::of(&p, false),
                 Persist::Default,
+                None,
                 None,
             ))
             .unwrap();

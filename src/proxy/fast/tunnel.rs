@@ -16,6 +16,7 @@ use super::exchange::Upstream;
 use super::response::{response_head, Encoding, Persist};
 use super::{FastPath, OrEmpty};
 use crate::proxy::ctx::RequestCtx;
+use crate::proxy::hooks::RequestLine;
 use crate::proxy::Gateway;
 use bytes::BytesMut;
 use pingora::protocols::l4::socket::SocketAddr;
@@ -63,6 +64,7 @@ const TUNNEL_USER_TIMEOUT: Duration = Duration::from_secs(120);
 pub(super) struct TunnelLog {
     pub client: Option<SocketAddr>,
     pub target: String,
+    pub host: Option<String>,
 }
 
 impl FastPath {
@@ -89,6 +91,7 @@ impl FastPath {
             Encoding::Bodiless,
             Persist::Default,
             edit.as_ref(),
+            self.id_field(ctx),
         );
         // Bytes the shard sent right after its 101 are tunnel data.
         out.extend_from_slice(&buf[parsed.head_len..]);
@@ -149,9 +152,14 @@ struct Finish {
 
 impl Drop for Finish {
     fn drop(&mut self) {
-        let client = OrEmpty(self.log.client.as_ref());
-        self.gateway
-            .finish(&mut self.ctx, &client, "GET", &self.log.target, 101);
+        let line = RequestLine {
+            client: &OrEmpty(self.log.client.as_ref()),
+            method: "GET",
+            target: &self.log.target,
+            host: self.log.host.as_deref(),
+            protocol: "HTTP/1.1",
+        };
+        self.gateway.finish(&mut self.ctx, &line, 101);
     }
 }
 

@@ -4,6 +4,7 @@
 //! encoder: [`Refusal::fields`] is the head every transport writes (with
 //! `Date`), as raw HTTP/1 bytes or as a Pingora response head.
 
+use super::request_id::RequestId;
 use crate::routing::Decision;
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
@@ -27,6 +28,9 @@ pub struct Refusal {
     pub location: Option<String>,
     /// An embedder's own fields (`RequestCheck::Answer`), after shardgate's.
     pub extra: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// The request's ID and its field, written last (over an embedder's
+    /// field of the same name).
+    pub request_id: Option<Box<(http::HeaderName, RequestId)>>,
 }
 
 impl Refusal {
@@ -73,7 +77,14 @@ impl Refusal {
             content_type: Some("application/json"),
             location: None,
             extra: Vec::new(),
+            request_id: None,
         }
+    }
+
+    /// The same answer, saying the request's ID in the field `name`.
+    pub fn with_request_id(mut self, name: &http::HeaderName, id: &RequestId) -> Self {
+        self.request_id = Some(Box::new((name.clone(), id.clone())));
+        self
     }
 
     /// A plain-text answer (an ACME challenge's key authorization).
@@ -134,6 +145,8 @@ impl Refusal {
     /// The answer's head fields, in order: what both transports write.
     pub fn fields(&self) -> impl Iterator<Item = (&str, String)> + '_ {
         let theirs = |name: &str| self.extra.iter().any(|(n, _)| n.as_str() == name);
+        let id = self.request_id.as_deref();
+        let ours = move |name: &http::HeaderName| id.is_some_and(|(n, _)| n == name);
         let fixed: [Option<(&str, String)>; 6] = [
             self.content_type.map(|t| ("content-type", t.to_string())),
             // None on a 204 or 304 (RFC 9110 §8.6).
@@ -150,8 +163,10 @@ impl Refusal {
         ];
         // A value that is not visible ASCII (as `http` reads it) is left out.
         let extra = (self.extra.iter())
+            .filter(move |(name, _)| !ours(name))
             .filter_map(|(name, value)| Some((name.as_str(), value.to_str().ok()?.to_string())));
-        fixed.into_iter().flatten().chain(extra)
+        let id = id.map(|(name, id)| (name.as_str(), id.to_string()));
+        fixed.into_iter().flatten().chain(extra).chain(id)
     }
 
     /// The answer as HTTP/1.1 bytes; `close`: the connection closes after

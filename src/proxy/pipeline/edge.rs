@@ -11,8 +11,9 @@ const CHALLENGE_PREFIX: &str = "/.well-known/acme-challenge/";
 
 /// What the edge answers, and whether the connection closes after it.
 pub struct EdgeAnswer {
-    pub status: u16,
-    pub bytes: Vec<u8>,
+    pub answer: Refusal,
+    /// A `HEAD` request's: the head only.
+    pub head_only: bool,
     pub close: bool,
 }
 
@@ -40,10 +41,9 @@ pub fn edge_answer(head: &[u8], redirect: Option<u16>, edge: &Edge) -> Option<Ed
     };
     if let Some(token) = target.strip_prefix(CHALLENGE_PREFIX) {
         if let Some(key_auth) = edge.challenge(token) {
-            let bytes = Refusal::text(200, key_auth.to_string()).http1(head_only, close);
             return Some(EdgeAnswer {
-                status: 200,
-                bytes,
+                answer: Refusal::text(200, key_auth.to_string()),
+                head_only,
                 close,
             });
         }
@@ -84,10 +84,9 @@ pub fn edge_answer(head: &[u8], redirect: Option<u16>, edge: &Edge) -> Option<Ed
         443 => format!("https://{name}{path}"),
         p => format!("https://{name}:{p}{path}"),
     };
-    let redirect = Refusal::redirect(location);
     Some(EdgeAnswer {
-        status: redirect.status,
-        bytes: redirect.http1(head_only, close),
+        answer: Refusal::redirect(location),
+        head_only,
         close,
     })
 }
@@ -95,8 +94,8 @@ pub fn edge_answer(head: &[u8], redirect: Option<u16>, edge: &Edge) -> Option<Ed
 /// A 400 for a request without a usable host; the connection closes.
 fn bad_host(head_only: bool) -> EdgeAnswer {
     EdgeAnswer {
-        status: 400,
-        bytes: Refusal::error(400, "invalid-host").http1(head_only, true),
+        answer: Refusal::error(400, "invalid-host"),
+        head_only,
         close: true,
     }
 }
@@ -135,7 +134,8 @@ mod tests {
     }
 
     fn text(answer: Option<EdgeAnswer>) -> String {
-        String::from_utf8(answer.expect("an answer").bytes).expect("utf-8")
+        let a = answer.expect("an answer");
+        String::from_utf8(a.answer.http1(a.head_only, a.close)).expect("utf-8")
     }
 
     #[test]

@@ -148,26 +148,49 @@ const CLIENT_ADDRESS_FIELDS: [&str; 5] = [
     "x-cluster-client-ip",
 ];
 
-/// Whether a request field is one shardgate owns upstream — the forwarding
-/// fields, `X-Real-IP`, the tenant header, the client-address fields
-/// frameworks trust, RFC 7239's `Forwarded` unless `trust_forwarded_for`,
-/// and the framing fields — under its own name or a look-alike with `_` for
-/// `-` (CGI-style backends read `X_Tenant_Id` as `X-Tenant-Id`; nginx drops
-/// such fields by default for this reason). The client's value never
-/// reaches the shard. (The real `Content-Length` and `Transfer-Encoding`
-/// are the transports' to frame; only their look-alikes are caught here.)
-pub fn is_ours(name: &str, tenant_header: &str, trust_forwarded_for: bool) -> bool {
-    let same = |wanted: &str| same_field(name, wanted);
-    let look_alike = |wanted: &str| name.contains('_') && same(wanted);
-    same("x-forwarded-for")
-        || same("x-forwarded-host")
-        || same("x-forwarded-proto")
-        || same("x-real-ip")
-        || same(tenant_header)
-        || (!trust_forwarded_for && same("forwarded"))
-        || CLIENT_ADDRESS_FIELDS.iter().any(|f| same(f))
-        || look_alike("content-length")
-        || look_alike("transfer-encoding")
+/// The request fields shardgate owns upstream, as configured.
+#[derive(Clone, Copy, Debug)]
+pub struct Owned<'a> {
+    pub tenant_header: &'a str,
+    /// `request_id.header`.
+    pub request_id_header: &'a str,
+    /// Whether a client's `Forwarded` (and `X-Forwarded-For`) is trusted.
+    pub trust_forwarded_for: bool,
+}
+
+impl<'a> Owned<'a> {
+    /// The fields `config` makes shardgate's.
+    pub fn of(config: &'a crate::config::Config) -> Self {
+        Owned {
+            tenant_header: config.tenant_header.as_str(),
+            request_id_header: config.request_id.header.as_str(),
+            trust_forwarded_for: config.trust_forwarded_for,
+        }
+    }
+
+    /// Whether a request field is one shardgate owns upstream — the
+    /// forwarding fields, `X-Real-IP`, the tenant header, the request ID's
+    /// field, the client-address fields frameworks trust, RFC 7239's
+    /// `Forwarded` unless `trust_forwarded_for`, and the framing fields —
+    /// under its own name or a look-alike with `_` for `-` (CGI-style
+    /// backends read `X_Tenant_Id` as `X-Tenant-Id`; nginx drops such fields
+    /// by default for this reason). The client's value never reaches the
+    /// shard. (The real `Content-Length` and `Transfer-Encoding` are the
+    /// transports' to frame; only their look-alikes are caught here.)
+    pub fn owns(&self, name: &str) -> bool {
+        let same = |wanted: &str| same_field(name, wanted);
+        let look_alike = |wanted: &str| name.contains('_') && same(wanted);
+        same("x-forwarded-for")
+            || same("x-forwarded-host")
+            || same("x-forwarded-proto")
+            || same("x-real-ip")
+            || same(self.tenant_header)
+            || same(self.request_id_header)
+            || (!self.trust_forwarded_for && same("forwarded"))
+            || CLIENT_ADDRESS_FIELDS.iter().any(|f| same(f))
+            || look_alike("content-length")
+            || look_alike("transfer-encoding")
+    }
 }
 
 /// Whether two field names are the same field to a backend: equal but for
@@ -189,16 +212,19 @@ pub struct Forwarding<'a> {
     pub proto: &'static str,
     /// The peer's IP, if the connection has one.
     pub peer_ip: Option<IpAddr>,
-    /// Append to a client-sent `X-Forwarded-For` instead of replacing it.
-    pub trust_forwarded_for: bool,
-    pub tenant_header: &'a str,
+    /// The fields shardgate owns (and whether to append to a client-sent
+    /// `X-Forwarded-For` instead of replacing it).
+    pub owned: Owned<'a>,
     pub tenant: &'a str,
+    /// The request's ID.
+    pub request_id: &'a str,
 }
 
 impl Forwarding<'_> {
-    /// Whether `name` is a field shardgate owns upstream (see [`is_ours`]).
+    /// Whether `name` is a field shardgate owns upstream (see
+    /// [`Owned::owns`]).
     pub fn owns(&self, name: &str) -> bool {
-        is_ours(name, self.tenant_header, self.trust_forwarded_for)
+        self.owned.owns(name)
     }
 
     /// The fields shardgate sets upstream, in the order they are written,
@@ -213,12 +239,12 @@ impl Forwarding<'_> {
         emit("X-Forwarded-Host", self.host);
         emit("X-Forwarded-Proto", self.proto);
         if let Some(ip) = self.peer_ip.map(canonical_ip) {
-            if !self.trust_forwarded_for {
+            if !self.owned.trust_forwarded_for {
                 // The common case, without an allocation.
                 let text = IpText::of(ip);
                 emit("X-Forwarded-For", text.as_str());
                 emit("X-Real-IP", text.as_str());
-                emit(self.tenant_header, self.tenant);
+                self.emit_ours(emit);
                 return;
             }
             let mut chain = String::with_capacity(48);
@@ -237,7 +263,13 @@ impl Forwarding<'_> {
             emit("X-Forwarded-For", &chain);
             emit("X-Real-IP", &chain[start..]);
         }
-        emit(self.tenant_header, self.tenant);
+        self.emit_ours(emit);
+    }
+
+    /// The tenant's field and the request ID's.
+    fn emit_ours(&self, mut emit: impl FnMut(&str, &str)) {
+        emit(self.owned.tenant_header, self.tenant);
+        emit(self.owned.request_id_header, self.request_id);
     }
 
     /// Applies the fields to a Pingora request head: the client's own and
@@ -245,7 +277,7 @@ impl Forwarding<'_> {
     /// left to Pingora's WebSocket-only upgrade policy, which removes them
     /// unless the request is a WebSocket handshake.)
     pub fn apply(&self, req: &mut RequestHeader) -> Result<()> {
-        let prior: Vec<Vec<u8>> = if self.trust_forwarded_for {
+        let prior: Vec<Vec<u8>> = if self.owned.trust_forwarded_for {
             req.headers
                 .get_all(&X_FORWARDED_FOR)
                 .iter()
@@ -410,6 +442,8 @@ mod tests {
             ("content_length", "5"),
             ("proxy-authorization", "Basic eA=="),
             ("te", "trailers"),
+            ("x-request-id", "from-the-client"),
+            ("X_Request_ID", "from-the-client"),
         ] {
             req.insert_header(name, value).unwrap();
         }
@@ -421,9 +455,13 @@ mod tests {
             host: "App.Acme.com:8080",
             proto: "https",
             peer_ip: ip,
-            trust_forwarded_for: trust,
-            tenant_header: "x-tenant-id",
+            owned: Owned {
+                tenant_header: "x-tenant-id",
+                request_id_header: "x-request-id",
+                trust_forwarded_for: trust,
+            },
             tenant: "acme",
+            request_id: "ours",
         }
         .apply(req)
         .unwrap();
@@ -446,6 +484,9 @@ mod tests {
         assert_eq!(h["x-tenant_id-extra"], "kept");
         assert!(h.get("forwarded").is_none());
         assert_eq!(h["x-real-ip"], "127.0.0.1");
+        assert_eq!(h.get_all("x-request-id").iter().count(), 1);
+        assert_eq!(h["x-request-id"], "ours");
+        assert!(h.get("x_request_id").is_none());
         for gone in [
             "true-client-ip",
             "cf-connecting-ip",

@@ -80,6 +80,37 @@ pub fn declared_length(value: &[u8]) -> Option<u64> {
         .max()
 }
 
+/// Checks what a head says of its authority: no `CONNECT` (405), at most
+/// one `Host` (RFC 9112 §3.2), no user info in it or in an absolute-form
+/// target. Pingora's proxy answers such a head itself before any of its
+/// phases (no request ID, no log line); refused here, every transport
+/// answers it the same way.
+pub fn check_authority<'a>(
+    method: &str,
+    target: &str,
+    mut hosts: impl Iterator<Item = &'a [u8]>,
+) -> Result<(), Refused> {
+    if method == "CONNECT" {
+        return Err(refused(405, "method-not-allowed"));
+    }
+    match (hosts.next(), hosts.next()) {
+        (_, Some(_)) => return Err(refused(400, "duplicate-host")),
+        (Some(host), None) if host.contains(&b'@') => return Err(refused(400, "invalid-host")),
+        _ => {}
+    }
+    if !target.starts_with('/') {
+        let after_scheme = target.split_once("://").map_or("", |(_, rest)| rest);
+        let authority = after_scheme
+            .split(['/', '?', '#'])
+            .next()
+            .unwrap_or_default();
+        if authority.contains('@') {
+            return Err(refused(400, "invalid-host"));
+        }
+    }
+    Ok(())
+}
+
 /// Checks the framing fields of a parsed head (`fields` as (name, value),
 /// `http10`: the request is HTTP/1.0) and the body size they announce
 /// against `max_body` (`None`: unlimited); returns the body's framing.

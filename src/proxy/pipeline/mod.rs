@@ -18,6 +18,7 @@
 //! - [`body`]: the embedder's body phase over a request's body;
 //! - [`watch`]: the headers deadline and liveness probes;
 //! - [`failure`]: what a failed attempt means (resend, retry, 502/504);
+//! - [`request_id`]: each request's ID (made, or a trusted client's kept);
 //! - [`retry`], [`routes`]: the retry budget and the route prefixes.
 
 pub mod answer;
@@ -28,6 +29,7 @@ pub mod fields;
 pub mod framing;
 pub mod message;
 pub mod plan;
+pub mod request_id;
 pub mod retry;
 pub mod routes;
 pub mod watch;

@@ -6,12 +6,13 @@
 
 use super::answer::Refusal;
 use super::body::BodyPhase;
-use super::fields::{is_hop_by_hop, is_ours, is_text};
+use super::fields::{is_hop_by_hop, is_text, Owned};
 use super::message::declared_length;
+use super::request_id;
 use super::watch::probe;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::hooks::{
-    RequestCheck, RequestSummary, RequestView, UpstreamEdit, UpstreamFailure,
+    RequestCheck, RequestLine, RequestSummary, RequestView, UpstreamEdit, UpstreamFailure,
 };
 use crate::proxy::Gateway;
 use crate::routing::{Decision, RouteRequest, ShardId};
@@ -28,6 +29,13 @@ impl Gateway {
         req: &RequestView<'r>,
         ctx: &mut RequestCtx,
     ) -> Result<&'r str, Refusal> {
+        let ids = &self.control.config.request_id;
+        if ids.trust_incoming {
+            let incoming = req.header(ids.header.as_str());
+            if let Some(id) = incoming.and_then(request_id::trusted) {
+                ctx.request_id = id;
+            }
+        }
         let host = host_from(req.authority, req.values(HOST.as_str()))
             .map_err(|what| Refusal::error(400, what))?;
         let resolved = self
@@ -36,7 +44,9 @@ impl Gateway {
             .resolve(host)
             .ok_or_else(|| Refusal::error(404, "unknown-domain"))?;
         ctx.max_body = self.max_body_for(&resolved.tenant);
-        match self.control.hooks.check_request(&resolved.tenant, req) {
+        let view = req.with_request_id(&ctx.request_id);
+        let check = self.control.hooks.check_request(&resolved.tenant, &view);
+        match check {
             RequestCheck::Proceed => {}
             RequestCheck::AddFields(add) => {
                 ctx.upstream_edit = self.checked_edit(UpstreamEdit {
@@ -220,51 +230,24 @@ impl Gateway {
 
     /// The request is over: its duration, the admission's release, the
     /// access log line, the hooks' logging phase.
-    pub(crate) fn finish(
-        &self,
-        ctx: &mut RequestCtx,
-        client: &dyn std::fmt::Display,
-        method: &str,
-        target: &dyn std::fmt::Display,
-        status: u16,
-    ) {
+    pub(crate) fn finish(&self, ctx: &mut RequestCtx, line: &RequestLine<'_>, status: u16) {
         self.control
             .metrics
             .request_finished(ctx.started.elapsed().as_secs_f64());
-        self.log_request(ctx, client, method, target, status);
+        self.log_request(ctx, line, status);
     }
 
     /// A request's access log line and the hooks' logging phase, its
     /// admission released first (without [`Gateway::finish`]'s duration
     /// metric: the front end's own answers are logged only).
-    pub(crate) fn log_request(
-        &self,
-        ctx: &mut RequestCtx,
-        client: &dyn std::fmt::Display,
-        method: &str,
-        target: &dyn std::fmt::Display,
-        status: u16,
-    ) {
+    pub(crate) fn log_request(&self, ctx: &mut RequestCtx, line: &RequestLine<'_>, status: u16) {
         let elapsed = ctx.started.elapsed();
         ctx.admission = None;
-        if let Some(level) = self.control.config.log.access {
-            if log::log_enabled!(target: "shardgate::access", level) {
-                log::log!(
-                    target: "shardgate::access",
-                    level,
-                    "{client} {method} {target} tenant={} shard={} decision={} status={status} duration_ms={:.3} attempts={}",
-                    ctx.tenant.as_deref().unwrap_or("-"),
-                    ctx.shard_id().map_or("-", |s| s.as_str()),
-                    ctx.decision.map_or("-", |d| d.as_str()),
-                    elapsed.as_secs_f64() * 1000.0,
-                    ctx.attempts,
-                );
-            }
-        }
-        self.control.hooks.logging(&RequestSummary {
-            client,
-            method,
-            target,
+        let summary = RequestSummary {
+            request_id: &ctx.request_id,
+            client: line.client,
+            method: line.method,
+            target: line.target,
             tenant: ctx.tenant.as_deref(),
             shard: ctx.shard_id(),
             decision: ctx.decision,
@@ -272,7 +255,19 @@ impl Gateway {
             duration: elapsed,
             attempts: ctx.attempts,
             failure: ctx.failure,
-        });
+            host: line.host,
+            bytes_in: ctx.bytes_in,
+            bytes_out: ctx.bytes_out,
+            protocol: line.protocol,
+            trace_id: None,
+        };
+        self.control.access_log.write(&summary);
+        self.control.hooks.logging(&summary);
+    }
+
+    /// `refusal` as this request's answer: saying its ID.
+    pub(crate) fn identified(&self, refusal: Refusal, ctx: &RequestCtx) -> Refusal {
+        refusal.with_request_id(&self.control.config.request_id.header, &ctx.request_id)
     }
 
     /// The `X-Forwarded-Proto` to advertise: `public_protocol`, else the
@@ -304,14 +299,8 @@ impl Gateway {
 
     /// The embedder's upstream edit without the fields it may not touch.
     fn checked_edit(&self, mut edit: UpstreamEdit) -> UpstreamEdit {
-        let config = &self.control.config;
-        let allowed = |name: &http::HeaderName| {
-            may_edit(
-                name,
-                config.tenant_header.as_str(),
-                config.trust_forwarded_for,
-            )
-        };
+        let owned = Owned::of(&self.control.config);
+        let allowed = |name: &http::HeaderName| may_edit(name, owned);
         edit.add.retain(|(name, _)| allowed(name));
         edit.remove.retain(allowed);
         edit
@@ -322,12 +311,10 @@ impl Gateway {
 /// field `name`: not a hop-by-hop or framing field (the transports frame
 /// the request), not `Host`, not a field shardgate owns. Others are left
 /// alone (and logged at debug level).
-fn may_edit(name: &http::HeaderName, tenant_header: &str, trust_forwarded_for: bool) -> bool {
+fn may_edit(name: &http::HeaderName, owned: Owned<'_>) -> bool {
     let name = name.as_str();
-    let allowed = !is_hop_by_hop(name)
-        && name != "content-length"
-        && name != "host"
-        && !is_ours(name, tenant_header, trust_forwarded_for);
+    let allowed =
+        !is_hop_by_hop(name) && name != "content-length" && name != "host" && !owned.owns(name);
     if !allowed {
         log::debug!("a request check's field {name} is left alone: shardgate owns it");
     }
