@@ -57,10 +57,11 @@ impl GatewayHooks for Platform {
         let shard = r.shard.map_or("-", |s| s.as_str());
         let tenant = r.tenant.unwrap_or("-");
         log::info!(
-            "embed: {} {} -> {} tenant={tenant} shard={shard}",
+            "embed: {} {} -> {} tenant={tenant} shard={shard} id={}",
             r.method,
             r.target,
-            r.status
+            r.status,
+            r.request_id
         );
     }
 }

@@ -110,11 +110,12 @@ impl GatewayWrapper for EmbeddingProxy {
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         log::info!(
-            "embed: {} {} -> {status} tenant={} shard={}",
+            "embed: {} {} -> {status} tenant={} shard={} id={}",
             session.req_header().method,
             session.req_header().uri,
             ctx.gateway.tenant.as_deref().unwrap_or("-"),
             ctx.gateway.shard_id().map_or("-", |s| s.as_str()),
+            ctx.gateway.request_id,
         );
         self.gateway.logging(session, e, &mut ctx.gateway).await
     }

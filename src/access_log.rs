@@ -12,14 +12,17 @@
 
 use crate::config::{AccessFormat, LogConfig};
 use crate::proxy::hooks::RequestSummary;
+use crate::proxy::pipeline::fields::IpText;
 use parking_lot::{Condvar, Mutex};
+use pingora::protocols::l4::socket::SocketAddr;
+use std::cell::Cell;
 use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Once};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// How often the writer thread writes what is pending.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
@@ -82,32 +85,31 @@ impl AccessLog {
         }
     }
 
-    /// Writes the line of a request that is over.
-    pub fn write(&self, summary: &RequestSummary<'_>) {
+    /// Writes the line of a request that ended at `ended` (its client's
+    /// address also as `client`, for the JSON line's fast path).
+    pub fn write(&self, summary: &RequestSummary<'_>, client: Option<&SocketAddr>, ended: Instant) {
         let Some(level) = self.level else {
             return;
         };
+        let line = |out: &mut String| match self.format {
+            AccessFormat::Text => text_line(out, summary),
+            AccessFormat::Json => json_line(out, summary, client, wall_clock(ended)),
+        };
         match &self.file {
             Some(file) => {
-                let mut line = String::with_capacity(384);
-                match self.format {
-                    AccessFormat::Text => {
-                        write_time(&mut line, SystemTime::now());
-                        line.push(' ');
-                        text_line(&mut line, summary);
-                    }
-                    AccessFormat::Json => json_line(&mut line, summary, SystemTime::now()),
+                let mut out = String::with_capacity(384);
+                if self.format == AccessFormat::Text {
+                    write_time(&mut out, wall_clock(ended));
+                    out.push(' ');
                 }
-                line.push('\n');
-                file.push(line.as_bytes());
+                line(&mut out);
+                out.push('\n');
+                file.push(out.as_bytes());
             }
             None if log::log_enabled!(target: "shardgate::access", level) => {
-                let mut line = String::with_capacity(384);
-                match self.format {
-                    AccessFormat::Text => text_line(&mut line, summary),
-                    AccessFormat::Json => json_line(&mut line, summary, SystemTime::now()),
-                }
-                log::log!(target: "shardgate::access", level, "{line}");
+                let mut out = String::with_capacity(384);
+                line(&mut out);
+                log::log!(target: "shardgate::access", level, "{out}");
             }
             None => {}
         }
@@ -321,14 +323,53 @@ fn text_line(out: &mut String, s: &RequestSummary<'_>) {
     );
 }
 
+/// The wall-clock time at `now`: read once a second per thread, and moved
+/// on by the monotonic clock the request's end was read with (a line costs
+/// no clock read of its own).
+fn wall_clock(now: Instant) -> SystemTime {
+    thread_local! {
+        static ANCHOR: Cell<Option<(Instant, SystemTime)>> = const { Cell::new(None) };
+    }
+    ANCHOR.with(|anchor| match anchor.get() {
+        Some((at, wall)) if now >= at && now - at < Duration::from_secs(1) => wall + (now - at),
+        _ => {
+            let wall = SystemTime::now();
+            anchor.set(Some((now, wall)));
+            wall
+        }
+    })
+}
+
 /// One JSON object (DESIGN §7's fields, in its order).
-fn json_line(out: &mut String, s: &RequestSummary<'_>, now: SystemTime) {
+fn json_line(
+    out: &mut String,
+    s: &RequestSummary<'_>,
+    client: Option<&SocketAddr>,
+    now: SystemTime,
+) {
     out.push_str("{\"time\":\"");
     write_time(out, now);
     out.push_str("\",\"request_id\":");
     json_str(out, s.request_id);
     out.push_str(",\"client\":");
-    json_display(out, s.client);
+    match client.and_then(|c| c.as_inet()) {
+        // The common case, without a formatter: `ip:port` (IPv6 in brackets).
+        Some(inet) => {
+            let ip = IpText::of(inet.ip());
+            out.push('"');
+            if inet.is_ipv6() {
+                out.push('[');
+                out.push_str(ip.as_str());
+                out.push(']');
+            } else {
+                out.push_str(ip.as_str());
+            }
+            out.push(':');
+            out.push_str(itoa::Buffer::new().format(inet.port()));
+            out.push('"');
+        }
+        None => json_display(out, s.client),
+    }
     out.push_str(",\"method\":");
     json_str(out, s.method);
     out.push_str(",\"path\":");
@@ -341,16 +382,24 @@ fn json_line(out: &mut String, s: &RequestSummary<'_>, now: SystemTime) {
     json_opt(out, s.shard.map(|s| s.as_str()));
     out.push_str(",\"decision\":");
     json_opt(out, s.decision.map(|d| d.as_str()));
-    let _ = write!(
-        out,
-        ",\"status\":{},\"bytes_in\":{},\"bytes_out\":{},\"duration_ms\":{:.3},\"attempts\":{},\"protocol\":\"{}\",\"trace_id\":",
-        s.status,
-        s.bytes_in,
-        s.bytes_out,
-        s.duration.as_secs_f64() * 1000.0,
-        s.attempts,
-        s.protocol,
-    );
+    let mut digits = itoa::Buffer::new();
+    out.push_str(",\"status\":");
+    out.push_str(digits.format(s.status));
+    out.push_str(",\"bytes_in\":");
+    out.push_str(digits.format(s.bytes_in));
+    out.push_str(",\"bytes_out\":");
+    out.push_str(digits.format(s.bytes_out));
+    // Milliseconds with three decimals, from whole microseconds.
+    let micros = s.duration.as_micros();
+    out.push_str(",\"duration_ms\":");
+    out.push_str(digits.format(micros / 1000));
+    out.push('.');
+    push_padded(out, (micros % 1000) as u32, 3);
+    out.push_str(",\"attempts\":");
+    out.push_str(digits.format(s.attempts));
+    out.push_str(",\"protocol\":\"");
+    out.push_str(s.protocol);
+    out.push_str("\",\"trace_id\":");
     json_opt(out, s.trace_id);
     out.push('}');
 }
@@ -414,16 +463,32 @@ fn escape(out: &mut String, value: &str) {
 fn write_time(out: &mut String, now: SystemTime) {
     let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = since.as_secs();
-    let (days, rest) = (secs / 86_400, secs % 86_400);
+    let (days, rest) = (secs / 86_400, (secs % 86_400) as u32);
     let (year, month, day) = civil_from_days(days as i64);
-    let _ = write!(
-        out,
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rest / 3600,
-        rest / 60 % 60,
-        rest % 60,
-        since.subsec_millis()
-    );
+    push_padded(out, year.clamp(0, 9999) as u32, 4);
+    out.push('-');
+    push_padded(out, month, 2);
+    out.push('-');
+    push_padded(out, day, 2);
+    out.push('T');
+    push_padded(out, rest / 3600, 2);
+    out.push(':');
+    push_padded(out, rest / 60 % 60, 2);
+    out.push(':');
+    push_padded(out, rest % 60, 2);
+    out.push('.');
+    push_padded(out, since.subsec_millis(), 3);
+    out.push('Z');
+}
+
+/// `n` in decimal with leading zeros to `width` digits.
+fn push_padded(out: &mut String, n: u32, width: usize) {
+    let mut digits = itoa::Buffer::new();
+    let text = digits.format(n);
+    for _ in text.len()..width {
+        out.push('0');
+    }
+    out.push_str(text);
 }
 
 /// Days since 1970-01-01 → (year, month, day) in the proleptic Gregorian
@@ -463,6 +528,20 @@ mod tests {
     }
 
     #[test]
+    fn the_wall_clock_moves_with_the_monotonic_one() {
+        let near = |a: SystemTime, b: SystemTime| {
+            let gap = a.duration_since(b).or_else(|e| Ok::<_, ()>(e.duration()));
+            gap.is_ok_and(|g| g < Duration::from_millis(50))
+        };
+        let start = Instant::now();
+        assert!(near(wall_clock(start), SystemTime::now()));
+        std::thread::sleep(Duration::from_millis(20));
+        // Read off the anchor, 20 ms on.
+        assert!(near(wall_clock(Instant::now()), SystemTime::now()));
+        assert!(wall_clock(Instant::now()) > wall_clock(start));
+    }
+
+    #[test]
     fn json_lines_parse_and_escape_what_clients_send() {
         let shard = ShardId::from("s-1");
         let summary = RequestSummary {
@@ -484,8 +563,17 @@ mod tests {
             trace_id: None,
         };
         let mut line = String::new();
-        json_line(&mut line, &summary, UNIX_EPOCH);
+        json_line(&mut line, &summary, None, UNIX_EPOCH);
         let v: serde_json::Value = serde_json::from_str(&line).expect(&line);
+        assert_eq!(v["client"], "127.0.0.1:5000", "through Display");
+        for (addr, shown) in [("10.1.2.3:443", "10.1.2.3:443"), ("[::1]:80", "[::1]:80")] {
+            let inet = SocketAddr::Inet(addr.parse().expect("address"));
+            let mut line = String::new();
+            json_line(&mut line, &summary, Some(&inet), UNIX_EPOCH);
+            let v: serde_json::Value = serde_json::from_str(&line).expect(&line);
+            assert_eq!(v["client"], shown, "the fast path");
+        }
+        assert!(line.contains("\"duration_ms\":1.500,"), "{line}");
         assert_eq!(v["time"], "1970-01-01T00:00:00.000Z");
         assert_eq!(v["request_id"], "abc");
         assert_eq!(v["path"], "/a\"b\\c\u{1}?q=\n");
@@ -506,7 +594,7 @@ mod tests {
             ..summary
         };
         let mut line = String::new();
-        json_line(&mut line, &refused, UNIX_EPOCH);
+        json_line(&mut line, &refused, None, UNIX_EPOCH);
         let v: serde_json::Value = serde_json::from_str(&line).expect(&line);
         for field in ["shard", "decision", "tenant", "host"] {
             assert!(v[field].is_null(), "{field}");

@@ -280,3 +280,42 @@ fn a_full_disk_costs_requests_nothing_and_its_lines_are_counted() {
         gw.log()
     );
 }
+
+#[test]
+fn a_websockets_101_says_the_id_its_handshake_took_to_the_shard() {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let ws = WsBackend::start("ws");
+    let gw = Gateway::start(&config(&[("ws", ws.url())], ""));
+    let id = runtime().block_on(async {
+        let mut req = format!("ws://127.0.0.1:{}/socket", gw.port)
+            .into_client_request()
+            .expect("request");
+        let headers = req.headers_mut();
+        headers.insert("host", "acme.localhost".parse().expect("host"));
+        headers.insert("x-request-id", "client-chosen".parse().expect("id"));
+        let (mut client, resp) = tokio_tungstenite::connect_async(req).await.expect("101");
+        let _ = client.close(None).await;
+        assert_eq!(resp.status().as_u16(), 101);
+        let ids: Vec<_> = resp.headers().get_all("x-request-id").iter().collect();
+        assert_eq!(ids.len(), 1, "{:?}", resp.headers());
+        ids[0].to_str().expect("text").to_string()
+    });
+    assert!(looks_like_ours(&id), "{id}");
+    let handshake = ws.handshakes.lock().expect("handshakes")[0].clone();
+    assert_eq!(handshake.get("x-request-id"), Some(&id));
+}
+
+#[test]
+fn without_tracing_a_traceparent_reaches_the_shard_unchanged() {
+    let a = Backend::start("a");
+    let gw = Gateway::start(&config(&[("a", a.url())], ""));
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let r = gw.send(&format!(
+        "GET / HTTP/1.1\r\nHost: acme.localhost\r\ntraceparent: {parent}\r\n\
+         tracestate: vendor=abc\r\nConnection: close\r\n\r\n"
+    ));
+    assert_eq!(r.status, 200);
+    let seen = a.requests().last().cloned().expect("forwarded");
+    assert_eq!(seen.header("traceparent"), Some(parent));
+    assert_eq!(seen.header("tracestate"), Some("vendor=abc"));
+}

@@ -8,7 +8,6 @@
 use super::client::{linger, OneRequest};
 use super::ctx::RequestCtx;
 use super::fast::FastPath;
-use super::fast::OrEmpty;
 use super::head::{read_head, Head, HeadError, HeadFailure, HeadLimits};
 use super::hooks::RequestLine;
 use super::pipeline::answer::Refusal;
@@ -110,7 +109,7 @@ impl<A> Frontend<A> {
         let (method, target, protocol) = request_line(head).unwrap_or(("-", "-", "HTTP/1.1"));
         let client = peer(stream.get_socket_digest().as_ref());
         let line = RequestLine {
-            client: &OrEmpty(client.as_ref()),
+            client: client.as_ref(),
             method,
             target: &target,
             host: None,

@@ -6,7 +6,6 @@
 use super::client::Rewound;
 use super::ctx::RequestCtx;
 use super::fast::FastPath;
-use super::fast::OrEmpty;
 use super::frontend::{peer, Frontend};
 use super::hooks::RequestLine;
 use pingora::apps::HttpServerApp;
@@ -200,7 +199,7 @@ where
                 let client = peer(digest.socket_digest.as_ref());
                 {
                     let line = RequestLine {
-                        client: &OrEmpty(client.as_ref()),
+                        client: client.as_ref(),
                         method: req.method.as_str(),
                         target: &req.uri,
                         host: req.uri.authority().map(|a| a.as_str()),

@@ -377,7 +377,7 @@ pub struct RequestSummary<'a> {
 /// log and the hooks' logging phase.
 #[derive(Clone, Copy)]
 pub(crate) struct RequestLine<'a> {
-    pub client: &'a dyn fmt::Display,
+    pub client: Option<&'a pingora::protocols::l4::socket::SocketAddr>,
     pub method: &'a str,
     /// The target (HTTP/2: the URI).
     pub target: &'a dyn fmt::Display,

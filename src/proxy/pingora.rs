@@ -587,7 +587,7 @@ impl ProxyHttp for Gateway {
         let host = (req.headers.get(HOST).and_then(|h| h.to_str().ok()))
             .or_else(|| req.uri.authority().map(|a| a.as_str()));
         let line = RequestLine {
-            client: &super::fast::OrEmpty(session.client_addr()),
+            client: session.client_addr(),
             method: req.method.as_str(),
             target: &req.uri,
             host,

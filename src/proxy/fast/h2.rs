@@ -8,7 +8,7 @@ use super::body::H2Body;
 use super::downstream::{Downstream, H2Client};
 use super::exchange::{Exchanged, Request};
 use super::request::{Outgoing, UpstreamHead};
-use super::{FastPath, OrEmpty};
+use super::FastPath;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::hooks::{RequestLine, RequestView};
 use crate::proxy::pipeline::answer::Refusal;
@@ -82,7 +82,7 @@ impl FastPath {
         {
             let req = client.session.req_header();
             let line = RequestLine {
-                client: &OrEmpty(client_addr.as_ref()),
+                client: client_addr.as_ref(),
                 method: req.method.as_str(),
                 target: &req.uri,
                 host: req.uri.authority().map(|a| a.as_str()),

@@ -163,7 +163,7 @@ impl FastPath {
                 .send_all(&mut client, &refusal.http1(false, true))
                 .await;
             let line = RequestLine {
-                client: &OrEmpty(client_addr.as_ref()),
+                client: client_addr.as_ref(),
                 method: "-",
                 target: &"-",
                 host: None,
@@ -177,7 +177,7 @@ impl FastPath {
         let log_host = log_host.and_then(|h| std::str::from_utf8(h).ok());
         let finish = |ctx: &mut RequestCtx, status| {
             let line = RequestLine {
-                client: &OrEmpty(client_addr.as_ref()),
+                client: client_addr.as_ref(),
                 method: parsed.method,
                 target: &log_target,
                 host: log_host,

@@ -14,7 +14,7 @@
 use super::conn::Conn;
 use super::exchange::Upstream;
 use super::response::{response_head, Encoding, Persist};
-use super::{FastPath, OrEmpty};
+use super::FastPath;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::hooks::RequestLine;
 use crate::proxy::Gateway;
@@ -153,7 +153,7 @@ struct Finish {
 impl Drop for Finish {
     fn drop(&mut self) {
         let line = RequestLine {
-            client: &OrEmpty(self.log.client.as_ref()),
+            client: self.log.client.as_ref(),
             method: "GET",
             target: &self.log.target,
             host: self.log.host.as_deref(),

@@ -312,13 +312,13 @@ impl Forwarding<'_> {
 
 /// An IP address as text, on the stack (an IPv6 address is at most 45
 /// characters).
-struct IpText {
+pub(crate) struct IpText {
     bytes: [u8; 48],
     len: usize,
 }
 
 impl IpText {
-    fn of(ip: IpAddr) -> IpText {
+    pub(crate) fn of(ip: IpAddr) -> IpText {
         let mut text = IpText {
             bytes: [0; 48],
             len: 0,
@@ -353,7 +353,7 @@ impl IpText {
         self.len += 1;
     }
 
-    fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         // An address's digits, dots and colons: ASCII.
         std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
     }

@@ -241,11 +241,13 @@ impl Gateway {
     /// admission released first (without [`Gateway::finish`]'s duration
     /// metric: the front end's own answers are logged only).
     pub(crate) fn log_request(&self, ctx: &mut RequestCtx, line: &RequestLine<'_>, status: u16) {
-        let elapsed = ctx.started.elapsed();
+        let ended = std::time::Instant::now();
+        let elapsed = ended.saturating_duration_since(ctx.started);
         ctx.admission = None;
+        let client = crate::proxy::fast::OrEmpty(line.client);
         let summary = RequestSummary {
             request_id: &ctx.request_id,
-            client: line.client,
+            client: &client,
             method: line.method,
             target: line.target,
             tenant: ctx.tenant.as_deref(),
@@ -261,7 +263,7 @@ impl Gateway {
             protocol: line.protocol,
             trace_id: None,
         };
-        self.control.access_log.write(&summary);
+        self.control.access_log.write(&summary, line.client, ended);
         self.control.hooks.logging(&summary);
     }
 
