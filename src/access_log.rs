@@ -124,7 +124,8 @@ impl AccessLog {
     }
 
     /// Writes out what is pending (at exit), unless the writer has been
-    /// stuck in a write for a second (a hung disk does not hold the exit).
+    /// stuck in a write for a second. (A disk that hangs this write
+    /// itself still holds the exit, as it would hold nginx's.)
     pub fn flush(&self) {
         if let Some(file) = &self.file {
             if let Some(mut out) = file.out.try_lock_for(Duration::from_secs(1)) {
@@ -224,7 +225,11 @@ impl FileSink {
             let mut out = self.out.lock();
             if REOPEN.swap(false, Ordering::Relaxed) {
                 match open(&self.path) {
-                    Ok(file) => out.file = file,
+                    Ok(file) => {
+                        out.file = file;
+                        // A line cut short stays in the old file.
+                        out.cut = false;
+                    }
                     // As nginx: the old file goes on being written.
                     Err(e) => log::error!(
                         "access log: cannot reopen {} (writing on to the file open before): {e}",
@@ -266,7 +271,10 @@ impl FileSink {
         if let Some(e) = failed {
             let rest = &bytes[written..];
             let lost = rest.iter().filter(|&&b| b == b'\n').count() as u64;
-            out.cut = written > 0 && bytes[written - 1] != b'\n';
+            // Nothing written: a line cut short before is still so.
+            if written > 0 {
+                out.cut = bytes[written - 1] != b'\n';
+            }
             self.dropped.fetch_add(lost.min(lines), Ordering::Relaxed);
             log::error!(
                 "access log: {lost} lines lost writing {}: {e}",

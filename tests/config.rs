@@ -142,6 +142,16 @@ fn observability_defaults_and_switches() {
         c.log.access_path.as_deref(),
         Some(std::path::Path::new("/var/log/a.log"))
     );
+    // The default field cannot be the tenant's either.
+    let text = format!("{MINIMAL}tenant_header: X_Request_Id\n");
+    let errors = Config::parse(&text, None).expect_err("refused").0;
+    assert!(
+        errors.iter().any(|e| e.field == "request_id.header"),
+        "{errors:?}"
+    );
+    let text =
+        format!("{MINIMAL}tenant_header: X_Request_Id\nrequest_id: {{ header: x-trace-ref }}\n");
+    assert!(Config::parse(&text, None).is_ok());
     let text = format!("{MINIMAL}log: {{ access: debug, access_format: text }}\n");
     let c = Config::parse(&text, None).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.log.access, Some(log::Level::Debug));

@@ -170,7 +170,10 @@ fn a_retried_request_keeps_one_id_over_its_attempts() {
 /// The access log's JSON lines in `path` (those there so far).
 fn json_lines(path: &std::path::Path) -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
+    // A line the writer is still writing is not there yet.
+    let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+    whole
+        .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
         .collect()
 }
@@ -261,6 +264,10 @@ fn json_access_lines_parse_match_the_answer_and_survive_a_rename() {
 #[test]
 fn a_full_disk_costs_requests_nothing_and_its_lines_are_counted() {
     // /dev/full refuses every write with ENOSPC.
+    if !std::path::Path::new("/dev/full").exists() {
+        eprintln!("skipped: no /dev/full on this machine");
+        return;
+    }
     let a = Backend::start("a");
     let gw = Gateway::start(&config(
         &[("a", a.url())],

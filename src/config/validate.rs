@@ -275,19 +275,18 @@ fn check_request_id(
     tenant_header: &HeaderName,
 ) -> RequestIdConfig {
     let default = HeaderName::from_static("x-request-id");
-    let header = match r.header.as_deref() {
+    // The default too: `tenant_header: x-request-id` needs another one.
+    let name = r.header.as_deref().unwrap_or("x-request-id");
+    let header = match c.header_name("request_id.header", name) {
+        Some(header) if has_a_meaning(&header, tenant_header) => {
+            c.error(
+                "request_id.header",
+                format!("`{name}` already has a meaning (framing, forwarding, hop-by-hop, tracing, shardgate's own answers or the tenant header): name another field"),
+            );
+            default
+        }
+        Some(header) => header,
         None => default,
-        Some(name) => match c.header_name("request_id.header", name) {
-            Some(header) if has_a_meaning(&header, tenant_header) => {
-                c.error(
-                    "request_id.header",
-                    format!("`{name}` already has a meaning (framing, forwarding, hop-by-hop, tracing, shardgate's own answers or the tenant header)"),
-                );
-                default
-            }
-            Some(header) => header,
-            None => default,
-        },
     };
     RequestIdConfig {
         header,
@@ -301,7 +300,20 @@ fn check_request_id(
 /// reading of it).
 fn has_a_meaning(name: &HeaderName, tenant_header: &HeaderName) -> bool {
     use crate::proxy::pipeline::fields::{is_hop_by_hop, same_field, Owned};
-    const TAKEN: [&str; 27] = [
+    const TAKEN: [&str; 40] = [
+        "baggage",
+        "b3",
+        "uber-trace-id",
+        "x-cloud-trace-context",
+        "x-amzn-trace-id",
+        "sentry-trace",
+        "x-http-method-override",
+        "x-http-method",
+        "x-method-override",
+        "x-original-url",
+        "x-rewrite-url",
+        "max-forwards",
+        "early-data",
         "host",
         "expect",
         "date",
@@ -330,7 +342,11 @@ fn has_a_meaning(name: &HeaderName, tenant_header: &HeaderName) -> bool {
         "traceparent",
         "tracestate",
     ];
-    const TAKEN_PREFIXES: [&str; 6] = [
+    const TAKEN_PREFIXES: [&str; 10] = [
+        "grpc-",
+        "x-b3-",
+        "x-forwarded-",
+        "http2-",
         "content-",
         "accept",
         "if-",

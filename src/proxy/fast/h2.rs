@@ -85,7 +85,8 @@ impl FastPath {
                 client: client_addr.as_ref(),
                 method: req.method.as_str(),
                 target: &req.uri,
-                host: req.uri.authority().map(|a| a.as_str()),
+                host: (req.uri.authority().map(|a| a.as_str()))
+                    .or_else(|| req.headers.get("host").and_then(|h| h.to_str().ok())),
                 protocol: "HTTP/2",
             };
             gw.finish(&mut ctx, &line, status);

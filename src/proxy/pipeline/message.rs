@@ -221,6 +221,33 @@ pub fn request_target(target: &str) -> Option<Target<'_>> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn authorities_that_pingora_would_answer_itself_are_refused_here() {
+        let check = |method, target, hosts: &[&str]| {
+            check_authority(method, target, hosts.iter().map(|h| h.as_bytes()))
+        };
+        let bad = |code| Err(refused(400, code));
+        assert_eq!(
+            check("CONNECT", "a:443", &["a:443"]),
+            Err(refused(405, "method-not-allowed"))
+        );
+        assert_eq!(check("GET", "/", &["a", "b"]), bad("duplicate-host"));
+        assert_eq!(check("GET", "/", &["u@a"]), bad("invalid-host"));
+        assert_eq!(check("GET", "http://u@a/", &["a"]), bad("invalid-host"));
+        assert_eq!(check("GET", "HTTP://u:p@a", &[]), bad("invalid-host"));
+        for (target, hosts) in [
+            ("/", &["a"][..]),
+            ("/p@th?q=a@b", &["a"]),
+            ("http://a/?x=u@b", &["a"]),
+            ("http://a/p@th", &["a"]),
+            ("*", &["a"]),
+            ("http://[::1]:80/", &["[::1]:80"]),
+            ("/", &[]),
+        ] {
+            assert_eq!(check("GET", target, hosts), Ok(()), "{target}");
+        }
+    }
+
     fn line(text: &str) -> Result<(), u16> {
         check_request_line(text.as_bytes()).map_err(|r| r.status)
     }
