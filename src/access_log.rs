@@ -12,6 +12,7 @@
 
 use crate::config::{AccessFormat, LogConfig};
 use crate::proxy::hooks::RequestSummary;
+use crate::proxy::pipeline::answer::escape_json;
 use crate::proxy::pipeline::fields::IpText;
 use parking_lot::{Condvar, Mutex};
 use pingora::protocols::l4::socket::SocketAddr;
@@ -426,10 +427,10 @@ fn json_display(out: &mut String, value: &dyn std::fmt::Display) {
     out.push('"');
 }
 
-/// A JSON string: quotes, backslashes and control characters escaped.
+/// A JSON string (the answers' escaping rule).
 fn json_str(out: &mut String, value: &str) {
     out.push('"');
-    escape(out, value);
+    escape_json(out, value);
     out.push('"');
 }
 
@@ -438,32 +439,8 @@ struct Escaped<'a>(&'a mut String);
 
 impl std::fmt::Write for Escaped<'_> {
     fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        escape(self.0, s);
+        escape_json(self.0, s);
         Ok(())
-    }
-}
-
-fn escape(out: &mut String, value: &str) {
-    // The common case: nothing to escape, one copy.
-    if !value
-        .bytes()
-        .any(|b| b < 0x20 || b == b'"' || b == b'\\' || b == 0x7f)
-    {
-        out.push_str(value);
-        return;
-    }
-    for c in value.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
     }
 }
 

@@ -11,6 +11,7 @@ use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 use pingora::protocols::http::date::get_cached_date;
 use pingora_proxy::Session;
+use std::fmt::Write as _;
 
 /// A refusal to proxy, with everything needed to answer it.
 #[derive(Clone, Debug, PartialEq)]
@@ -233,7 +234,37 @@ fn bodiless(status: u16) -> bool {
 
 /// A JSON string literal.
 pub fn json_string(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_string())
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    escape_json(&mut out, s);
+    out.push('"');
+    out
+}
+
+/// `value` as the inside of a JSON string: quotes, backslashes and
+/// control characters escaped (shardgate's answers and the access log).
+pub fn escape_json(out: &mut String, value: &str) {
+    // The common case: nothing to escape, one copy.
+    if !value
+        .bytes()
+        .any(|b| b < 0x20 || b == b'"' || b == b'\\' || b == 0x7f)
+    {
+        out.push_str(value);
+        return;
+    }
+    for c in value.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
 }
 
 #[cfg(test)]
