@@ -1003,8 +1003,17 @@ fn a_tenants_plan_is_set_at_runtime_and_survives_a_restart() {
     // though it is more than `limits`' 9.
     assert_eq!(statuses(&gw, "big1", 5), vec![200; 5]);
     let state = gw.dir.path().join("state.json");
+    // Wait for a write made after all five: one taken during them would
+    // hand big1 back the tokens spent after it.
+    let big1_tokens = |s: &str| -> Option<f64> {
+        let v: serde_json::Value = serde_json::from_str(s).ok()?;
+        let tenants = v["router"]["tenants"].as_array()?;
+        let big1 = tenants.iter().find(|t| t["tenant"] == "big1")?;
+        big1["tokens"].as_f64()
+    };
     assert!(eventually(Duration::from_secs(5), || {
-        std::fs::read_to_string(&state).is_ok_and(|s| s.contains("\"acme\"") && s.contains("big1"))
+        std::fs::read_to_string(&state)
+            .is_ok_and(|s| s.contains("\"acme\"") && big1_tokens(&s) == Some(15.0))
     }));
     assert!(!std::fs::read_to_string(&state)
         .unwrap_or_default()
