@@ -206,6 +206,20 @@ fn families(control: &Control) -> Vec<MetricFamily> {
         MetricType::COUNTER,
         vec![counter(vec![], control.access_log.dropped() as f64)],
     ));
+    if control.tracer.is_on() {
+        out.push(family(
+            "trace_spans_exported_total",
+            "Spans the OTLP collector accepted.",
+            MetricType::COUNTER,
+            vec![counter(vec![], control.tracer.exported() as f64)],
+        ));
+        out.push(family(
+            "trace_spans_dropped_total",
+            "Spans dropped: the export queue was full, or the collector did not accept them.",
+            MetricType::COUNTER,
+            vec![counter(vec![], control.tracer.dropped() as f64)],
+        ));
+    }
     let d = control.domains.metrics();
     out.push(family(
         "domain_resolves_total",

@@ -41,6 +41,8 @@ pub struct Control {
     pub metrics: GatewayMetrics,
     /// Each request's line (DESIGN §7).
     pub access_log: crate::access_log::AccessLog,
+    /// Spans and their export (DESIGN §7); off without `tracing`.
+    pub tracer: crate::trace::Tracer,
     /// Cluster mode (DESIGN §4): what the cluster service shares.
     pub cluster: Option<Arc<Shared>>,
     /// TLS at the edge (DESIGN §5): certificates, ACME challenges.
@@ -148,8 +150,10 @@ impl Control {
         };
         let edge = Arc::new(crate::tls::Edge::new(&config));
         let access_log = crate::access_log::AccessLog::new(&config.log)?;
+        let tracer = crate::trace::Tracer::new(config.tracing.as_ref());
         Ok(Control {
             access_log,
+            tracer,
             edge,
             config: Arc::new(config),
             router,

@@ -21,3 +21,4 @@ pub mod routing;
 pub mod server;
 pub mod state;
 pub mod tls;
+pub mod trace;

@@ -306,6 +306,7 @@ impl Shardgate {
             crate::state::save(&control, &state.path);
         }
         control.access_log.flush();
+        control.tracer.shutdown(std::time::Duration::from_secs(2));
         std::process::exit(0)
     }
 }

@@ -112,6 +112,12 @@ const BROKEN: &[(&str, &str, &str, usize)] = &[
     ("a request ID in the tenant's field", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ntenant_header: x-app\nrequest_id:\n  header: x_app\n", "request_id.header", 6),
     ("a request ID in a framing field", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nrequest_id:\n  header: content-length\n", "request_id.header", 5),
     ("a request ID in traceparent", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nrequest_id:\n  header: traceparent\n", "request_id.header", 5),
+    ("tracing without a collector", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ntracing:\n  sample_ratio: 0.5\n", "tracing.otlp_endpoint", 5),
+    ("tracing to an https collector", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ntracing:\n  otlp_endpoint: https://otel:4318\n", "tracing.otlp_endpoint", 5),
+    ("tracing to no address", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ntracing:\n  otlp_endpoint: otel:4318\n", "tracing.otlp_endpoint", 5),
+    ("a sample ratio over 1", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ntracing:\n  otlp_endpoint: http://otel:4318\n  sample_ratio: 1.5\n", "tracing.sample_ratio", 6),
+    ("an empty service name", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ntracing:\n  otlp_endpoint: http://otel:4318\n  service_name: \"\"\n", "tracing.service_name", 6),
+    ("an unknown tracing field", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ntracing:\n  otlp_endpoint: http://otel:4318\n  sampling: 1\n", "tracing", 6),
     ("a request ID field that is no name", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nrequest_id:\n  header: \"x id\"\n", "request_id.header", 5),
     ("a typo in request_id", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nrequest_id: { trust_incomin: true }\n", "request_id", 4),
     ("an unknown access format", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nlog:\n  access_format: xml\n", "log.access_format", 5),
@@ -155,6 +161,15 @@ fn observability_defaults_and_switches() {
     let text = format!("{MINIMAL}log: {{ access: debug, access_format: text }}\n");
     let c = Config::parse(&text, None).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.log.access, Some(log::Level::Debug));
+    // Tracing: off unless asked for; every trace by default, as
+    // OpenTelemetry's SDKs do; the endpoint gets OTLP's path.
+    assert!(c.tracing.is_none());
+    let text = format!("{MINIMAL}tracing: {{ otlp_endpoint: \"http://otel:4318/\" }}\n");
+    let c = Config::parse(&text, None).unwrap_or_else(|e| panic!("{e}"));
+    let t = c.tracing.expect("on");
+    assert_eq!(t.traces_url, "http://otel:4318/v1/traces");
+    assert_eq!(t.sample_ratio, 1.0);
+    assert_eq!(t.service_name, "shardgate");
 }
 
 /// Plans (DESIGN §6): a field left out is `limits`' value, `null` is no

@@ -71,6 +71,22 @@ impl GatewayHooks for TestHooks {
                 body: format!("answered for {tenant}"),
             };
         }
+        if request.path.starts_with("/trace") {
+            // An embedder's own span would take these as its parent.
+            let seen = match request.trace() {
+                Some(t) => format!(
+                    "{}-{:016x}-{}",
+                    t.trace_id_hex().as_str(),
+                    t.span_id,
+                    t.sampled
+                ),
+                None => "none".to_string(),
+            };
+            return RequestCheck::AddFields(vec![(
+                HeaderName::from_static("x-seen-trace"),
+                HeaderValue::from_str(&seen).expect("text"),
+            )]);
+        }
         if request.path.starts_with("/plan") {
             return RequestCheck::AddFields(vec![
                 (
@@ -102,6 +118,9 @@ impl GatewayHooks for TestHooks {
     }
 
     fn logging(&self, r: &RequestSummary<'_>) {
+        if let Some(trace_id) = r.trace_id {
+            LOGGED.lock().unwrap().push(format!("trace {trace_id}"));
+        }
         LOGGED.lock().unwrap().push(format!(
             "{} {} status={} tenant={} shard={} decision={} attempts={}",
             r.method,
@@ -874,4 +893,48 @@ fn a_204_answer_carries_no_body_on_a_kept_alive_connection() {
     let second = read_response(&mut reader).expect("the shard's answer");
     assert_eq!(second.status, 200);
     assert_eq!(second.text(), "from the shard");
+}
+
+/// Embedders see the request's trace (DESIGN §7): in the request check
+/// (the trace and shardgate's span for the request) and in the logging
+/// phase (the trace ID); without tracing, none.
+#[test]
+fn embedders_see_the_requests_trace() {
+    let a = Backend::start("a");
+    // A collector nobody runs: the spans are dropped, the trace is the same.
+    let collector = format!("http://127.0.0.1:{}", free_port());
+    let port = start_with(
+        &a,
+        &format!("tracing: {{ otlp_endpoint: \"{collector}\", sample_ratio: 1 }}\n"),
+    );
+    let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let r = send_raw(
+        port,
+        format!("GET /trace HTTP/1.1\r\nHost: acme.localhost\r\ntraceparent: {caller}\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    );
+    assert_eq!(r.status, 200);
+    let seen = a.requests().last().cloned().expect("forwarded");
+    let view = seen
+        .header("x-seen-trace")
+        .expect("the check ran")
+        .to_string();
+    let parts: Vec<&str> = view.split('-').collect();
+    assert_eq!(parts[0], "4bf92f3577b34da6a3ce929d0e0e4736", "{view}");
+    assert_ne!(
+        parts[1], "00f067aa0ba902b7",
+        "shardgate's span, not the caller's"
+    );
+    assert_eq!(parts[2], "true");
+    assert_logged("trace 4bf92f3577b34da6a3ce929d0e0e4736");
+    let untraced = start(&a);
+    let r = send_raw(
+        untraced,
+        format!("GET /trace HTTP/1.1\r\nHost: acme.localhost\r\ntraceparent: {caller}\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    );
+    assert_eq!(r.status, 200);
+    let seen = a.requests().last().cloned().expect("forwarded");
+    assert_eq!(seen.header("x-seen-trace"), Some("none"));
+    assert_eq!(seen.header("traceparent"), Some(caller), "passed unchanged");
 }

@@ -653,6 +653,53 @@ fn http2_answers_carry_the_request_id_the_shard_saw() {
     assert_eq!(last.body, b"hello");
 }
 
+/// Tracing over HTTP/2 (DESIGN §7): a caller's trace continued, the
+/// shard's parent being the attempt's span, the spans exported with the
+/// protocol said.
+#[test]
+fn http2_requests_are_traced_as_http1_ones_are() {
+    let ca = Ca::new();
+    let certs = tempfile::tempdir().expect("dir");
+    ca.issue(certs.path(), "apps", &["*.apps.test"]);
+    let ca_file = ca.pem_file(certs.path());
+    let backend = Backend::start("a");
+    let otlp = OtlpReceiver::start();
+    let tracing = format!(
+        "  default_cert: apps\ntracing: {{ otlp_endpoint: \"{}\", sample_ratio: 1 }}\n",
+        otlp.endpoint()
+    );
+    let (gw, _) = edge(&backend, certs.path(), &tracing, "");
+    let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let header = format!("traceparent: {caller}");
+    for args in [
+        vec!["-H", header.as_str()],
+        vec!["-H", header.as_str(), "--data-binary", "hello"],
+    ] {
+        let (status, version, text) = curl_h2_with(gw.port, "shop.apps.test", "/", &ca_file, &args);
+        assert_eq!((status.as_str(), version.as_str()), ("200", "2"), "{text}");
+        let seen = backend.requests().last().cloned().expect("forwarded");
+        assert_eq!(seen.header_count("traceparent"), 1);
+        let (trace_id, parent, flags) = traceparent_parts(seen.header("traceparent").unwrap_or(""));
+        assert_eq!(
+            (trace_id.as_str(), flags.as_str()),
+            ("4bf92f3577b34da6a3ce929d0e0e4736", "01")
+        );
+        let attempt = eventually(Duration::from_secs(10), || {
+            otlp.spans().iter().any(|s| s.span_id == parent)
+        });
+        assert!(attempt, "the attempt's span: {:#?}", otlp.spans());
+        let spans = otlp.trace(&trace_id, 2);
+        let attempt = spans.iter().find(|s| s.span_id == parent).expect("attempt");
+        let server = spans
+            .iter()
+            .find(|s| s.span_id == attempt.parent_id)
+            .expect("server");
+        assert_eq!(server.parent_id, "00f067aa0ba902b7");
+        assert_eq!(server.attr("network.protocol.version"), Some("2"));
+        assert_eq!(server.attr("shardgate.tenant"), Some("shop"));
+    }
+}
+
 #[test]
 fn http2_streams_reach_shards_as_http1_requests_and_come_back_whole() {
     let ca = Ca::new();

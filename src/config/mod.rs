@@ -40,6 +40,9 @@ pub struct Config {
     pub log: LogConfig,
     /// Each request's ID (DESIGN §7).
     pub request_id: RequestIdConfig,
+    /// OpenTelemetry tracing (DESIGN §7); `None`: off, and a client's
+    /// `traceparent` passes to the shard unchanged.
+    pub tracing: Option<TracingConfig>,
     /// Cluster mode; `None`: a single node, no Redis.
     pub cluster: Option<ClusterConfig>,
     /// TLS at the edge; `None`: no `tls` section.
@@ -418,6 +421,18 @@ pub struct RequestIdConfig {
     pub header: HeaderName,
     /// Keep a client's well-formed value instead of making one.
     pub trust_incoming: bool,
+}
+
+/// `tracing` (DESIGN §7).
+#[derive(Clone, Debug)]
+pub struct TracingConfig {
+    /// Where spans are POSTed: `otlp_endpoint` + `/v1/traces`.
+    pub traces_url: String,
+    /// The share of new traces recorded (0–1); a continued trace follows
+    /// its caller's sampled flag.
+    pub sample_ratio: f64,
+    /// The `service.name` of the spans' resource.
+    pub service_name: String,
 }
 
 /// One problem with a configuration file.

@@ -39,6 +39,7 @@ pub struct RawConfig {
     pub log: RawLog,
     #[serde(default)]
     pub request_id: RawRequestId,
+    pub tracing: Option<RawTracing>,
     pub cluster: Option<RawCluster>,
     pub tls: Option<RawTlsSection>,
     /// Tenant plans (DESIGN §6), in configuration order.
@@ -286,6 +287,15 @@ pub struct RawRequestId {
     pub header: Option<String>,
     #[serde(default)]
     pub trust_incoming: bool,
+}
+
+/// `tracing:` (DESIGN §7).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTracing {
+    pub otlp_endpoint: Option<String>,
+    pub sample_ratio: Option<f64>,
+    pub service_name: Option<String>,
 }
 
 /// A value that may be spelt `null` (as opposed to left out).

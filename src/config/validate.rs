@@ -233,6 +233,7 @@ fn check(c: &mut Checker<'_>, raw: RawConfig) -> Config {
         },
     };
     let request_id = check_request_id(c, raw.request_id, &tenant_header);
+    let tracing = raw.tracing.map(|t| check_tracing(c, t));
     let cluster_secret_given = raw.cluster.as_ref().map(|r| r.secret_file.is_some());
     let cluster = raw.cluster.map(|r| check_cluster(c, r));
     let wanted = listen.iter().any(|l| l.tls == ListenerTls::Section);
@@ -262,9 +263,50 @@ fn check(c: &mut Checker<'_>, raw: RawConfig) -> Config {
         state,
         log,
         request_id,
+        tracing,
         cluster,
         tls,
         plans,
+    }
+}
+
+/// `tracing`: a plain-HTTP collector (`http://host[:port][/prefix]`), a
+/// ratio between 0 and 1, a service name.
+fn check_tracing(c: &mut Checker<'_>, t: RawTracing) -> TracingConfig {
+    let traces_url = match t.otlp_endpoint.as_deref() {
+        None => {
+            c.error(
+                "tracing.otlp_endpoint",
+                "required: the collector's OTLP/HTTP address, e.g. http://127.0.0.1:4318",
+            );
+            String::new()
+        }
+        Some(url) => match crate::trace::export::Endpoint::parse(url) {
+            Ok(_) => format!("{}/v1/traces", url.trim_end_matches('/')),
+            Err(why) => {
+                c.error("tracing.otlp_endpoint", format!("`{url}`: {why}"));
+                String::new()
+            }
+        },
+    };
+    let sample_ratio = t.sample_ratio.unwrap_or(1.0);
+    if !(0.0..=1.0).contains(&sample_ratio) {
+        c.error(
+            "tracing.sample_ratio",
+            format!("{sample_ratio}: expected a number from 0 to 1"),
+        );
+    }
+    let service_name = t.service_name.unwrap_or_else(|| "shardgate".to_string());
+    if service_name.is_empty() || service_name.chars().any(char::is_control) {
+        c.error(
+            "tracing.service_name",
+            "expected a name of visible characters",
+        );
+    }
+    TracingConfig {
+        traces_url,
+        sample_ratio,
+        service_name,
     }
 }
 
@@ -359,6 +401,7 @@ fn has_a_meaning(name: &HeaderName, tenant_header: &HeaderName) -> bool {
         tenant_header: tenant_header.as_str(),
         request_id_header: "",
         trust_forwarded_for: false,
+        traceparent: false,
     };
     let lower = name.replace('_', "-");
     is_hop_by_hop(name)

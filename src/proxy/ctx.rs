@@ -9,6 +9,7 @@ use crate::control::ShardPeer;
 use crate::limits::AdmissionGuard;
 use crate::routing::counters::GaugeTicket;
 use crate::routing::{ShardEntry, ShardId};
+use crate::trace::{AttemptSpan, TraceContext};
 use compact_str::CompactString;
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -73,6 +74,10 @@ pub struct RequestCtx {
     /// transport before the request's end).
     pub bytes_in: u64,
     pub bytes_out: u64,
+    /// The request's trace (DESIGN §7), once planned with tracing on.
+    pub trace: Option<TraceContext>,
+    /// A sampled request's upstream attempts, for their spans.
+    pub(crate) attempt_spans: Vec<AttemptSpan>,
 }
 
 impl Default for RequestCtx {
@@ -107,6 +112,8 @@ impl Default for RequestCtx {
             phases: 0,
             bytes_in: 0,
             bytes_out: 0,
+            trace: None,
+            attempt_spans: Vec::new(),
         }
     }
 }

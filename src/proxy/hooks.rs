@@ -25,6 +25,7 @@ pub struct RequestView<'a> {
     pub authority: Option<&'a str>,
     fields: Fields<'a>,
     request_id: &'a str,
+    trace: Option<&'a crate::trace::TraceContext>,
 }
 
 /// The request's fields, as each transport holds them.
@@ -49,6 +50,7 @@ impl<'a> RequestView<'a> {
             authority: None,
             fields: Fields::Raw(fields),
             request_id: "",
+            trace: None,
         }
     }
 
@@ -67,6 +69,7 @@ impl<'a> RequestView<'a> {
             authority: req.uri.authority().map(|a| a.as_str()),
             fields: Fields::Map(&req.headers),
             request_id: "",
+            trace: None,
         }
     }
 
@@ -80,6 +83,20 @@ impl<'a> RequestView<'a> {
     /// the upstream request and on the answer.
     pub fn request_id(&self) -> &'a str {
         self.request_id
+    }
+
+    /// The same view, with the request's trace.
+    pub(crate) fn with_trace(mut self, trace: Option<&'a crate::trace::TraceContext>) -> Self {
+        self.trace = trace;
+        self
+    }
+
+    /// The request's trace (DESIGN §7), when tracing is on: its trace ID,
+    /// shardgate's span for the request (the parent of an embedder's own
+    /// spans) and whether it is sampled. The client's `traceparent` is
+    /// among the fields as sent.
+    pub fn trace(&self) -> Option<&'a crate::trace::TraceContext> {
+        self.trace
     }
 
     /// Every value of the field `name` (case-insensitive), in order.

@@ -202,7 +202,7 @@ impl ProxyHttp for Gateway {
                 ));
             }
         }
-        ctx.attempts += 1;
+        self.attempt_started(ctx);
         ctx.headers_received = false;
         ctx.verdict = Verdict::None;
         match &ctx.peer {
@@ -347,6 +347,7 @@ impl ProxyHttp for Gateway {
             owned: Owned::of(config),
             tenant: ctx.tenant.as_deref().unwrap_or_default(),
             request_id: &ctx.request_id,
+            traceparent: ctx.trace.as_ref().map(|t| t.traceparent()),
         };
         // The embedder's edit (checked by the plan): its fields replace
         // the client's, look-alikes with `_` for `-` included.

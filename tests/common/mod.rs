@@ -1426,3 +1426,175 @@ pub fn spawn_redis(port: u16, dir: &std::path::Path, extra: &[String]) -> Option
     }
     Some(child)
 }
+
+/// A span as a test OTLP receiver decoded it (IDs in lowercase hex).
+#[derive(Clone, Debug)]
+pub struct ReceivedSpan {
+    pub service: String,
+    pub trace_id: String,
+    pub span_id: String,
+    /// Empty for a root span.
+    pub parent_id: String,
+    pub name: String,
+    /// 2: server, 3: client (OTLP's `SpanKind`).
+    pub kind: i32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub attributes: BTreeMap<String, String>,
+    /// OTLP's status code: 0 unset, 2 error.
+    pub status: i32,
+}
+
+impl ReceivedSpan {
+    pub fn attr(&self, key: &str) -> Option<&str> {
+        self.attributes.get(key).map(String::as_str)
+    }
+}
+
+/// A test OTLP/HTTP collector on 127.0.0.1: every POST's body is decoded
+/// as the real `ExportTraceServiceRequest` protobuf (opentelemetry-proto),
+/// and answered 200.
+pub struct OtlpReceiver {
+    pub port: u16,
+    spans: Arc<Mutex<Vec<ReceivedSpan>>>,
+    /// Requests whose path or content type was not OTLP's.
+    pub wrong: Arc<Mutex<Vec<String>>>,
+}
+
+impl OtlpReceiver {
+    pub fn start() -> OtlpReceiver {
+        let listener = StdListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let spans: Arc<Mutex<Vec<ReceivedSpan>>> = Arc::default();
+        let wrong: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (into, wrong_into) = (Arc::clone(&spans), Arc::clone(&wrong));
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let (into, wrong_into) = (Arc::clone(&into), Arc::clone(&wrong_into));
+                std::thread::spawn(move || otlp_connection(stream, &into, &wrong_into));
+            }
+        });
+        OtlpReceiver { port, spans, wrong }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn spans(&self) -> Vec<ReceivedSpan> {
+        self.spans.lock().unwrap().clone()
+    }
+
+    /// The spans of `trace_id` once at least `n` have arrived (within 10 s;
+    /// batches leave every second).
+    pub fn trace(&self, trace_id: &str, n: usize) -> Vec<ReceivedSpan> {
+        let of = || -> Vec<ReceivedSpan> {
+            let spans = self.spans.lock().unwrap();
+            spans
+                .iter()
+                .filter(|s| s.trace_id == trace_id)
+                .cloned()
+                .collect()
+        };
+        eventually(Duration::from_secs(10), || of().len() >= n);
+        of()
+    }
+}
+
+fn otlp_connection(
+    mut stream: TcpStream,
+    into: &Mutex<Vec<ReceivedSpan>>,
+    wrong: &Mutex<Vec<String>>,
+) {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    use prost::Message;
+    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let mut length = 0usize;
+        let mut content_type = String::new();
+        loop {
+            let mut field = String::new();
+            if reader.read_line(&mut field).unwrap_or(0) == 0 {
+                return;
+            }
+            let field = field.trim_end();
+            if field.is_empty() {
+                break;
+            }
+            let (name, value) = field.split_once(':').unwrap_or((field, ""));
+            match name.to_ascii_lowercase().as_str() {
+                "content-length" => length = value.trim().parse().unwrap_or(0),
+                "content-type" => content_type = value.trim().to_string(),
+                _ => {}
+            }
+        }
+        let mut body = vec![0u8; length];
+        if std::io::Read::read_exact(&mut reader, &mut body).is_err() {
+            return;
+        }
+        if !line.starts_with("POST /v1/traces HTTP/1.1") || content_type != "application/x-protobuf"
+        {
+            wrong
+                .lock()
+                .unwrap()
+                .push(format!("{} {content_type}", line.trim_end()));
+        }
+        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        let text = |v: &Option<opentelemetry_proto::tonic::common::v1::AnyValue>| match v
+            .as_ref()
+            .and_then(|v| v.value.as_ref())
+        {
+            Some(Value::StringValue(s)) => s.clone(),
+            Some(Value::IntValue(i)) => i.to_string(),
+            Some(Value::BoolValue(b)) => b.to_string(),
+            Some(Value::DoubleValue(d)) => d.to_string(),
+            other => format!("{other:?}"),
+        };
+        match ExportTraceServiceRequest::decode(&body[..]) {
+            Ok(request) => {
+                let mut got = Vec::new();
+                for rs in request.resource_spans {
+                    let service = (rs.resource.iter())
+                        .flat_map(|r| r.attributes.iter())
+                        .find(|a| a.key == "service.name")
+                        .map(|a| text(&a.value))
+                        .unwrap_or_default();
+                    for span in rs.scope_spans.into_iter().flat_map(|s| s.spans) {
+                        got.push(ReceivedSpan {
+                            service: service.clone(),
+                            trace_id: hex(&span.trace_id),
+                            span_id: hex(&span.span_id),
+                            parent_id: hex(&span.parent_span_id),
+                            name: span.name,
+                            kind: span.kind,
+                            start_ns: span.start_time_unix_nano,
+                            end_ns: span.end_time_unix_nano,
+                            attributes: (span.attributes.iter())
+                                .map(|a| (a.key.clone(), text(&a.value)))
+                                .collect(),
+                            status: span.status.map_or(0, |s| s.code),
+                        });
+                    }
+                }
+                into.lock().unwrap().extend(got);
+            }
+            Err(e) => wrong.lock().unwrap().push(format!("undecodable: {e}")),
+        }
+        let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+    }
+}
+
+/// The `traceparent` a shard received, split: (trace ID, parent span ID,
+/// flags).
+pub fn traceparent_parts(value: &str) -> (String, String, String) {
+    let parts: Vec<&str> = value.split('-').collect();
+    assert_eq!(parts.len(), 4, "{value}");
+    assert_eq!(parts[0], "00", "{value}");
+    (parts[1].into(), parts[2].into(), parts[3].into())
+}

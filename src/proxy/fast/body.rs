@@ -350,6 +350,7 @@ mod tests {
                 tenant_header: "x-tenant-id",
                 request_id_header: "x-request-id",
                 trust_forwarded_for: false,
+                traceparent: false,
             },
         }
     }

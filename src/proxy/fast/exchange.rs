@@ -19,6 +19,7 @@ use crate::proxy::hooks::UpstreamFailure;
 use crate::proxy::pipeline::answer::Refusal;
 use crate::proxy::pipeline::failure::{AttemptFailure, Next};
 use crate::proxy::pipeline::watch::{Verdict, Waiting};
+use crate::trace::TraceContext;
 use bytes::{Buf, Bytes, BytesMut};
 use http::Method;
 use std::future::{poll_fn, Future};
@@ -180,6 +181,27 @@ pub(super) fn poll_timer(
     sleep.as_mut().poll(cx)
 }
 
+/// A retry's bytes: the head's `traceparent` naming the retry's own span
+/// (same length, so the rest is unchanged). The first `traceparent` of the
+/// head is ours: a client's is dropped when tracing is on.
+fn with_traceparent(bytes: &Bytes, trace: &TraceContext) -> Bytes {
+    const FIELD: &[u8] = b"\r\ntraceparent: ";
+    let head_end = bytes
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or(bytes.len());
+    let at = bytes[..head_end]
+        .windows(FIELD.len())
+        .position(|w| w.eq_ignore_ascii_case(FIELD));
+    let Some(at) = at.map(|i| i + FIELD.len()) else {
+        return bytes.clone();
+    };
+    let mut patched = bytes.to_vec();
+    let value = trace.traceparent();
+    patched[at..at + 55].copy_from_slice(value.as_str().as_bytes());
+    Bytes::from(patched)
+}
+
 /// What woke an attempt.
 enum AttemptEvent {
     Head(ParsedResponse),
@@ -202,13 +224,17 @@ impl FastPath {
                 let refusal = Refusal::error(502, "upstream-unreachable");
                 return Exchanged::Closed(self.answer(client, ctx, refusal, true).await);
             };
-            ctx.attempts += 1;
+            self.gateway.attempt_started(ctx);
             // The first attempt starts with the request (no clock read).
             let now = match ctx.attempts {
                 1 => Instant::from_std(ctx.started),
                 _ => Instant::now(),
             };
-            let mut out = Outbound::new(request.bytes.clone(), now);
+            let bytes = match (ctx.attempts, &ctx.trace) {
+                (2.., Some(trace)) => with_traceparent(&request.bytes, trace),
+                _ => request.bytes.clone(),
+            };
+            let mut out = Outbound::new(bytes, now);
             let failure = match self.connection(&peer).await {
                 Err(failure) => Failed::Shard(failure),
                 Ok(connection) => {

@@ -88,9 +88,11 @@ pub fn request(bytes: &[u8]) {
             tenant_header: "x-tenant-id",
             request_id_header: "x-request-id",
             trust_forwarded_for: false,
+            traceparent: false,
         },
         tenant: "a",
         request_id: "id-1",
+        traceparent: None,
     };
     let upstream = UpstreamHead {
         method: head.method,

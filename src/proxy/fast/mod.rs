@@ -115,6 +115,7 @@ impl FastPath {
             tenant_header: leak(&config.tenant_header),
             request_id_header: leak(&config.request_id.header),
             trust_forwarded_for: config.trust_forwarded_for,
+            traceparent: config.tracing.is_some(),
         };
         Ok(FastPath {
             idle_timeout: upstream.keepalive_timeout,
@@ -338,6 +339,7 @@ impl FastPath {
             owned: Owned::of(config),
             tenant: ctx.tenant.as_deref().unwrap_or_default(),
             request_id: &ctx.request_id,
+            traceparent: ctx.trace.as_ref().map(|t| t.traceparent()),
         }
     }
 

@@ -209,9 +209,11 @@ mod tests {
                 tenant_header: "x-tenant-id",
                 request_id_header: "x-request-id",
                 trust_forwarded_for: false,
+                traceparent: false,
             },
             tenant: "a",
             request_id: "id-1",
+            traceparent: None,
         }
     }
 

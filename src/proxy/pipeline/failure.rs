@@ -31,6 +31,18 @@ pub enum AttemptFailure {
     Invalid,
 }
 
+impl AttemptFailure {
+    /// The failure's name (an attempt span's `error.type`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            AttemptFailure::Stale => "stale-connection",
+            AttemptFailure::Reset => "reset",
+            AttemptFailure::Shard(kind) => kind.as_str(),
+            AttemptFailure::Invalid => "invalid-response",
+        }
+    }
+}
+
 /// What to do after a failed attempt.
 #[derive(Debug, PartialEq)]
 pub enum Next {
@@ -54,6 +66,7 @@ impl Gateway {
         replayable: bool,
         ctx: &mut RequestCtx,
     ) -> Next {
+        self.attempt_failed(ctx, failure.as_str());
         let kind = match failure {
             AttemptFailure::Stale if ctx.stale_retries == 0 => {
                 return match self.may_resend_stale(method, replayable, ctx) {

@@ -5,6 +5,7 @@
 //! applies them to header maps, the fast path to raw heads; the rules are
 //! these.
 
+use crate::trace::TraceParent;
 use http::header::{HeaderName, CONNECTION};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
@@ -156,6 +157,8 @@ pub struct Owned<'a> {
     pub request_id_header: &'a str,
     /// Whether a client's `Forwarded` (and `X-Forwarded-For`) is trusted.
     pub trust_forwarded_for: bool,
+    /// `traceparent`, when tracing is on (off, the client's passes).
+    pub traceparent: bool,
 }
 
 impl<'a> Owned<'a> {
@@ -165,6 +168,7 @@ impl<'a> Owned<'a> {
             tenant_header: config.tenant_header.as_str(),
             request_id_header: config.request_id.header.as_str(),
             trust_forwarded_for: config.trust_forwarded_for,
+            traceparent: config.tracing.is_some(),
         }
     }
 
@@ -187,6 +191,7 @@ impl<'a> Owned<'a> {
             || same(self.tenant_header)
             || same(self.request_id_header)
             || (!self.trust_forwarded_for && same("forwarded"))
+            || (self.traceparent && same("traceparent"))
             || CLIENT_ADDRESS_FIELDS.iter().any(|f| same(f))
             || look_alike("content-length")
             || look_alike("transfer-encoding")
@@ -218,6 +223,8 @@ pub struct Forwarding<'a> {
     pub tenant: &'a str,
     /// The request's ID.
     pub request_id: &'a str,
+    /// The trace context the shard continues, when tracing is on.
+    pub traceparent: Option<TraceParent>,
 }
 
 impl Forwarding<'_> {
@@ -270,6 +277,9 @@ impl Forwarding<'_> {
     fn emit_ours(&self, mut emit: impl FnMut(&str, &str)) {
         emit(self.owned.tenant_header, self.tenant);
         emit(self.owned.request_id_header, self.request_id);
+        if let Some(traceparent) = &self.traceparent {
+            emit("traceparent", traceparent.as_str());
+        }
     }
 
     /// Applies the fields to a Pingora request head: the client's own and
@@ -459,9 +469,11 @@ mod tests {
                 tenant_header: "x-tenant-id",
                 request_id_header: "x-request-id",
                 trust_forwarded_for: trust,
+                traceparent: false,
             },
             tenant: "acme",
             request_id: "ours",
+            traceparent: None,
         }
         .apply(req)
         .unwrap();

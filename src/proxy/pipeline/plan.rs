@@ -16,6 +16,7 @@ use crate::proxy::hooks::{
 };
 use crate::proxy::Gateway;
 use crate::routing::{Decision, RouteRequest, ShardId};
+use crate::trace::{AttemptSpan, Finished};
 use http::header::HOST;
 use std::sync::Arc;
 
@@ -29,6 +30,7 @@ impl Gateway {
         req: &RequestView<'r>,
         ctx: &mut RequestCtx,
     ) -> Result<&'r str, Refusal> {
+        ctx.trace = self.control.tracer.start(req.values("traceparent"));
         let ids = &self.control.config.request_id;
         if ids.trust_incoming {
             let incoming = req.header(ids.header.as_str());
@@ -44,7 +46,9 @@ impl Gateway {
             .resolve(host)
             .ok_or_else(|| Refusal::error(404, "unknown-domain"))?;
         ctx.max_body = self.max_body_for(&resolved.tenant);
-        let view = req.with_request_id(&ctx.request_id);
+        let view = req
+            .with_request_id(&ctx.request_id)
+            .with_trace(ctx.trace.as_ref());
         let check = self.control.hooks.check_request(&resolved.tenant, &view);
         match check {
             RequestCheck::Proceed => {}
@@ -245,6 +249,7 @@ impl Gateway {
         let elapsed = ended.saturating_duration_since(ctx.started);
         ctx.admission = None;
         let client = crate::proxy::fast::OrEmpty(line.client);
+        let trace_id = ctx.trace.as_ref().map(|t| t.trace_id_hex());
         let summary = RequestSummary {
             request_id: &ctx.request_id,
             client: &client,
@@ -261,10 +266,58 @@ impl Gateway {
             bytes_in: ctx.bytes_in,
             bytes_out: ctx.bytes_out,
             protocol: line.protocol,
-            trace_id: None,
+            trace_id: trace_id.as_ref().map(|t| t.as_str()),
         };
         self.control.access_log.write(&summary, line.client, ended);
         self.control.hooks.logging(&summary);
+        if let Some(trace) = ctx.trace.as_ref().filter(|t| t.sampled) {
+            let route = ctx.route.longest.map(|i| self.routes.name(i));
+            self.control.tracer.record(&Finished {
+                trace,
+                summary: &summary,
+                route,
+                attempts: &ctx.attempt_spans,
+                started: ctx.started,
+                ended,
+            });
+        }
+    }
+
+    /// An upstream attempt starts (both transports): counted and, with
+    /// tracing, given a span of its own: the first attempt's was made with
+    /// the trace (the head the fast transport writes before it carries
+    /// it), a retry's is new.
+    pub(crate) fn attempt_started(&self, ctx: &mut RequestCtx) {
+        ctx.attempts += 1;
+        let Some(trace) = &mut ctx.trace else {
+            return;
+        };
+        let started = match ctx.attempts {
+            1 => ctx.started,
+            _ => {
+                trace.attempt_id = crate::trace::new_span_id();
+                std::time::Instant::now()
+            }
+        };
+        if trace.sampled {
+            ctx.attempt_spans.push(AttemptSpan {
+                id: trace.attempt_id,
+                started,
+                ended: None,
+                shard: ctx.shard.as_ref().map(|s| s.id().clone()),
+                failure: None,
+            });
+        }
+    }
+
+    /// The current attempt failed (`why`): its span ends now.
+    pub(crate) fn attempt_failed(&self, ctx: &mut RequestCtx, why: &'static str) {
+        if let Some(attempt) = ctx.attempt_spans.last_mut() {
+            if attempt.ended.is_none() {
+                attempt.ended = Some(std::time::Instant::now());
+                attempt.failure = Some(why);
+            }
+        }
     }
 
     /// `refusal` as this request's answer: saying its ID.
