@@ -68,6 +68,7 @@ fn spans_reach_the_collector_with_the_trace_the_shard_saw() {
         ("url.path", "/shop/cart"),
         ("server.address", "acme.localhost"),
         ("network.protocol.version", "1.1"),
+        ("client.address", "127.0.0.1"),
     ] {
         assert_eq!(server.attr(key), Some(value), "{key}: {server:#?}");
     }

@@ -303,7 +303,8 @@ EOF
 # write_shardgate_conf FILE PORT ADMIN_PORT BACKEND_PORT...
 # SG_SERVER_EXTRA: more `server:` fields (`fast_path: false`);
 # SG_LIMITS_EXTRA: one more `limits:` line (`max_body_bytes: null`);
-# SG_LOG: the `log:` value (default `{ access: off }`; `{dir}` = FILE's folder).
+# SG_LOG: the `log:` value (default `{ access: off }`; `{dir}` = FILE's folder);
+# SG_EXTRA: more top-level lines (`tracing: { ... }`).
 # limits.max_body_bytes is left at its default (100 MiB) unless set so.
 write_shardgate_conf() {
   local file=$1 port=$2 admin=$3
@@ -331,6 +332,7 @@ limits:
 ${SG_LIMITS_EXTRA:+  $SG_LIMITS_EXTRA
 }domains: { fallback_suffix: .localhost }
 log: ${SG_LOG:-"{ access: off }"}
+${SG_EXTRA:-}
 EOF
   } >"$file"
   sed -i "s|{dir}|$dir|g" "$file"

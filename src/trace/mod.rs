@@ -333,8 +333,12 @@ impl Finished<'_> {
             }
         }
         let client = s.client.to_string();
-        if !client.is_empty() {
-            attributes.push(KeyValue::new("client.address", client));
+        if let Some((ip, port)) = client.rsplit_once(':') {
+            let ip = ip.trim_start_matches('[').trim_end_matches(']');
+            attributes.push(KeyValue::new("client.address", ip.to_string()));
+            if let Ok(port) = port.parse::<i64>() {
+                attributes.push(KeyValue::new("client.port", port));
+            }
         }
         let failed = s.status == 0 || s.status >= 500;
         let status = match failed {
