@@ -271,6 +271,12 @@ impl Builder {
             ));
         }
         server.add_service(background_service("shardgate memory", MemoryReturn));
+        if control.tracer.is_on() {
+            server.add_service(background_service(
+                "shardgate tracing",
+                StartTracing(Arc::clone(&control)),
+            ));
+        }
         Ok(Shardgate { server, control })
     }
 }
@@ -344,6 +350,17 @@ pub fn run_cli(build: impl FnOnce(Builder) -> Result<Shardgate, String>) -> Exit
             eprintln!("error: {path}: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Starts the span exporter's thread once the server runs (after a
+/// daemon's fork, before the first request needs it).
+struct StartTracing(Arc<Control>);
+
+#[async_trait]
+impl BackgroundService for StartTracing {
+    async fn start(&self, _shutdown: ShutdownWatch) {
+        self.0.tracer.start_exporting();
     }
 }
 

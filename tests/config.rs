@@ -115,6 +115,8 @@ const BROKEN: &[(&str, &str, &str, usize)] = &[
     ("tracing without a collector", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ntracing:\n  sample_ratio: 0.5\n", "tracing.otlp_endpoint", 5),
     ("tracing to an https collector", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ntracing:\n  otlp_endpoint: https://otel:4318\n", "tracing.otlp_endpoint", 5),
     ("tracing to no address", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ntracing:\n  otlp_endpoint: otel:4318\n", "tracing.otlp_endpoint", 5),
+    ("tracing to an IPv6 address without brackets", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ntracing:\n  otlp_endpoint: \"http://::1:4318\"\n", "tracing.otlp_endpoint", 5),
+    ("trace context as the tenant's field", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ntenant_header: Traceparent\n", "tenant_header", 4),
     ("a sample ratio over 1", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ntracing:\n  otlp_endpoint: http://otel:4318\n  sample_ratio: 1.5\n", "tracing.sample_ratio", 6),
     ("an empty service name", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ntracing:\n  otlp_endpoint: http://otel:4318\n  service_name: \"\"\n", "tracing.service_name", 6),
     ("an unknown tracing field", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ntracing:\n  otlp_endpoint: http://otel:4318\n  sampling: 1\n", "tracing", 6),

@@ -164,6 +164,15 @@ fn check(c: &mut Checker<'_>, raw: RawConfig) -> Config {
             c.header_name("tenant_header", h)
         })
         .unwrap_or(HeaderName::from_static("x-tenant-id"));
+    if ["traceparent", "tracestate"]
+        .iter()
+        .any(|t| crate::proxy::pipeline::fields::same_field(tenant_header.as_str(), t))
+    {
+        c.error(
+            "tenant_header",
+            format!("`{tenant_header}` is W3C trace context's: name another field"),
+        );
+    }
     let admin = check_admin(c, raw.admin);
     let regions = check_regions(c, raw.regions);
     let shards = c.required("shards", raw.shards);
@@ -282,7 +291,20 @@ fn check_tracing(c: &mut Checker<'_>, t: RawTracing) -> TracingConfig {
             String::new()
         }
         Some(url) => match crate::trace::export::Endpoint::parse(url) {
-            Ok(_) => format!("{}/v1/traces", url.trim_end_matches('/')),
+            // What the exporter will parse it as, checked now.
+            Ok(_) => {
+                let traces = format!("{}/v1/traces", url.trim_end_matches('/'));
+                match traces.parse::<http::Uri>() {
+                    Ok(uri) if uri.host().is_some() => traces,
+                    _ => {
+                        c.error(
+                            "tracing.otlp_endpoint",
+                            format!("`{url}`: not a URL (an IPv6 address goes in brackets: http://[::1]:4318)"),
+                        );
+                        String::new()
+                    }
+                }
+            }
             Err(why) => {
                 c.error("tracing.otlp_endpoint", format!("`{url}`: {why}"));
                 String::new()
@@ -402,6 +424,7 @@ fn has_a_meaning(name: &HeaderName, tenant_header: &HeaderName) -> bool {
         request_id_header: "",
         trust_forwarded_for: false,
         traceparent: false,
+        tracestate: false,
     };
     let lower = name.replace('_', "-");
     is_hop_by_hop(name)

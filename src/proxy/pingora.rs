@@ -344,7 +344,7 @@ impl ProxyHttp for Gateway {
             host: &host,
             proto: self.scheme_of(tls),
             peer_ip,
-            owned: Owned::of(config),
+            owned: Owned::of(config).for_trace(ctx.trace.as_ref()),
             tenant: ctx.tenant.as_deref().unwrap_or_default(),
             request_id: &ctx.request_id,
             traceparent: ctx.trace.as_ref().map(|t| t.traceparent()),
@@ -392,6 +392,7 @@ impl ProxyHttp for Gateway {
     ) -> Result<()> {
         let status = upstream_response.status.as_u16();
         ctx.phases &= !phase::UPSTREAM_RESPONSE_FILTER;
+        self.attempt_answered(ctx, status);
         if unrequested_switch(status, is_websocket(session)) {
             return Err(Error::create(
                 ErrorType::InvalidHTTPHeader,

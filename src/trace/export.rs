@@ -16,8 +16,9 @@ use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, SpanData, SpanExporter, SpanProcessor,
 };
 use opentelemetry_sdk::Resource;
+use parking_lot::Mutex;
 use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -79,6 +80,8 @@ pub struct Counts {
     /// The last export failed (its error was logged; the next one is
     /// logged only after a success).
     failing: AtomicBool,
+    /// What the client last failed on.
+    cause: Mutex<Option<String>>,
 }
 
 impl Counts {
@@ -116,8 +119,10 @@ impl Counts {
             }
             Err(e) => {
                 self.drop_spans(n);
+                let cause = self.cause.lock().take();
                 if !self.failing.swap(true, Ordering::Relaxed) {
-                    log::warn!("tracing: spans not exported, dropped and counted until the collector answers: {e}");
+                    let cause = cause.map(|c| format!(" ({c})")).unwrap_or_default();
+                    log::warn!("tracing: spans not exported, dropped and counted until the collector takes them again: {e}{cause}");
                 }
             }
         }
@@ -172,7 +177,10 @@ impl Exporting {
     pub fn start(config: &TracingConfig, counts: Arc<Counts>) -> Option<Exporting> {
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
-            .with_http_client(Blocking)
+            .with_http_client(Blocking {
+                counts: Arc::clone(&counts),
+                addresses: Mutex::new(None),
+            })
             .with_endpoint(config.traces_url.clone())
             .with_protocol(Protocol::HttpBinary)
             .with_timeout(EXPORT_TIMEOUT)
@@ -235,93 +243,195 @@ impl Exporting {
 }
 
 /// A blocking HTTP/1.1 client for the processor's thread (see the module
-/// documentation).
+/// documentation): one connection per batch, every step within the export's
+/// deadline — the name's lookup included.
 #[derive(Debug)]
-struct Blocking;
+struct Blocking {
+    counts: Arc<Counts>,
+    /// The collector's addresses, looked up at most every [`LOOKUP_EVERY`].
+    addresses: Mutex<Option<(Instant, Vec<SocketAddr>)>>,
+}
+
+/// How long a collector's looked-up addresses are used.
+const LOOKUP_EVERY: Duration = Duration::from_secs(30);
 
 #[async_trait::async_trait]
 impl HttpClient for Blocking {
     async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
-        post(&request, Instant::now() + EXPORT_TIMEOUT)
+        let sent = self.post(&request, Instant::now() + EXPORT_TIMEOUT);
+        if let Err(e) = &sent {
+            // The exporter reports any client error as "network error":
+            // the cause goes with the warning.
+            *self.counts.cause.lock() = Some(e.to_string());
+        }
+        sent
     }
 }
 
-/// POSTs `request` on a connection of its own, before `deadline`.
-fn post(request: &Request<Bytes>, deadline: Instant) -> Result<Response<Bytes>, HttpError> {
-    let uri = request.uri();
-    let authority = uri
-        .authority()
-        .ok_or("no host in the collector's address")?;
-    let port = authority.port_u16().unwrap_or(80);
-    let left = || {
-        deadline
-            .checked_duration_since(Instant::now())
-            .filter(|d| !d.is_zero())
-            .ok_or("timed out")
-    };
-    let mut stream = None;
-    let mut last_error: HttpError = "the collector's host has no address".into();
-    for addr in (authority.host().trim_matches(['[', ']']), port).to_socket_addrs()? {
-        match TcpStream::connect_timeout(&addr, left()?) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
+impl Blocking {
+    /// The collector's addresses: an IP as it is, a name looked up on a
+    /// thread of its own so that a hung resolver costs this export its
+    /// deadline, not the resolver's timeout (one lookup at a time).
+    fn addresses(
+        &self,
+        host: &str,
+        port: u16,
+        deadline: Instant,
+    ) -> Result<Vec<SocketAddr>, HttpError> {
+        if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+            return Ok(vec![SocketAddr::new(ip, port)]);
+        }
+        if let Some((at, addrs)) = &*self.addresses.lock() {
+            if at.elapsed() < LOOKUP_EVERY && !addrs.is_empty() {
+                return Ok(addrs.clone());
             }
-            Err(e) => last_error = e.into(),
         }
-    }
-    let mut stream = stream.ok_or(last_error)?;
-    stream.set_nodelay(true)?;
-    let mut head = format!(
-        "POST {} HTTP/1.1\r\nHost: {authority}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        uri.path_and_query().map_or("/", |p| p.as_str()),
-        request.body().len()
-    );
-    for (name, value) in request.headers() {
-        if let Ok(value) = value.to_str() {
-            head.push_str(&format!("{name}: {value}\r\n"));
+        static LOOKING: AtomicBool = AtomicBool::new(false);
+        if LOOKING.swap(true, Ordering::AcqRel) {
+            return Err("the collector's name is still being looked up".into());
         }
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let name = host.to_string();
+        let spawned = std::thread::Builder::new()
+            .name("shardgate-otlp-dns".into())
+            .spawn(move || {
+                let found = (name.as_str(), port).to_socket_addrs().map(Vec::from_iter);
+                LOOKING.store(false, Ordering::Release);
+                let _ = tx.send(found);
+            });
+        if let Err(e) = spawned {
+            LOOKING.store(false, Ordering::Release);
+            return Err(e.into());
+        }
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let addrs = match rx.recv_timeout(wait) {
+            Ok(found) => found?,
+            Err(_) => return Err("the collector's name was not looked up in time".into()),
+        };
+        *self.addresses.lock() = Some((Instant::now(), addrs.clone()));
+        Ok(addrs)
     }
-    head.push_str("\r\n");
-    stream.set_write_timeout(Some(left()?))?;
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(request.body())?;
-    // The answer: its head, and the body its length says (or up to the
-    // close), within the deadline and MAX_ANSWER.
+
+    /// POSTs `request` on a connection of its own, before `deadline`.
+    fn post(
+        &self,
+        request: &Request<Bytes>,
+        deadline: Instant,
+    ) -> Result<Response<Bytes>, HttpError> {
+        let uri = request.uri();
+        let authority = uri
+            .authority()
+            .ok_or("no host in the collector's address")?;
+        let port = authority.port_u16().unwrap_or(80);
+        let host = authority.host().trim_matches(['[', ']']);
+        let left = || {
+            deadline
+                .checked_duration_since(Instant::now())
+                .filter(|d| !d.is_zero())
+                .ok_or("timed out")
+        };
+        let mut stream = None;
+        let mut last_error: HttpError = "the collector's name has no address".into();
+        for addr in self.addresses(host, port, deadline)? {
+            match TcpStream::connect_timeout(&addr, left()?) {
+                Ok(s) => {
+                    stream = Some(s);
+                    break;
+                }
+                Err(e) => last_error = e.into(),
+            }
+        }
+        let mut stream = stream.ok_or(last_error)?;
+        stream.set_nodelay(true)?;
+        let mut head = format!(
+            "POST {} HTTP/1.1\r\nHost: {authority}\r\nContent-Length: {}\r\nConnection: close\r\n",
+            uri.path_and_query().map_or("/", |p| p.as_str()),
+            request.body().len()
+        );
+        for (name, value) in request.headers() {
+            // Ours are written above (`OTEL_EXPORTER_OTLP_HEADERS` may name
+            // them too).
+            let ours = [
+                http::header::HOST,
+                http::header::CONTENT_LENGTH,
+                http::header::CONNECTION,
+            ]
+            .contains(name);
+            if let (false, Ok(value)) = (ours, value.to_str()) {
+                head.push_str(&format!("{name}: {value}\r\n"));
+            }
+        }
+        head.push_str("\r\n");
+        // Each write within what is left (a socket's timeout is per call).
+        for bytes in [head.as_bytes(), &request.body()[..]] {
+            for piece in bytes.chunks(64 * 1024) {
+                stream.set_write_timeout(Some(left()?))?;
+                stream.write_all(piece)?;
+            }
+        }
+        read_answer(&mut stream, left)
+    }
+}
+
+/// The collector's answer: its head, and the body its length says (or its
+/// last chunk, or up to the close), within the deadline and
+/// [`MAX_ANSWER`]. Interim (1xx) answers are skipped.
+fn read_answer(
+    stream: &mut TcpStream,
+    left: impl Fn() -> Result<Duration, &'static str>,
+) -> Result<Response<Bytes>, HttpError> {
     let mut got = Vec::with_capacity(1024);
     let mut buf = [0u8; 4096];
+    // Bytes after an interim answer are parsed before reading more.
+    let mut unparsed = false;
     loop {
-        stream.set_read_timeout(Some(left()?))?;
-        let n = stream.read(&mut buf)?;
-        got.extend_from_slice(&buf[..n]);
-        let mut fields = [httparse::EMPTY_HEADER; 32];
+        let mut n = 1;
+        if !std::mem::take(&mut unparsed) {
+            stream.set_read_timeout(Some(left()?))?;
+            n = stream.read(&mut buf)?;
+            got.extend_from_slice(&buf[..n]);
+        }
+        let mut fields = [httparse::EMPTY_HEADER; 64];
         let mut parsed = httparse::Response::new(&mut fields);
-        let status = parsed.parse(&got)?;
-        if let httparse::Status::Complete(head_len) = status {
-            let code = parsed.code.unwrap_or(0);
-            let length = parsed
-                .headers
-                .iter()
-                .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-                .and_then(|h| {
-                    std::str::from_utf8(h.value)
-                        .ok()?
-                        .trim()
-                        .parse::<usize>()
-                        .ok()
-                });
-            let body = &got[head_len..];
-            let whole = match length {
-                Some(length) => body.len() >= length,
-                None => n == 0,
-            };
-            if whole || body.len() >= MAX_ANSWER || n == 0 {
-                let body =
-                    Bytes::copy_from_slice(&body[..length.unwrap_or(body.len()).min(body.len())]);
-                return Ok(Response::builder().status(code).body(body)?);
+        match parsed.parse(&got)? {
+            httparse::Status::Complete(head_len) => {
+                let code = parsed.code.unwrap_or(0);
+                if (100..200).contains(&code) {
+                    got.drain(..head_len);
+                    unparsed = !got.is_empty();
+                    continue;
+                }
+                let field = |wanted: &str| {
+                    (parsed.headers.iter())
+                        .find(|h| h.name.eq_ignore_ascii_case(wanted))
+                        .and_then(|h| std::str::from_utf8(h.value).ok())
+                };
+                let length = field("content-length").and_then(|v| v.trim().parse::<usize>().ok());
+                let chunked = field("transfer-encoding")
+                    .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+                let body = &got[head_len..];
+                let whole = match (length, chunked) {
+                    (Some(length), _) => body.len() >= length,
+                    // Its content is not needed (an empty body says all
+                    // was accepted; a partial success is rare): the last
+                    // chunk ends it.
+                    (None, true) => body.ends_with(b"0\r\n\r\n"),
+                    (None, false) => n == 0,
+                };
+                if whole || n == 0 || body.len() >= MAX_ANSWER {
+                    let body = match chunked {
+                        true => Bytes::new(),
+                        false => Bytes::copy_from_slice(
+                            &body[..length.unwrap_or(body.len()).min(body.len())],
+                        ),
+                    };
+                    return Ok(Response::builder().status(code).body(body)?);
+                }
             }
-        } else if n == 0 || got.len() > MAX_ANSWER {
-            return Err("the collector's answer ended early".into());
+            httparse::Status::Partial if n == 0 || got.len() > MAX_ANSWER => {
+                return Err("the collector's answer ended early".into());
+            }
+            httparse::Status::Partial => {}
         }
     }
 }
@@ -361,6 +471,55 @@ mod tests {
         ] {
             assert!(Endpoint::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    /// What `read_answer` makes of a collector that sends `answer` and
+    /// then keeps the connection open, within 300 ms.
+    fn answer_to(answer: &'static [u8]) -> Result<(u16, usize), String> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            s.write_all(answer).unwrap();
+            std::thread::sleep(Duration::from_millis(500));
+        });
+        let mut stream = TcpStream::connect(addr).unwrap();
+        let deadline = Instant::now() + Duration::from_millis(300);
+        let left = || {
+            deadline
+                .checked_duration_since(Instant::now())
+                .filter(|d| !d.is_zero())
+                .ok_or("timed out")
+        };
+        let got = read_answer(&mut stream, left)
+            .map(|r| (r.status().as_u16(), r.body().len()))
+            .map_err(|e| e.to_string());
+        let _ = server.join();
+        got
+    }
+
+    #[test]
+    fn a_collectors_answer_is_read_within_the_deadline_whatever_it_is() {
+        assert_eq!(
+            answer_to(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"),
+            Ok((200, 2))
+        );
+        assert_eq!(
+            answer_to(b"HTTP/1.1 400 Bad\r\nContent-Length: 0\r\n\r\n"),
+            Ok((400, 0))
+        );
+        // Interim answers are skipped; a chunked one ends with its last chunk.
+        assert_eq!(
+            answer_to(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"),
+            Ok((200, 0))
+        );
+        // Garbage, a head that never ends, a body shorter than said: an
+        // error by the deadline, never a wait past it.
+        let started = Instant::now();
+        assert!(answer_to(b"SSH-2.0-OpenSSH\r\n\r\n").is_err());
+        assert!(answer_to(b"HTTP/1.1 200 OK\r\nContent-Le").is_err());
+        assert!(answer_to(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nok").is_err());
+        assert!(started.elapsed() < Duration::from_secs(3));
     }
 
     #[test]

@@ -182,6 +182,8 @@ pub(crate) struct AttemptSpan {
     pub shard: Option<ShardId>,
     /// Why it failed.
     pub failure: Option<&'static str>,
+    /// The status the shard answered with.
+    pub status: Option<u16>,
 }
 
 /// The gateway's tracing: off (nothing is parsed, `traceparent` passes
@@ -253,6 +255,26 @@ impl Tracer {
         self.counts.exported()
     }
 
+    /// Starts the exporter's thread, if tracing is on and it has not
+    /// started: the binary's background service does at start (after a
+    /// daemon's fork); otherwise the first sampled request does. A thread
+    /// that cannot be started leaves tracing dropping (and counting) every
+    /// span, logged once.
+    pub fn start_exporting(&self) -> Option<&Exporting> {
+        let config = self.config.as_ref()?;
+        let started = self.exporting.get_or_init(|| {
+            let counts = std::sync::Arc::clone(&self.counts);
+            let start = std::panic::AssertUnwindSafe(|| Exporting::start(config, counts));
+            std::panic::catch_unwind(start).unwrap_or_else(|_| {
+                log::error!(
+                    "tracing: the exporter's thread could not be started; spans are dropped"
+                );
+                None
+            })
+        });
+        started.as_ref()
+    }
+
     /// Exports what is queued (at exit), waiting at most `within`.
     pub fn shutdown(&self, within: std::time::Duration) {
         if let Some(Some(exporting)) = self.exporting.get() {
@@ -263,13 +285,7 @@ impl Tracer {
     /// A sampled request is over: its span and its attempts' spans, handed
     /// to the exporter (or dropped and counted when the queue is full).
     pub(crate) fn record(&self, request: &Finished<'_>) {
-        let Some(config) = &self.config else {
-            return;
-        };
-        let exporting = self
-            .exporting
-            .get_or_init(|| Exporting::start(config, std::sync::Arc::clone(&self.counts)));
-        let Some(exporting) = exporting else {
+        let Some(exporting) = self.start_exporting() else {
             self.counts.drop_spans(1 + request.attempts.len());
             return;
         };
@@ -335,7 +351,12 @@ impl Finished<'_> {
         let client = s.client.to_string();
         if let Some((ip, port)) = client.rsplit_once(':') {
             let ip = ip.trim_start_matches('[').trim_end_matches(']');
-            attributes.push(KeyValue::new("client.address", ip.to_string()));
+            // An IPv4 client of a dual-stack listener as IPv4.
+            let ip = match ip.parse::<std::net::IpAddr>() {
+                Ok(ip) => ip.to_canonical().to_string(),
+                Err(_) => ip.to_string(),
+            };
+            attributes.push(KeyValue::new("client.address", ip));
             if let Ok(port) = port.parse::<i64>() {
                 attributes.push(KeyValue::new("client.port", port));
             }
@@ -361,7 +382,6 @@ impl Finished<'_> {
             status,
             instrumentation_scope: scope.clone(),
         });
-        let last = self.attempts.len();
         for (n, attempt) in self.attempts.iter().enumerate() {
             let mut attributes = vec![
                 KeyValue::new("http.request.method", s.method.to_string()),
@@ -370,19 +390,20 @@ impl Finished<'_> {
             if let Some(shard) = &attempt.shard {
                 attributes.push(KeyValue::new("shardgate.shard", shard.as_str().to_string()));
             }
-            let status = match attempt.failure {
-                Some(why) => {
+            // Failed, answered, or neither: the client went away or was
+            // refused (its body) before the shard answered.
+            let status = match (attempt.failure, attempt.status) {
+                (why @ Some(_), _) | (why @ None, None) => {
+                    let why = why.unwrap_or("no-response");
                     attributes.push(KeyValue::new("error.type", why));
                     Status::error(why)
                 }
-                None => {
-                    if n + 1 == last && s.status != 0 {
-                        attributes.push(KeyValue::new(
-                            "http.response.status_code",
-                            i64::from(s.status),
-                        ));
+                (None, Some(code)) => {
+                    attributes.push(KeyValue::new("http.response.status_code", i64::from(code)));
+                    match code >= 500 {
+                        true => Status::error(format!("status {code}")),
+                        false => Status::Unset,
                     }
-                    Status::Unset
                 }
             };
             spans.push(SpanData {

@@ -351,6 +351,7 @@ mod tests {
                 request_id_header: "x-request-id",
                 trust_forwarded_for: false,
                 traceparent: false,
+                tracestate: false,
             },
         }
     }

@@ -193,7 +193,13 @@ fn with_traceparent(bytes: &Bytes, trace: &TraceContext) -> Bytes {
     let at = bytes[..head_end]
         .windows(FIELD.len())
         .position(|w| w.eq_ignore_ascii_case(FIELD));
-    let Some(at) = at.map(|i| i + FIELD.len()) else {
+    // Ours, as written: 55 characters and the line's end.
+    let ours = |at: usize| {
+        bytes.get(at..at + 57).is_some_and(|v| {
+            v.ends_with(b"\r\n") && crate::trace::parse_traceparent(&v[..55]).is_some()
+        })
+    };
+    let Some(at) = at.map(|i| i + FIELD.len()).filter(|&at| ours(at)) else {
         return bytes.clone();
     };
     let mut patched = bytes.to_vec();
@@ -250,10 +256,12 @@ impl FastPath {
                         .await
                     {
                         Ok(upstream) if request.websocket && upstream.parsed.status == 101 => {
+                            self.gateway.attempt_answered(ctx, 101);
                             return Exchanged::Upgraded(upstream);
                         }
                         Ok(upstream) => {
-                            return self.respond(client, upstream, out, &peer.key, ctx).await
+                            self.gateway.attempt_answered(ctx, upstream.parsed.status);
+                            return self.respond(client, upstream, out, &peer.key, ctx).await;
                         }
                         Err(failed) => failed,
                     }
@@ -262,6 +270,7 @@ impl FastPath {
             let failure = match failure {
                 Failed::Shard(failure) => failure,
                 Failed::Client(error) => {
+                    self.gateway.attempt_failed(ctx, "client");
                     return match error.answer() {
                         Some(refusal) => {
                             Exchanged::Closed(self.answer(client, ctx, refusal, true).await)

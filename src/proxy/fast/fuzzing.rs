@@ -89,6 +89,7 @@ pub fn request(bytes: &[u8]) {
             request_id_header: "x-request-id",
             trust_forwarded_for: false,
             traceparent: false,
+            tracestate: false,
         },
         tenant: "a",
         request_id: "id-1",

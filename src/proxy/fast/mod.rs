@@ -116,6 +116,7 @@ impl FastPath {
             request_id_header: leak(&config.request_id.header),
             trust_forwarded_for: config.trust_forwarded_for,
             traceparent: config.tracing.is_some(),
+            tracestate: false,
         };
         Ok(FastPath {
             idle_timeout: upstream.keepalive_timeout,
@@ -336,7 +337,7 @@ impl FastPath {
             host,
             proto: self.gateway.scheme_of(tls),
             peer_ip: client.and_then(|a| a.as_inet()).map(|a| a.ip()),
-            owned: Owned::of(config),
+            owned: Owned::of(config).for_trace(ctx.trace.as_ref()),
             tenant: ctx.tenant.as_deref().unwrap_or_default(),
             request_id: &ctx.request_id,
             traceparent: ctx.trace.as_ref().map(|t| t.traceparent()),

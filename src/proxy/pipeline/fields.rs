@@ -159,6 +159,10 @@ pub struct Owned<'a> {
     pub trust_forwarded_for: bool,
     /// `traceparent`, when tracing is on (off, the client's passes).
     pub traceparent: bool,
+    /// `tracestate`, when tracing started a new trace for the request (the
+    /// caller's state belongs to a trace the shard does not see; W3C Trace
+    /// Context §4.3). Per request: [`Owned::of`] leaves it false.
+    pub tracestate: bool,
 }
 
 impl<'a> Owned<'a> {
@@ -169,6 +173,16 @@ impl<'a> Owned<'a> {
             request_id_header: config.request_id.header.as_str(),
             trust_forwarded_for: config.trust_forwarded_for,
             traceparent: config.tracing.is_some(),
+            tracestate: false,
+        }
+    }
+
+    /// The fields owned for a request in `trace`: its `tracestate` too
+    /// when the trace starts here.
+    pub fn for_trace(self, trace: Option<&crate::trace::TraceContext>) -> Self {
+        Owned {
+            tracestate: trace.is_some_and(|t| t.parent_id == 0),
+            ..self
         }
     }
 
@@ -192,6 +206,7 @@ impl<'a> Owned<'a> {
             || same(self.request_id_header)
             || (!self.trust_forwarded_for && same("forwarded"))
             || (self.traceparent && same("traceparent"))
+            || (self.tracestate && same("tracestate"))
             || CLIENT_ADDRESS_FIELDS.iter().any(|f| same(f))
             || look_alike("content-length")
             || look_alike("transfer-encoding")
@@ -470,6 +485,7 @@ mod tests {
                 request_id_header: "x-request-id",
                 trust_forwarded_for: trust,
                 traceparent: false,
+                tracestate: false,
             },
             tenant: "acme",
             request_id: "ours",

@@ -30,7 +30,9 @@ impl Gateway {
         req: &RequestView<'r>,
         ctx: &mut RequestCtx,
     ) -> Result<&'r str, Refusal> {
-        ctx.trace = self.control.tracer.start(req.values("traceparent"));
+        if self.control.tracer.is_on() {
+            ctx.trace = self.control.tracer.start(req.values("traceparent"));
+        }
         let ids = &self.control.config.request_id;
         if ids.trust_incoming {
             let incoming = req.header(ids.header.as_str());
@@ -284,29 +286,39 @@ impl Gateway {
     }
 
     /// An upstream attempt starts (both transports): counted and, with
-    /// tracing, given a span of its own: the first attempt's was made with
-    /// the trace (the head the fast transport writes before it carries
-    /// it), a retry's is new.
+    /// tracing, given a span of its own: the first attempt's ID was made
+    /// with the trace (the head the fast transport writes before it
+    /// carries it), a retry's is new.
     pub(crate) fn attempt_started(&self, ctx: &mut RequestCtx) {
         ctx.attempts += 1;
         let Some(trace) = &mut ctx.trace else {
             return;
         };
-        let started = match ctx.attempts {
-            1 => ctx.started,
-            _ => {
-                trace.attempt_id = crate::trace::new_span_id();
-                std::time::Instant::now()
-            }
-        };
+        if ctx.attempts > 1 {
+            trace.attempt_id = crate::trace::new_span_id();
+        }
         if trace.sampled {
             ctx.attempt_spans.push(AttemptSpan {
                 id: trace.attempt_id,
-                started,
+                started: std::time::Instant::now(),
                 ended: None,
                 shard: ctx.shard.as_ref().map(|s| s.id().clone()),
                 failure: None,
+                status: None,
             });
+        }
+    }
+
+    /// The current attempt's shard answered with `status` (its head; an
+    /// interim 1xx is not the answer).
+    pub(crate) fn attempt_answered(&self, ctx: &mut RequestCtx, status: u16) {
+        if let Some(attempt) = ctx.attempt_spans.last_mut() {
+            if attempt.ended.is_none()
+                && attempt.status.is_none()
+                && (status >= 200 || status == 101)
+            {
+                attempt.status = Some(status);
+            }
         }
     }
 
