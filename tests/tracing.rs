@@ -47,6 +47,7 @@ fn spans_reach_the_collector_with_the_trace_the_shard_saw() {
     let r = gw
         .send("GET /shop/cart?id=7 HTTP/1.1\r\nHost: acme.localhost\r\nConnection: close\r\n\r\n");
     assert_eq!(r.status, 200);
+    let mut ids = vec![r.header("x-request-id").unwrap_or_default().to_string()];
     let (trace_id, parent, flags) = seen_traceparent(&a);
     assert_eq!(flags, "01");
     let spans = otlp.trace(&trace_id, 2);
@@ -89,6 +90,7 @@ fn spans_reach_the_collector_with_the_trace_the_shard_saw() {
          tracestate: vendor=abc\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"
     ));
     assert_eq!(r.status, 200);
+    ids.push(r.header("x-request-id").unwrap_or_default().to_string());
     let (trace_id, parent, flags) = seen_traceparent(&a);
     assert_eq!(
         (trace_id.as_str(), flags.as_str()),
@@ -113,6 +115,7 @@ fn spans_reach_the_collector_with_the_trace_the_shard_saw() {
         "GET / HTTP/1.1\r\nHost: acme.localhost\r\ntraceparent: {unsampled}\r\nConnection: close\r\n\r\n"
     ));
     assert_eq!(r.status, 200);
+    ids.push(r.header("x-request-id").unwrap_or_default().to_string());
     let (trace_id, parent, flags) = seen_traceparent(&a);
     assert_eq!(trace_id, "0af7651916cd43dd8448eb211c80319c");
     assert_eq!(flags, "00");
@@ -123,6 +126,7 @@ fn spans_reach_the_collector_with_the_trace_the_shard_saw() {
          traceparent: 00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01\r\nConnection: close\r\n\r\n",
     );
     assert_eq!(r.status, 200);
+    ids.push(r.header("x-request-id").unwrap_or_default().to_string());
     let (fresh, _, _) = seen_traceparent(&a);
     assert_ne!(fresh, "4bf92f3577b34da6a3ce929d0e0e4736");
     // A new trace: the caller's tracestate (of another trace) is dropped.
@@ -130,6 +134,7 @@ fn spans_reach_the_collector_with_the_trace_the_shard_saw() {
         "GET / HTTP/1.1\r\nHost: acme.localhost\r\ntracestate: vendor=abc\r\nConnection: close\r\n\r\n",
     );
     assert_eq!(r.status, 200);
+    ids.push(r.header("x-request-id").unwrap_or_default().to_string());
     let seen = a.requests().last().cloned().expect("forwarded");
     assert_eq!(seen.header("tracestate"), None, "{:?}", seen.headers);
     // A refusal is traced too: no shard, no attempt.
@@ -138,6 +143,7 @@ fn spans_reach_the_collector_with_the_trace_the_shard_saw() {
         "11111111111111111111111111111111"
     ));
     assert_eq!(r.status, 404);
+    ids.push(r.header("x-request-id").unwrap_or_default().to_string());
     let refused = otlp.trace("11111111111111111111111111111111", 1);
     assert_eq!(refused.len(), 1, "{refused:#?}");
     assert_eq!(refused[0].attr("http.response.status_code"), Some("404"));
@@ -160,14 +166,19 @@ fn spans_reach_the_collector_with_the_trace_the_shard_saw() {
             .collect()
     };
     assert!(eventually(Duration::from_secs(5), || lines().len() >= 6));
-    let traces: Vec<String> = lines()
-        .iter()
-        .map(|l| l["trace_id"].as_str().unwrap_or("null").to_string())
-        .collect();
-    assert_eq!(traces[1], "4bf92f3577b34da6a3ce929d0e0e4736", "{traces:?}");
-    assert_eq!(traces[2], "0af7651916cd43dd8448eb211c80319c");
-    assert_eq!(traces[3], fresh);
-    assert_eq!(traces[5], "11111111111111111111111111111111");
+    // Each line's trace, found by its request's ID (lines are written as
+    // requests end, not necessarily in the order they were sent).
+    let trace_of = |id: &str| -> String {
+        let lines = lines();
+        let line = lines.iter().find(|l| l["request_id"] == id);
+        let line = line.unwrap_or_else(|| panic!("no line for {id}: {lines:?}"));
+        line["trace_id"].as_str().unwrap_or("null").to_string()
+    };
+    assert_eq!(ids.len(), 6);
+    assert_eq!(trace_of(&ids[1]), "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(trace_of(&ids[2]), "0af7651916cd43dd8448eb211c80319c");
+    assert_eq!(trace_of(&ids[3]), fresh);
+    assert_eq!(trace_of(&ids[5]), "11111111111111111111111111111111");
     let text = metrics_reaching(gw.admin_port, "shardgate_trace_spans_exported_total", 9);
     assert_eq!(
         metric_value(&text, "shardgate_trace_spans_dropped_total"),
@@ -362,4 +373,37 @@ fn a_full_export_queue_drops_and_counts_what_does_not_fit() {
     eprintln!("{dropped} of 10 000 spans dropped");
     assert!(dropped >= 10_000 - 8_192, "{dropped} dropped");
     drop(hung);
+}
+
+#[test]
+fn an_attempt_the_client_ends_is_marked_so() {
+    use std::io::Write;
+    let otlp = OtlpReceiver::start();
+    let a = Backend::start("a");
+    let gw = Gateway::start(&config(
+        &[("a", a.url())],
+        &format!(
+            "limits: {{ body_timeout_ms: 300 }}\n{}",
+            tracing(&otlp.endpoint(), 1.0)
+        ),
+    ));
+    // A body that stalls halfway: the shard has the head, never the rest.
+    let trace = "22222222222222222222222222222222";
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", gw.port)).expect("connect");
+    stream
+        .write_all(
+            format!(
+                "POST / HTTP/1.1\r\nHost: acme.localhost\r\ntraceparent: 00-{trace}-00f067aa0ba902b7-01\r\n\
+                 Content-Length: 100\r\n\r\nonly-a-little"
+            )
+            .as_bytes(),
+        )
+        .expect("send");
+    let mut reader = std::io::BufReader::new(stream);
+    let _ = read_response(&mut reader);
+    let spans = otlp.trace(trace, 2);
+    let attempt = spans.iter().find(|s| s.kind == 3).expect("an attempt span");
+    assert_eq!(attempt.attr("error.type"), Some("client"), "{spans:#?}");
+    assert_eq!(attempt.status, 2);
+    assert_eq!(attempt.attr("http.response.status_code"), None);
 }

@@ -504,6 +504,11 @@ impl ProxyHttp for Gateway {
             Verdict::None if client_reused => Some(AttemptFailure::Stale),
             Verdict::None => Some(AttemptFailure::Reset),
         };
+        if failure.is_none() && !ctx.headers_received && *e.esource() == ErrorSource::Downstream {
+            // The client went away, stalled or was refused (its body)
+            // before the shard answered.
+            self.attempt_failed(ctx, "client");
+        }
         let retry = failure.is_some_and(|failure| self.follow(session, ctx, failure));
         e.set_retry(retry);
         e

@@ -179,7 +179,7 @@ impl Exporting {
             .with_http()
             .with_http_client(Blocking {
                 counts: Arc::clone(&counts),
-                addresses: Mutex::new(None),
+                lookups: Arc::default(),
             })
             .with_endpoint(config.traces_url.clone())
             .with_protocol(Protocol::HttpBinary)
@@ -248,8 +248,16 @@ impl Exporting {
 #[derive(Debug)]
 struct Blocking {
     counts: Arc<Counts>,
-    /// The collector's addresses, looked up at most every [`LOOKUP_EVERY`].
-    addresses: Mutex<Option<(Instant, Vec<SocketAddr>)>>,
+    lookups: Arc<Lookups>,
+}
+
+/// The collector's addresses, looked up again after [`LOOKUP_EVERY`]; the
+/// last ones found stay in use while a lookup runs or fails.
+#[derive(Debug, Default)]
+struct Lookups {
+    found: Mutex<Option<(Instant, Vec<SocketAddr>)>>,
+    /// A lookup's thread runs (one at a time).
+    running: AtomicBool,
 }
 
 /// How long a collector's looked-up addresses are used.
@@ -272,6 +280,10 @@ impl Blocking {
     /// The collector's addresses: an IP as it is, a name looked up on a
     /// thread of its own so that a hung resolver costs this export its
     /// deadline, not the resolver's timeout (one lookup at a time).
+    ///
+    /// A lookup that outlives its export still fills the cache for the
+    /// next one; the last addresses found serve while a lookup runs,
+    /// fails or is late.
     fn addresses(
         &self,
         host: &str,
@@ -281,35 +293,47 @@ impl Blocking {
         if let Ok(ip) = host.parse::<std::net::IpAddr>() {
             return Ok(vec![SocketAddr::new(ip, port)]);
         }
-        if let Some((at, addrs)) = &*self.addresses.lock() {
-            if at.elapsed() < LOOKUP_EVERY && !addrs.is_empty() {
+        let known = self.lookups.found.lock().clone();
+        if let Some((at, addrs)) = &known {
+            if at.elapsed() < LOOKUP_EVERY {
                 return Ok(addrs.clone());
             }
         }
-        static LOOKING: AtomicBool = AtomicBool::new(false);
-        if LOOKING.swap(true, Ordering::AcqRel) {
-            return Err("the collector's name is still being looked up".into());
+        let stale = |why: String| -> Result<Vec<SocketAddr>, HttpError> {
+            match &known {
+                Some((_, addrs)) => Ok(addrs.clone()),
+                None => Err(why.into()),
+            }
+        };
+        if self.lookups.running.swap(true, Ordering::AcqRel) {
+            return stale("the collector's name is being looked up".into());
         }
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let name = host.to_string();
+        let (name, lookups) = (host.to_string(), Arc::clone(&self.lookups));
         let spawned = std::thread::Builder::new()
             .name("shardgate-otlp-dns".into())
             .spawn(move || {
-                let found = (name.as_str(), port).to_socket_addrs().map(Vec::from_iter);
-                LOOKING.store(false, Ordering::Release);
+                let found = (name.as_str(), port).to_socket_addrs();
+                let found = found.map(Vec::from_iter).map_err(|e| e.to_string());
+                if let Ok(addrs) = &found {
+                    if !addrs.is_empty() {
+                        *lookups.found.lock() = Some((Instant::now(), addrs.clone()));
+                    }
+                }
+                lookups.running.store(false, Ordering::Release);
                 let _ = tx.send(found);
             });
         if let Err(e) = spawned {
-            LOOKING.store(false, Ordering::Release);
-            return Err(e.into());
+            self.lookups.running.store(false, Ordering::Release);
+            return stale(e.to_string());
         }
         let wait = deadline.saturating_duration_since(Instant::now());
-        let addrs = match rx.recv_timeout(wait) {
-            Ok(found) => found?,
-            Err(_) => return Err("the collector's name was not looked up in time".into()),
-        };
-        *self.addresses.lock() = Some((Instant::now(), addrs.clone()));
-        Ok(addrs)
+        match rx.recv_timeout(wait) {
+            Ok(Ok(addrs)) if !addrs.is_empty() => Ok(addrs),
+            Ok(Ok(_)) => stale("the collector's name has no address".into()),
+            Ok(Err(e)) => stale(e),
+            Err(_) => stale("the collector's name was not looked up in time".into()),
+        }
     }
 
     /// POSTs `request` on a connection of its own, before `deadline`.
@@ -363,10 +387,15 @@ impl Blocking {
         }
         head.push_str("\r\n");
         // Each write within what is left (a socket's timeout is per call).
-        for bytes in [head.as_bytes(), &request.body()[..]] {
-            for piece in bytes.chunks(64 * 1024) {
+        for mut rest in [head.as_bytes(), &request.body()[..]] {
+            while !rest.is_empty() {
                 stream.set_write_timeout(Some(left()?))?;
-                stream.write_all(piece)?;
+                match stream.write(rest) {
+                    Ok(0) => return Err("the collector closed the connection".into()),
+                    Ok(n) => rest = &rest[n..],
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e.into()),
+                }
             }
         }
         read_answer(&mut stream, left)
@@ -384,11 +413,23 @@ fn read_answer(
     let mut buf = [0u8; 4096];
     // Bytes after an interim answer are parsed before reading more.
     let mut unparsed = false;
+    // The final answer's status, once its head is in: all the exporter
+    // needs, if the body never ends.
+    let mut status = None;
     loop {
         let mut n = 1;
         if !std::mem::take(&mut unparsed) {
-            stream.set_read_timeout(Some(left()?))?;
-            n = stream.read(&mut buf)?;
+            let read = left()
+                .map_err(HttpError::from)
+                .and_then(|wait| Ok(stream.set_read_timeout(Some(wait))?))
+                .and_then(|()| Ok(stream.read(&mut buf)?));
+            n = match (read, status) {
+                (Ok(n), _) => n,
+                (Err(_), Some(code)) => {
+                    return Ok(Response::builder().status(code).body(Bytes::new())?)
+                }
+                (Err(e), None) => return Err(e),
+            };
             got.extend_from_slice(&buf[..n]);
         }
         let mut fields = [httparse::EMPTY_HEADER; 64];
@@ -396,7 +437,7 @@ fn read_answer(
         match parsed.parse(&got)? {
             httparse::Status::Complete(head_len) => {
                 let code = parsed.code.unwrap_or(0);
-                if (100..200).contains(&code) {
+                if (100..200).contains(&code) && code != 101 {
                     got.drain(..head_len);
                     unparsed = !got.is_empty();
                     continue;
@@ -409,15 +450,18 @@ fn read_answer(
                 let length = field("content-length").and_then(|v| v.trim().parse::<usize>().ok());
                 let chunked = field("transfer-encoding")
                     .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+                status = Some(code);
                 let body = &got[head_len..];
-                let whole = match (length, chunked) {
-                    (Some(length), _) => body.len() >= length,
-                    // Its content is not needed (an empty body says all
-                    // was accepted; a partial success is rare): the last
-                    // chunk ends it.
-                    (None, true) => body.ends_with(b"0\r\n\r\n"),
-                    (None, false) => n == 0,
-                };
+                let bodiless = matches!(code, 101 | 204 | 304);
+                let whole = bodiless
+                    || match (length, chunked) {
+                        (Some(length), _) => body.len() >= length,
+                        // Its content is not needed (an empty body says all
+                        // was accepted; a partial success is rare): the last
+                        // chunk ends it.
+                        (None, true) => body.ends_with(b"0\r\n\r\n"),
+                        (None, false) => n == 0,
+                    };
                 if whole || n == 0 || body.len() >= MAX_ANSWER {
                     let body = match chunked {
                         true => Bytes::new(),
@@ -518,7 +562,12 @@ mod tests {
         let started = Instant::now();
         assert!(answer_to(b"SSH-2.0-OpenSSH\r\n\r\n").is_err());
         assert!(answer_to(b"HTTP/1.1 200 OK\r\nContent-Le").is_err());
-        assert!(answer_to(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nok").is_err());
+        // A body that never ends: the status, once the deadline comes.
+        assert_eq!(
+            answer_to(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nok"),
+            Ok((200, 0))
+        );
+        assert_eq!(answer_to(b"HTTP/1.1 204 No Content\r\n\r\n"), Ok((204, 0)));
         assert!(started.elapsed() < Duration::from_secs(3));
     }
 

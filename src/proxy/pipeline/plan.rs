@@ -55,12 +55,17 @@ impl Gateway {
         match check {
             RequestCheck::Proceed => {}
             RequestCheck::AddFields(add) => {
-                ctx.upstream_edit = self.checked_edit(UpstreamEdit {
-                    add,
-                    remove: vec![],
-                })
+                ctx.upstream_edit = self.checked_edit(
+                    ctx.trace.as_ref(),
+                    UpstreamEdit {
+                        add,
+                        remove: vec![],
+                    },
+                )
             }
-            RequestCheck::Edit(edit) => ctx.upstream_edit = self.checked_edit(edit),
+            RequestCheck::Edit(edit) => {
+                ctx.upstream_edit = self.checked_edit(ctx.trace.as_ref(), edit)
+            }
             RequestCheck::Refuse { status, body } => {
                 ctx.tenant = Some(resolved.tenant);
                 return Err(Refusal::custom(status, body));
@@ -365,8 +370,12 @@ impl Gateway {
     }
 
     /// The embedder's upstream edit without the fields it may not touch.
-    fn checked_edit(&self, mut edit: UpstreamEdit) -> UpstreamEdit {
-        let owned = Owned::of(&self.control.config);
+    fn checked_edit(
+        &self,
+        trace: Option<&crate::trace::TraceContext>,
+        mut edit: UpstreamEdit,
+    ) -> UpstreamEdit {
+        let owned = Owned::of(&self.control.config).for_trace(trace);
         let allowed = |name: &http::HeaderName| may_edit(name, owned);
         edit.add.retain(|(name, _)| allowed(name));
         edit.remove.retain(allowed);
