@@ -151,16 +151,7 @@ fn a_retried_request_keeps_one_id_over_its_attempts() {
         "health: { interval_ms: 60000 }\nretry: { attempts: 2 }\n",
     ));
     // A tenant placed on the resetter: its GET is reset there, retried on b.
-    let mut retried = None;
-    for t in 0..60 {
-        let before = resetter.received.load(std::sync::atomic::Ordering::SeqCst);
-        let r = gw.get(&format!("t{t}.localhost"), "/");
-        if resetter.received.load(std::sync::atomic::Ordering::SeqCst) > before {
-            retried = Some(r);
-            break;
-        }
-    }
-    let r = retried.expect("a tenant placed on the resetting shard");
+    let r = retried_after_a_reset(&gw, &resetter);
     assert_eq!(r.status, 200, "retried on b");
     let id = r.header("x-request-id").expect("an ID").to_string();
     let seen = b.requests().last().cloned().expect("retried to b");

@@ -198,16 +198,7 @@ fn a_retry_is_a_second_attempt_span_in_one_trace() {
             tracing(&otlp.endpoint(), 1.0)
         ),
     ));
-    let mut retried = None;
-    for t in 0..60 {
-        let before = resetter.received.load(std::sync::atomic::Ordering::SeqCst);
-        let r = gw.get(&format!("t{t}.localhost"), "/");
-        if resetter.received.load(std::sync::atomic::Ordering::SeqCst) > before {
-            retried = Some(r);
-            break;
-        }
-    }
-    let r = retried.expect("a tenant placed on the resetting shard");
+    let r = retried_after_a_reset(&gw, &resetter);
     assert_eq!(r.status, 200, "retried on b");
     let (trace_id, parent, _) = seen_traceparent(&b);
     let spans = otlp.trace(&trace_id, 3);

@@ -323,12 +323,33 @@ impl Finished<'_> {
             )
         };
         let name = span_name(s.method);
+        // A span of this trace: its ID and kind, its parent (the caller's
+        // is remote: the server span's parent other than 0), its times.
+        let span = |(id, kind): (u64, SpanKind),
+                    parent: u64,
+                    (start, end): (Instant, Instant),
+                    attributes: Vec<KeyValue>,
+                    status: Status| SpanData {
+            span_context: context(id),
+            parent_span_id: SpanId::from_bytes(parent.to_be_bytes()),
+            parent_span_is_remote: kind == SpanKind::Server && parent != 0,
+            span_kind: kind,
+            name: name.clone(),
+            start_time: at(start),
+            end_time: at(end),
+            attributes,
+            dropped_attributes_count: 0,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+            status,
+            instrumentation_scope: scope.clone(),
+        };
         let mut attributes = vec![
             KeyValue::new("http.request.method", s.method.to_string()),
             KeyValue::new("shardgate.request_id", s.request_id.to_string()),
             KeyValue::new("shardgate.attempts", i64::from(s.attempts)),
             KeyValue::new("network.protocol.version", protocol_version(s.protocol)),
-            KeyValue::new("url.path", path_of(&s.target.to_string()).to_string()),
+            KeyValue::new("url.path", path_of(&s.target.to_string())),
         ];
         if s.status != 0 {
             attributes.push(KeyValue::new(
@@ -367,21 +388,13 @@ impl Finished<'_> {
             false => Status::Unset,
         };
         let mut spans = Vec::with_capacity(1 + self.attempts.len());
-        spans.push(SpanData {
-            span_context: context(self.trace.span_id),
-            parent_span_id: SpanId::from_bytes(self.trace.parent_id.to_be_bytes()),
-            parent_span_is_remote: self.trace.parent_id != 0,
-            span_kind: SpanKind::Server,
-            name: name.clone(),
-            start_time: at(self.started),
-            end_time: at(self.ended),
+        spans.push(span(
+            (self.trace.span_id, SpanKind::Server),
+            self.trace.parent_id,
+            (self.started, self.ended),
             attributes,
-            dropped_attributes_count: 0,
-            events: SpanEvents::default(),
-            links: SpanLinks::default(),
             status,
-            instrumentation_scope: scope.clone(),
-        });
+        ));
         for (n, attempt) in self.attempts.iter().enumerate() {
             let mut attributes = vec![
                 KeyValue::new("http.request.method", s.method.to_string()),
@@ -406,21 +419,13 @@ impl Finished<'_> {
                     }
                 }
             };
-            spans.push(SpanData {
-                span_context: context(attempt.id),
-                parent_span_id: SpanId::from_bytes(self.trace.span_id.to_be_bytes()),
-                parent_span_is_remote: false,
-                span_kind: SpanKind::Client,
-                name: name.clone(),
-                start_time: at(attempt.started),
-                end_time: at(attempt.ended.unwrap_or(self.ended)),
+            spans.push(span(
+                (attempt.id, SpanKind::Client),
+                self.trace.span_id,
+                (attempt.started, attempt.ended.unwrap_or(self.ended)),
                 attributes,
-                dropped_attributes_count: 0,
-                events: SpanEvents::default(),
-                links: SpanLinks::default(),
                 status,
-                instrumentation_scope: scope.clone(),
-            });
+            ));
         }
         spans
     }
@@ -444,16 +449,13 @@ fn protocol_version(protocol: &'static str) -> &'static str {
 }
 
 /// A target's path: without its query, and without the scheme and
-/// authority of an absolute-form target.
-fn path_of(target: &str) -> &str {
-    let path = match target.find("://") {
-        Some(i) => {
-            let rest = &target[i + 3..];
-            rest.find('/').map_or("/", |j| &rest[j..])
-        }
-        None => target,
-    };
-    path.split('?').next().unwrap_or(path)
+/// authority of an absolute-form target (the head reader's rule; a target
+/// it does not read is cut at its query only).
+fn path_of(target: &str) -> String {
+    match crate::proxy::pipeline::message::request_target(target) {
+        Some(t) => t.path().to_string(),
+        None => target.split('?').next().unwrap_or(target).to_string(),
+    }
 }
 
 #[cfg(test)]

@@ -1598,3 +1598,16 @@ pub fn traceparent_parts(value: &str) -> (String, String, String) {
     assert_eq!(parts[0], "00", "{value}");
     (parts[1].into(), parts[2].into(), parts[3].into())
 }
+
+/// The answer to a GET for the first tenant `gw` places on `resetter` (its
+/// request reset there, then retried elsewhere).
+pub fn retried_after_a_reset(gw: &Gateway, resetter: &Resetter) -> Response {
+    for t in 0..60 {
+        let before = resetter.received.load(Ordering::SeqCst);
+        let r = gw.get(&format!("t{t}.localhost"), "/");
+        if resetter.received.load(Ordering::SeqCst) > before {
+            return r;
+        }
+    }
+    panic!("no tenant placed on the resetting shard");
+}
