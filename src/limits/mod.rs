@@ -347,7 +347,9 @@ impl Limits {
             // Redis down (local-share): the cap divided by the nodes last
             // seen alive, i.e. this node's admissions counted N times.
             Some(_) if !shared.redis_up() => entry.active() * shared.nodes_alive() as u64,
-            Some(_) => entry.active() + shared.others_active(entry.id()),
+            Some(_) => entry
+                .active()
+                .saturating_add(shared.others_active(entry.id())),
         };
         let n = shared.nodes_alive();
         // No lease yet, or one given back: the next request opens one. So

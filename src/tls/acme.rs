@@ -291,19 +291,18 @@ impl AcmeService {
             Err(()) => return false,
         };
         let now = unix_now();
-        let waiting = failure.retry_at > now;
+        let left = backoff_left(failure.retry_at, now);
         self.edge.acme.set(
             host,
             HostStatus {
                 state: "failed",
                 failures: failure.failures,
                 last_error: Some(failure.last_error),
-                retry_at: Some(failure.retry_at),
-                retry_instant: waiting
-                    .then(|| Instant::now() + Duration::from_secs(failure.retry_at - now)),
+                retry_at: Some(failure.retry_at.min(now + MAX_BACKOFF.as_secs())),
+                retry_instant: left.map(|left| Instant::now() + left),
             },
         );
-        !waiting
+        left.is_none()
     }
 
     /// The first host that needs a certificate now, if any; hosts ACME no
@@ -421,7 +420,7 @@ impl AcmeService {
                 log::warn!("ACME: order for {host} failed ({e}); next try in {wait:?}");
                 if let Some(redis) = shared {
                     let failure = SharedFailure {
-                        failures: failures + 1,
+                        failures: failures.saturating_add(1),
                         last_error: e.clone(),
                         retry_at: unix_now() + wait.as_secs(),
                     };
@@ -431,7 +430,7 @@ impl AcmeService {
                     host,
                     HostStatus {
                         state: "failed",
-                        failures: failures + 1,
+                        failures: failures.saturating_add(1),
                         last_error: Some(e),
                         retry_at: Some(unix_now() + wait.as_secs()),
                         retry_instant: Some(Instant::now() + wait),
@@ -602,8 +601,31 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
     write().map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// How long a shared backoff ending at `retry_at` (unix seconds, read
+/// from Redis) still holds at `now`: `None` once over. No node writes a
+/// wait longer than [`MAX_BACKOFF`], so a longer one (a corrupt or hostile
+/// value) is cut to it rather than trusted, or overflowing an `Instant`.
+fn backoff_left(retry_at: u64, now: u64) -> Option<Duration> {
+    (retry_at > now).then(|| Duration::from_secs(retry_at - now).min(MAX_BACKOFF))
+}
+
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_backoff_from_redis_never_overflows_and_never_outlasts_the_longest_wait() {
+        assert_eq!(backoff_left(100, 100), None);
+        assert_eq!(backoff_left(90, 100), None);
+        assert_eq!(backoff_left(160, 100), Some(Duration::from_secs(60)));
+        // A value no node writes: cut to the longest backoff, no panic.
+        assert_eq!(backoff_left(u64::MAX, 100), Some(MAX_BACKOFF));
+        let _ = Instant::now() + backoff_left(u64::MAX, 0).unwrap_or_default();
+    }
 }
