@@ -629,13 +629,8 @@ fn wide_suffix() -> String {
 #[test]
 fn hosts_beyond_rfc_1035_bounds_are_refused_on_http1_and_http2() {
     use std::process::Command;
-    use tokio_rustls::rustls;
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("cert");
     let dir = tempfile::tempdir().expect("dir");
-    let (crt, key) = (dir.path().join("edge.crt"), dir.path().join("edge.key"));
-    std::fs::write(&crt, cert.cert.pem()).expect("crt");
-    std::fs::write(&key, cert.key_pair.serialize_pem()).expect("key");
+    let (_, crt, key) = self_signed_files(dir.path());
     let backend = RawBackend::start();
     let tls_port = free_port();
     let gw = Gateway::start(&format!(
@@ -764,9 +759,11 @@ fn a_head_dribbled_one_byte_per_write_is_scanned_once() {
         seen[0].header("x-long").map(|v| v.len()),
         Some(filler.len())
     );
-    // Scanned once, the head costs the gateway what 120 000 reads of a
-    // byte cost (a fraction of a second); parsed again from its first
-    // byte on each read, it cost n²/2 bytes of parsing: many seconds.
+    // Scanned once, the head costs the gateway what its reads cost (0.17 s
+    // measured, debug binary). The bound is loose on purpose: bytes that
+    // pile up while the gateway parses coalesce into fewer reads, so
+    // re-parsing on each read shows here only as ~2x with a client paced
+    // at 30 µs a byte (the scanner's unit tests count the parses).
     assert!(used < 300, "{used} ticks of CPU for one head");
 }
 
