@@ -295,12 +295,8 @@ fn a_client_that_leaves_after_one_byte_more_frees_its_admission() {
 #[test]
 fn a_client_that_leaves_a_tls_listener_frees_its_admission() {
     use tokio_rustls::rustls;
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("cert");
     let dir = tempfile::tempdir().expect("dir");
-    let (crt, key) = (dir.path().join("edge.crt"), dir.path().join("edge.key"));
-    std::fs::write(&crt, cert.cert.pem()).expect("crt");
-    std::fs::write(&key, cert.key_pair.serialize_pem()).expect("key");
+    let (cert, crt, key) = self_signed_files(dir.path());
     let shard = slow_shard();
     let yaml = config_yaml(
         &format!(

@@ -184,3 +184,85 @@ fn forgetting_changes_no_decision() {
         );
     }
 }
+
+mod common;
+
+/// The resident memory of a process, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn invented_tenants_with_long_names_are_refused_and_hold_no_memory() {
+    use common::{exchange, Gateway, RawBackend};
+    use std::time::Duration;
+    let backend = RawBackend::start();
+    // Buckets that never refill: a tenant, once seen, is never forgotten
+    // as idle (only the table's bound would).
+    let gw = Gateway::start(&format!(
+        "listen: [{{ addr: \"127.0.0.1:{{port}}\" }}]\nadmin: {{ addr: \"127.0.0.1:{{admin}}\" }}\nstate: false\n\
+         shards:\n  - {{ id: raw, url: \"{}\" }}\ndomains:\n  fallback_suffix: .localhost\n\
+         limits: {{ rate: {{ tokens: 5, refill_per_second: 0 }} }}\nlog: {{ access: off }}\n",
+        backend.url()
+    ));
+    // 4 000 bytes: one label, or labels of 63 (the first one the tenant).
+    let name = |i: usize| {
+        let id = format!("t{i:07}");
+        match i % 2 {
+            0 => format!("{id}{}", "a".repeat(4000 - id.len())),
+            _ => {
+                let label = format!("{id}{}", "b".repeat(63 - id.len()));
+                let mut name = vec![label.as_str(); 4000 / 64].join(".");
+                name.push_str(&".c".repeat((4000 - name.len()) / 2));
+                name
+            }
+        }
+    };
+    let port = gw.port;
+    let wave = |n: usize| {
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+                    for i in (t..5_000).step_by(8) {
+                        let raw = format!(
+                            "GET / HTTP/1.1\r\nHost: {}.localhost\r\nConnection: close\r\n\r\n",
+                            name(n * 5_000 + i)
+                        );
+                        let (got, _) = exchange(port, raw.as_bytes(), Duration::from_secs(2));
+                        *statuses
+                            .entry(got.first().copied().unwrap_or(0))
+                            .or_default() += 1;
+                    }
+                    statuses
+                })
+            })
+            .collect();
+        let mut all = std::collections::BTreeMap::<u16, usize>::new();
+        for t in threads {
+            for (status, count) in t.join().expect("wave") {
+                *all.entry(status).or_default() += count;
+            }
+        }
+        all
+    };
+    let mut rss = Vec::new();
+    for n in 0..4 {
+        let statuses = wave(n);
+        rss.push(rss_kib(gw.pid()));
+        eprintln!("wave {n}: {statuses:?}, RSS {} KiB", rss[n]);
+        assert_eq!(statuses.get(&400), Some(&5_000), "wave {n}: {statuses:?}");
+    }
+    assert!(backend.seen().is_empty());
+    // From the first wave on (the allocator warm), flat.
+    let grown = rss[3].saturating_sub(rss[0]);
+    assert!(
+        grown < 8 * 1024,
+        "RSS grew {grown} KiB over 15 000 invented tenants"
+    );
+}

@@ -204,7 +204,9 @@ where
             Ok(Some(head)) => head,
             Ok(None) => return None,
             Err(e) => {
-                self.refuse(&mut stream, &buf, e).await;
+                // Boxed, as the rest: its state (the answer's write, the
+                // lingering read) would sit in every silent connection's.
+                Box::pin(self.refuse(&mut stream, &buf, e)).await;
                 return None;
             }
         };

@@ -9,7 +9,9 @@
 
 use super::pipeline::fields::websocket_handshake;
 use super::pipeline::framing::Framing;
-use super::pipeline::message::{check_authority, check_framing, check_request_line, Refused};
+use super::pipeline::message::{
+    check_authority, check_framing, check_handshake, check_request_line, Refused,
+};
 use bytes::BytesMut;
 use pingora::protocols::Stream;
 use pingora::server::ShutdownWatch;
@@ -17,7 +19,7 @@ use smallvec::SmallVec;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::time::Duration;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// The limits a request head must respect.
 #[derive(Clone, Copy, Debug)]
@@ -118,6 +120,7 @@ pub async fn read_head(
 ) -> Result<Option<Head>, HeadFailure> {
     let mut deadline =
         (!buf.is_empty()).then(|| tokio::time::Instant::now() + limits.header_timeout);
+    let mut scan = Scan::default();
     loop {
         // Once a byte came, the deadline is set: the head began before it
         // by the timeout.
@@ -127,7 +130,7 @@ pub async fn read_head(
             });
             Err(HeadFailure { error, began })
         };
-        if !buf.is_empty() {
+        if scan.due(buf, limits.max_header_bytes) {
             match parse(buf, limits) {
                 Parsed::Complete(head) => return Ok(Some(head)),
                 Parsed::Refused(refused) => return failed(HeadError::Refused(refused)),
@@ -138,17 +141,10 @@ pub async fn read_head(
                 Parsed::Partial => {}
             }
         }
-        // Room to read into: 4 KiB for a head's start, doubled while a
-        // longer head comes in. (1 KiB, as nginx's first header buffer,
-        // saved 3 KiB per silent socket but split a head and its small
-        // body over two reads: 1.5x the CPU per 1 KiB POST.)
-        if buf.capacity() - buf.len() < HEAD_READ {
-            buf.reserve(buf.len().max(HEAD_READ));
-        }
         let wait = match (deadline, shutdown.as_deref_mut()) {
-            (Some(d), _) => tokio::time::timeout_at(d, stream.read_buf(buf)).await,
+            (Some(d), _) => tokio::time::timeout_at(d, read_some(stream, buf)).await,
             (None, None) => {
-                tokio::time::timeout(limits.keepalive_timeout, stream.read_buf(buf)).await
+                tokio::time::timeout(limits.keepalive_timeout, read_some(stream, buf)).await
             }
             // Idle between requests: closed at once when shutdown starts,
             // as Pingora closes its idle keep-alive connections.
@@ -156,7 +152,7 @@ pub async fn read_head(
                 if *watch.borrow() {
                     return Ok(None);
                 }
-                let read = tokio::time::timeout(limits.keepalive_timeout, stream.read_buf(buf));
+                let read = tokio::time::timeout(limits.keepalive_timeout, read_some(stream, buf));
                 tokio::select! {
                     wait = read => wait,
                     _ = watch.changed() => return Ok(None),
@@ -172,6 +168,37 @@ pub async fn read_head(
             }
         }
     }
+}
+
+/// Reads what the client sends next into `buf`. Room to read into: 4 KiB
+/// for a head's start, doubled while a longer head comes in. (1 KiB, as
+/// nginx's first header buffer, split a head and its small body over two
+/// reads: 1.5x the CPU per 1 KiB POST.) An empty `buf` holds no room while
+/// the client is silent: the first bytes are read onto the stack (the
+/// array lives only during a poll, not in the waiting future) and copied
+/// into a buffer made when they came, so that a silent or idle connection
+/// holds no read buffer (nor the block the last request's bytes shared).
+async fn read_some(stream: &mut Stream, buf: &mut BytesMut) -> std::io::Result<usize> {
+    use std::task::{ready, Poll};
+    if buf.is_empty() {
+        *buf = BytesMut::new();
+        return std::future::poll_fn(|cx| {
+            let mut scratch = [MaybeUninit::<u8>::uninit(); HEAD_READ];
+            let mut read = tokio::io::ReadBuf::uninit(&mut scratch);
+            ready!(std::pin::Pin::new(&mut *stream).poll_read(cx, &mut read))?;
+            let n = read.filled().len();
+            if n > 0 {
+                buf.reserve(HEAD_READ);
+                buf.extend_from_slice(read.filled());
+            }
+            Poll::Ready(Ok(n))
+        })
+        .await;
+    }
+    if buf.capacity() - buf.len() < HEAD_READ {
+        buf.reserve(buf.len().max(HEAD_READ));
+    }
+    stream.read_buf(buf).await
 }
 
 // A parse's outcome, returned and matched at once, never kept: the size of
@@ -231,14 +258,10 @@ fn parse(buf: &[u8], limits: &HeadLimits) -> Parsed {
                     check_authority(method, target, values("host"))
                 })
                 .and_then(|()| check_framing(fields, http10, limits.max_body_bytes))
-            {
-                // After a switch of protocols (a WebSocket), everything the
-                // client sends is the tunnel's.
-                Ok(_) if websocket => Parsed::Complete(Head {
-                    len,
-                    body: Framing::UntilClose,
-                    layout: Layout::of(buf, &req),
-                }),
+                .and_then(|body| match websocket {
+                    true => check_handshake(body),
+                    false => Ok(body),
+                }) {
                 Ok(body) => Parsed::Complete(Head {
                     len,
                     body,
@@ -272,13 +295,112 @@ fn parse(buf: &[u8], limits: &HeadLimits) -> Parsed {
 
 /// Where a head ends: just past its blank line (CRLF CRLF, or bare LFs).
 fn head_end(buf: &[u8]) -> Option<usize> {
-    let crlf = buf
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|at| at + 4);
-    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|at| at + 2);
-    match (crlf, lf) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
+    Scan::default().end(buf)
+}
+
+/// The search for the end of a head arriving in pieces, kept between
+/// reads: each byte is looked at once however many reads the head takes
+/// (re-parsing it whole on each read costs n²/2 for a head dribbled a
+/// byte per segment), and httparse runs only when it may answer.
+#[derive(Default)]
+struct Scan {
+    /// Where the request begins (past the empty lines RFC 9112 §2.2 lets
+    /// precede it), once a byte of it came.
+    start: Option<usize>,
+    /// Where the search resumes: no blank line begins before it.
+    next: usize,
+    /// The buffer's length when httparse last read it.
+    parsed: usize,
+}
+
+impl Scan {
+    /// Whether to parse `buf` (what it held at the last call, and more)
+    /// now: its blank line came, or it outgrew `max` (431, or whatever
+    /// else httparse sees), or it doubled since the last parse. The last
+    /// rule answers a head httparse refuses before its end (a TLS hello
+    /// on a plain port, a bad field name) at once, as before, for at most
+    /// twice the bytes in parsing.
+    fn due(&mut self, buf: &[u8], max: usize) -> bool {
+        let due = !buf.is_empty()
+            && (self.end(buf).is_some() || buf.len() > max || buf.len() >= 2 * self.parsed);
+        if due {
+            self.parsed = buf.len();
+        }
+        due
+    }
+
+    /// Just past the blank line that ends the head in `buf`, if it came:
+    /// a line feed, then another one, maybe after a carriage return (as
+    /// httparse reads line ends).
+    fn end(&mut self, buf: &[u8]) -> Option<usize> {
+        let start = match self.start {
+            Some(start) => start,
+            None => {
+                let from = self.next.min(buf.len());
+                let Some(at) = buf[from..].iter().position(|b| *b != b'\r' && *b != b'\n') else {
+                    self.next = buf.len();
+                    return None;
+                };
+                *self.start.insert(from + at)
+            }
+        };
+        let from = self.next.max(start).min(buf.len());
+        let found = buf[from..]
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| **b == b'\n')
+            .find_map(|(i, _)| match &buf[from + i + 1..] {
+                [b'\n', ..] => Some(from + i + 2),
+                [b'\r', b'\n', ..] => Some(from + i + 3),
+                _ => None,
+            });
+        // A blank line may straddle the next read: its first two bytes
+        // are looked at again.
+        self.next = match found {
+            Some(end) => end,
+            None => buf.len().saturating_sub(2).max(start),
+        };
+        found
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_head_arriving_a_byte_at_a_time_ends_at_its_blank_line() {
+        for head in [
+            "GET / HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET / HTTP/1.1\nHost: a\n\n",
+            "GET / HTTP/1.1\r\nHost: a\r\n\n",
+            "GET / HTTP/1.1\nHost: a\n\r\n",
+            "\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n",
+            "\n\nGET / HTTP/1.1\n\n",
+        ] {
+            let bytes = format!("{head}GET /next HTTP/1.1\r\n\r\n").into_bytes();
+            let mut scan = Scan::default();
+            for n in 0..head.len() {
+                assert_eq!(scan.end(&bytes[..n]), None, "{head:?} at {n}");
+            }
+            assert_eq!(scan.end(&bytes[..head.len()]), Some(head.len()), "{head:?}");
+            assert_eq!(head_end(&bytes), Some(head.len()), "{head:?}");
+        }
+        assert_eq!(head_end(b"\r\n\r\n\r\n"), None, "empty lines are no head");
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: a\r\n"), None);
+    }
+
+    #[test]
+    fn a_head_dribbled_a_byte_at_a_time_is_parsed_a_few_times_only() {
+        let head = format!("GET / HTTP/1.1\r\nX-Long: {}\r\n\r\n", "a".repeat(100_000));
+        let (mut scan, mut parses, mut parsed, mut last) = (Scan::default(), 0, 0, 0);
+        for n in 1..=head.len() {
+            if scan.due(&head.as_bytes()[..n], 131_072) {
+                (parses, parsed, last) = (parses + 1, parsed + n, n);
+            }
+        }
+        assert!(parses <= 20, "{parses} parses");
+        assert!(parsed <= 3 * head.len(), "{parsed} bytes parsed");
+        assert_eq!(last, head.len(), "parsed once whole");
     }
 }

@@ -11,6 +11,7 @@
 //! its certificate, or whose other half is missing is logged, listed among
 //! the errors and skipped; the rest keep serving.
 
+use crate::proxy::pipeline::message::check_host;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use rustls::pki_types::pem::PemObject;
@@ -381,7 +382,9 @@ impl std::fmt::Debug for CertStore {
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.0.resolve(hello.server_name())
+        // A name the host rule refuses is no name: the default's.
+        let sni = hello.server_name().filter(|name| check_host(name).is_ok());
+        self.0.resolve(sni)
     }
 }
 

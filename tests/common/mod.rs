@@ -373,6 +373,19 @@ pub fn tls_acceptor() -> (tokio_rustls::TlsAcceptor, String) {
     (tokio_rustls::TlsAcceptor::from(Arc::new(config)), ca_pem)
 }
 
+/// A fresh self-signed certificate for `localhost`, and its files in
+/// `dir` (`edge.crt`, `edge.key`) for a `tls: { cert, key }` listener.
+pub fn self_signed_files(
+    dir: &std::path::Path,
+) -> (rcgen::CertifiedKey, std::path::PathBuf, std::path::PathBuf) {
+    let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("cert");
+    let (crt, key) = (dir.join("edge.crt"), dir.join("edge.key"));
+    std::fs::write(&crt, cert.cert.pem()).expect("crt");
+    std::fs::write(&key, cert.key_pair.serialize_pem()).expect("key");
+    (cert, crt, key)
+}
+
 /// An HTTPS backend with a fresh self-signed certificate for 127.0.0.1;
 /// `ca_pem` is the certificate to trust.
 pub struct TlsBackend {

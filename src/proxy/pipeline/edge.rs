@@ -3,7 +3,7 @@
 //! plain listeners, and the `redirect_https` listeners' 308.
 
 use super::answer::Refusal;
-use super::message::{request_target, Target};
+use super::message::{check_host, host_name, request_target, Target};
 use crate::tls::Edge;
 
 /// Where ACME's HTTP-01 validation looks (RFC 8555 §8.3).
@@ -70,9 +70,8 @@ pub fn edge_answer(head: &[u8], redirect: Option<u16>, edge: &Edge) -> Option<Ed
         None => (host, "/".into()),
     };
     let name = host
-        .and_then(|h| http::uri::Authority::try_from(h).ok())
-        .filter(|a| !a.as_str().contains('@'))
-        .map(|a| a.host().to_ascii_lowercase());
+        .and_then(|h| check_host(h).ok())
+        .map(|h| host_name(h).to_ascii_lowercase());
     let Some(name) = name.filter(|n| !n.is_empty()) else {
         return Some(bad_host(head_only));
     };

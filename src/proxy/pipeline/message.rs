@@ -13,7 +13,11 @@
 //!   a server that does not understand a coding responds 501), and any
 //!   `Transfer-Encoding` on HTTP/1.0 is 400 (§6.1: faulty framing);
 //! - a `Content-Length` that is not a number, or several that differ, is
-//!   400 (§6.3); one larger than `limits.max_body_bytes` is 413 at once.
+//!   400 (§6.3); one larger than `limits.max_body_bytes` is 413 at once;
+//! - a WebSocket handshake that declares a body (a `Content-Length` other
+//!   than 0, or any `Transfer-Encoding`) is 400 (DESIGN §2 step 5: were
+//!   it kept, a shard that declines the upgrade would leave the body on
+//!   the connection, to be read as the client's next request).
 //!
 //! Every refusal here closes the connection: what follows the head cannot
 //! be framed (or is not wanted).
@@ -80,11 +84,14 @@ pub fn declared_length(value: &[u8]) -> Option<u64> {
         .max()
 }
 
-/// Checks what a head says of its authority: no `CONNECT` (405), at most
-/// one `Host` (RFC 9112 §3.2), no user info in it or in an absolute-form
-/// target. Pingora's proxy answers such a head itself before any of its
+/// Checks what a head says of its authority: no `CONNECT` (405), a target
+/// [`request_target`] reads (400), at most one `Host` (RFC 9112 §3.2),
+/// and the host rule ([`check_host`]) for a
+/// `Host` and an absolute-form target's authority. Pingora's proxy
+/// answers a head with user info in its host itself before any of its
 /// phases (no request ID, no log line); refused here, every transport
-/// answers it the same way.
+/// answers it the same way. (An empty or missing host is the planner's
+/// to refuse: it knows whether an authority stands in for it.)
 pub fn check_authority<'a>(
     method: &str,
     target: &str,
@@ -93,22 +100,80 @@ pub fn check_authority<'a>(
     if method == "CONNECT" {
         return Err(refused(405, "method-not-allowed"));
     }
-    match (hosts.next(), hosts.next()) {
+    // Origin, asterisk or absolute form (an authority form is CONNECT's).
+    let Some(target) = request_target(target) else {
+        return Err(refused(400, "invalid-target"));
+    };
+    let host = match (hosts.next(), hosts.next()) {
         (_, Some(_)) => return Err(refused(400, "duplicate-host")),
-        (Some(host), None) if host.contains(&b'@') => return Err(refused(400, "invalid-host")),
-        _ => {}
-    }
-    if !target.starts_with('/') {
-        let after_scheme = target.split_once("://").map_or("", |(_, rest)| rest);
-        let authority = after_scheme
-            .split(['/', '?', '#'])
-            .next()
-            .unwrap_or_default();
-        if authority.contains('@') {
-            return Err(refused(400, "invalid-host"));
+        (host, None) => host.unwrap_or_default(),
+    };
+    let authority = target.authority.unwrap_or_default();
+    for name in [host, authority.as_bytes()] {
+        if !name.is_empty() {
+            let name = std::str::from_utf8(name).map_err(|_| refused(400, "invalid-host"))?;
+            check_host(name).map_err(|code| refused(400, code))?;
         }
     }
     Ok(())
+}
+
+/// The longest host name (RFC 1035 §2.3.4: 255 bytes on the wire, 253 as
+/// text), and the longest label in one. Beyond them a name is no DNS name
+/// and no tenant: refused before any table sees it, so that what a table
+/// holds per name is bounded in bytes.
+pub const MAX_HOST_NAME: usize = 253;
+pub const MAX_HOST_LABEL: usize = 63;
+
+/// The host rule, the one every transport and protocol asks (a `Host`, an
+/// absolute-form target's authority, an HTTP/2 `:authority`, the edge's
+/// redirect, SNI): a valid authority (no spaces, no user info, no path),
+/// its name at most [`MAX_HOST_NAME`] bytes (a final dot aside, port
+/// excluded) with no label over [`MAX_HOST_LABEL`]. Returns the host as
+/// given, or the refusal's code.
+pub fn check_host(host: &str) -> Result<&str, &'static str> {
+    let name = host_name(host);
+    let name = name.strip_suffix('.').unwrap_or(name);
+    if name.len() > MAX_HOST_NAME || name.split('.').any(|l| l.len() > MAX_HOST_LABEL) {
+        return Err("invalid-host");
+    }
+    // A name of letters, digits, `.` and `-`, with a port of digits or
+    // none (nearly every host), is one without parsing it as a URI.
+    let (plain, port) = match host.rsplit_once(':') {
+        Some((plain, port)) => (plain, Some(port)),
+        None => (host, None),
+    };
+    let plain_name = !plain.is_empty()
+        && plain
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-');
+    let plain_port = port.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 5
+            && p.bytes().all(|b| b.is_ascii_digit())
+            && p.parse::<u16>().is_ok()
+    });
+    if plain_name && plain_port {
+        return Ok(host);
+    }
+    match http::uri::Authority::try_from(host) {
+        Ok(a) if !a.as_str().contains('@') => Ok(host),
+        _ => Err("invalid-host"),
+    }
+}
+
+/// The name of an authority, without its port: `a.example:8080` →
+/// `a.example`, `[::1]:80` → `[::1]` (as `http::uri::Authority::host`).
+pub fn host_name(authority: &str) -> &str {
+    if authority.starts_with('[') {
+        return match authority.find(']') {
+            Some(end) => &authority[..=end],
+            None => authority,
+        };
+    }
+    authority
+        .rsplit_once(':')
+        .map_or(authority, |(name, _)| name)
 }
 
 /// Checks the framing fields of a parsed head (`fields` as (name, value),
@@ -164,6 +229,16 @@ pub fn check_framing<'a>(
         return Err(refused(501, "unsupported-transfer-coding"));
     }
     Ok(Framing::chunked())
+}
+
+/// The framing of a WebSocket handshake whose fields framed its body as
+/// `body`: a handshake carries none, and after the switch of protocols
+/// everything the client sends is the tunnel's.
+pub fn check_handshake(body: Framing) -> Result<Framing, Refused> {
+    match body {
+        Framing::Length(0) => Ok(Framing::UntilClose),
+        _ => Err(refused(400, "body-in-websocket-handshake")),
+    }
 }
 
 /// A request target as RFC 9112 §3.2 reads it.
@@ -235,6 +310,13 @@ mod tests {
         assert_eq!(check("GET", "/", &["u@a"]), bad("invalid-host"));
         assert_eq!(check("GET", "http://u@a/", &["a"]), bad("invalid-host"));
         assert_eq!(check("GET", "HTTP://u:p@a", &[]), bad("invalid-host"));
+        for target in ["a:443", "ftp://a/x", "x"] {
+            assert_eq!(
+                check("GET", target, &["a"]),
+                bad("invalid-target"),
+                "{target}"
+            );
+        }
         for (target, hosts) in [
             ("/", &["a"][..]),
             ("/p@th?q=a@b", &["a"]),
@@ -245,6 +327,94 @@ mod tests {
             ("/", &[]),
         ] {
             assert_eq!(check("GET", target, hosts), Ok(()), "{target}");
+        }
+    }
+
+    #[test]
+    fn plain_hosts_are_taken_as_the_uri_parser_takes_them() {
+        for host in [
+            "a.example",
+            "A-1.example:8080",
+            "127.0.0.1",
+            "x:0",
+            "x:65535",
+            "x:65536",
+            "x:080",
+            "x:",
+            ":80",
+            "a b",
+            "a@b",
+            "[::1]:80",
+            "a/b",
+            "a%20b",
+            "a_b.example",
+            "a..b",
+            "-a",
+            "a:b",
+            "a:8080:1",
+            "\u{e9}.example",
+        ] {
+            let parsed = http::uri::Authority::try_from(host)
+                .ok()
+                .filter(|a| !a.as_str().contains('@'))
+                .map(|_| host);
+            assert_eq!(check_host(host).ok(), parsed, "{host:?}");
+        }
+    }
+
+    #[test]
+    fn host_names_are_bounded_as_rfc_1035_bounds_them() {
+        let label = |n| "a".repeat(n);
+        let name = |labels: usize, last: usize| {
+            let mut parts = vec![label(63); labels];
+            parts.push(label(last));
+            parts.join(".")
+        };
+        // 3 labels of 63, a last one of 61, 3 dots: 253 bytes.
+        let longest = name(3, 61);
+        assert_eq!(longest.len(), 253);
+        for ok in [
+            longest.clone(),
+            format!("{longest}:8080"),
+            format!("{longest}."),
+            label(63),
+        ] {
+            assert!(check_host(&ok).is_ok(), "{} bytes", ok.len());
+        }
+        for bad in [
+            name(3, 62),
+            format!("{}:8080", name(3, 62)),
+            label(64),
+            format!("{}.example", label(64)),
+            label(4000),
+        ] {
+            assert_eq!(check_host(&bad), Err("invalid-host"), "{} bytes", bad.len());
+        }
+        let check =
+            |target, host: &str| check_authority("GET", target, [host.as_bytes()].into_iter());
+        assert!(check("/", &longest).is_ok());
+        assert_eq!(
+            check("/", &label(64)).map_err(|r| r.code),
+            Err("invalid-host")
+        );
+        let absolute = format!("http://{}/", label(64));
+        assert_eq!(
+            check(&absolute, "a").map_err(|r| r.code),
+            Err("invalid-host")
+        );
+        assert_eq!(host_name("[::1]:80"), "[::1]");
+        assert_eq!(host_name("a.example:80"), "a.example");
+        assert_eq!(host_name("a.example"), "a.example");
+    }
+
+    #[test]
+    fn a_websocket_handshake_carries_no_body() {
+        assert!(matches!(
+            check_handshake(Framing::Length(0)),
+            Ok(Framing::UntilClose)
+        ));
+        for body in [Framing::Length(45), Framing::chunked()] {
+            assert_eq!(check_handshake(body).err().map(|r| r.status), Some(400));
         }
     }
 
