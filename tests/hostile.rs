@@ -699,7 +699,7 @@ fn hosts_beyond_rfc_1035_bounds_are_refused_on_http1_and_http2() {
 }
 
 #[test]
-fn channel_ids_over_128_bytes_are_refused() {
+fn channel_ids_over_128_bytes_or_sent_twice_are_refused() {
     let backend = RawBackend::start();
     let gw = gateway(&backend, "routing: { channel_header: x-channel-id }\n");
     let ask = |channel: &str| {
@@ -715,6 +715,11 @@ fn channel_ids_over_128_bytes_are_refused() {
         assert_eq!(status, 400, "{n} bytes: {text:?}");
         assert!(text.contains("invalid-channel"), "{text:?}");
     }
+    // Routed by one, the app reading the other: the channel split.
+    let raw = "GET / HTTP/1.1\r\nHost: t.localhost\r\nX-Channel-Id: room1\r\nx-channel-id: room2\r\nConnection: close\r\n\r\n";
+    let (statuses, text) = exchange(gw.port, raw.as_bytes(), Duration::from_secs(2));
+    assert_eq!(statuses, [400], "{text:?}");
+    assert!(text.contains("invalid-channel"), "{text:?}");
     assert_eq!(backend.seen().len(), 1);
 }
 

@@ -94,14 +94,16 @@ impl Gateway {
         }
         ctx.tenant = Some(resolved.tenant);
         ctx.route = self.routes.route_for(req.path);
-        let channel = self
-            .control
-            .config
-            .routing
-            .channel_header
-            .as_ref()
-            .and_then(|name| req.header(name.as_str()));
+        let mut channels = (self.control.config.routing.channel_header.as_ref())
+            .map(|name| req.values(name.as_str()))
+            .into_iter()
+            .flatten();
+        let channel = channels.next();
+        // A second channel field: the app might read the other one and
+        // place the channel apart from where it was routed.
+        let repeated = channels.next().is_some();
         ctx.channel = match channel.map(std::str::from_utf8) {
+            _ if repeated => return Err(Refusal::error(400, "invalid-channel")),
             None | Some(Ok("")) => None,
             Some(Ok(channel)) if channel.len() <= MAX_CHANNEL && is_text(channel.as_bytes()) => {
                 Some(channel.to_string())
