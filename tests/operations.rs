@@ -532,6 +532,76 @@ fn state_survives_a_graceful_restart_and_a_kill_9() {
     assert_eq!(u, [200, 200, 429], "u had 2 tokens left");
 }
 
+/// A gateway whose state writes (of `dir/state.json`) crawl: 256 bytes
+/// every 60 ms (a debug-build knob), so a periodic write is in flight when
+/// a signal lands.
+fn start_with_slow_state(dir: &std::path::Path, shards: &[(&str, String)]) -> Gateway {
+    let state = dir.join("state.json").display().to_string();
+    std::env::set_var("SHARDGATE_TEST_SLOW_STATE_WRITE", format!("60:{state}"));
+    std::env::set_var("SHARDGATE_TEST_TOKEN", TOKEN);
+    Gateway::start(&config(shards, "").replace("{dir}/state.json", &state))
+}
+
+#[test]
+fn a_signal_during_a_state_write_leaves_a_whole_file_with_the_last_changes() {
+    let a = Backend::start("a");
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.json");
+    let names: Vec<String> = (0..12)
+        .map(|i| format!("a-rather-long-domain-name-number-{i}.example"))
+        .collect();
+    for (round, sig) in ["INT", "TERM", "INT", "TERM"].into_iter().enumerate() {
+        let mut gw = start_with_slow_state(dir.path(), &[("a", a.url())]);
+        for name in &names {
+            let put = admin(
+                &gw,
+                "PUT",
+                &format!("/v1/domains/{name}"),
+                Some("{\"tenant\":\"t\"}"),
+            );
+            assert_eq!(put.status, 200);
+        }
+        // A write that holds them all (slow: some 400 ms) is under way…
+        assert!(eventually(Duration::from_secs(20), || {
+            std::fs::read_to_string(&state).is_ok_and(|s| names.iter().all(|n| s.contains(n)))
+        }));
+        // …when they are deleted (the last write is shorter than the one in
+        // flight) and the signal lands.
+        for name in &names {
+            let deleted = admin(&gw, "DELETE", &format!("/v1/domains/{name}"), None);
+            assert_eq!(deleted.status, 200);
+        }
+        let marker = format!("round-{round}.example");
+        let put = admin(
+            &gw,
+            "PUT",
+            &format!("/v1/domains/{marker}"),
+            Some("{\"tenant\":\"t\"}"),
+        );
+        assert_eq!(put.status, 200);
+        gw.signal(sig);
+        assert!(gw.wait_exit(Duration::from_secs(30)), "SIG{sig}: exited");
+        let text = std::fs::read_to_string(&state).unwrap();
+        let parsed: Result<serde_json::Value, _> = serde_json::from_str(&text);
+        assert!(parsed.is_ok(), "SIG{sig}: a whole file, not {text:?}");
+        assert!(text.contains(&marker), "SIG{sig}: the last change kept");
+        assert!(
+            !names.iter().any(|n| text.contains(n)),
+            "SIG{sig}: the deletions kept"
+        );
+        let others: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.') || n.contains("corrupt"))
+            .collect();
+        assert!(
+            others.is_empty(),
+            "SIG{sig}: nothing left beside it: {others:?}"
+        );
+    }
+}
+
 #[test]
 fn a_corrupt_state_file_is_moved_aside_and_the_gateway_starts() {
     let a = Backend::start("a");
