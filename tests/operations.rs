@@ -1106,3 +1106,33 @@ fn a_tenants_plan_is_set_at_runtime_and_survives_a_restart() {
     let acme = admin(&gw, "GET", "/v1/tenants/acme", None).json();
     assert_eq!(acme["plan"], "pro", "after a restart: {acme}");
 }
+
+/// Route prefixes ignore ASCII case (Express, ASP.NET and IIS route
+/// `/API/Export` to `/api/export`'s handler), in the limits and in plans.
+#[test]
+fn a_route_bucket_holds_whatever_the_case_of_the_path() {
+    let a = Backend::start("a");
+    let gw = start(
+        &[("a", a.url())],
+        "limits:\n  routes:\n    /api/export: { tokens: 2, refill_per_second: 0.001 }\n\
+         plans:\n  pro: { routes: { /Reports: { tokens: 1, refill_per_second: 0.001 } } }\n\
+         tenants: { acme: pro }\n",
+    );
+    let get = |tenant: &str, path: &str| gw.get(&format!("{tenant}.localhost"), path);
+    for (tenant, path, status, bucket) in [
+        ("t", "/api/export", 200, ""),
+        ("t", "/API/Export", 200, ""),
+        ("t", "/Api/EXPORT/x", 429, "/api/export"),
+        ("t", "/api/exporter", 200, ""),
+        ("acme", "/reports/x", 200, ""),
+        ("acme", "/REPORTS", 429, "/Reports"),
+    ] {
+        let r = get(tenant, path);
+        assert_eq!(r.status, status, "{tenant} {path}: {}", r.text());
+        if status == 429 {
+            assert_eq!(r.json()["bucket"], bucket, "{path}");
+        }
+    }
+    let explained = admin(&gw, "GET", "/v1/route?tenant=acme&path=/rePorts/y", None).json();
+    assert_eq!(explained["bucket"], "/Reports", "{explained}");
+}
