@@ -1136,3 +1136,54 @@ fn a_route_bucket_holds_whatever_the_case_of_the_path() {
     let explained = admin(&gw, "GET", "/v1/route?tenant=acme&path=/rePorts/y", None).json();
     assert_eq!(explained["bucket"], "/Reports", "{explained}");
 }
+
+/// `/metrics` answers a Host that is an IP address or `localhost` (or the
+/// bearer token): a page whose name an attacker's DNS re-pointed at the
+/// admin listener (DNS rebinding) reads nothing. A token file others can
+/// read is reported at start.
+#[test]
+fn metrics_refuse_a_host_name_and_a_readable_token_file_is_reported() {
+    use std::os::unix::fs::PermissionsExt;
+    let a = Backend::start("a");
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("admin.token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let yaml = config(&[("a", a.url())], "").replace(
+        "token_env: SHARDGATE_TEST_TOKEN",
+        &format!("token_file: \"{}\"", token_file.display()),
+    );
+    let gw = Gateway::start(&yaml);
+    let scrape = |host: &str, auth: &str| {
+        let raw =
+            format!("GET /metrics HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n");
+        send_raw(gw.admin_port, raw.as_bytes()).status
+    };
+    let bearer = format!("Authorization: Bearer {TOKEN}\r\n");
+    assert_eq!(scrape("127.0.0.1", ""), 200);
+    assert_eq!(scrape("[::1]:9901", ""), 200);
+    assert_eq!(scrape("localhost", ""), 200);
+    assert_eq!(scrape("rebound.evil.example", ""), 403);
+    assert_eq!(
+        scrape(
+            "rebound.evil.example",
+            "Authorization: Bearer wrong-but-long-enough\r\n"
+        ),
+        403
+    );
+    assert_eq!(scrape("gateway.internal:9901", &bearer), 200);
+    assert_eq!(
+        admin(&gw, "GET", "/v1/shards", None).status,
+        200,
+        "the file's token"
+    );
+    let log = gw.log();
+    assert!(
+        log.contains("admin.token_file") && log.contains("chmod 600"),
+        "{log}"
+    );
+    // Mode 600: nothing to report.
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let quiet = Gateway::start(&yaml);
+    assert!(!quiet.log().contains("chmod 600"), "{}", quiet.log());
+}
