@@ -7,7 +7,7 @@
 //! unknown fields or ids answer 400/404 with a message, and nothing is half
 //! applied: each request is validated whole before it changes anything.
 
-use crate::config::AdminToken;
+use crate::config::{redact, AdminToken};
 use crate::control::{Control, PlanChangeError};
 use crate::limits::top;
 use crate::proxy::pipeline::routes::RoutePrefixes;
@@ -93,16 +93,6 @@ impl Reply {
             body: body.into_bytes(),
             content_type,
         }
-    }
-}
-
-/// A Redis URL without its password.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
-        }
-        _ => url.to_string(),
     }
 }
 

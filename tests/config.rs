@@ -313,7 +313,7 @@ fn a_short_admin_token_is_refused_and_no_secret_is_ever_printed() {
     std::fs::write(&secret_file, secret).unwrap();
     let text = format!(
         "{MINIMAL}admin: {{ addr: 0.0.0.0:9901, token_file: {} }}\n\
-         cluster: {{ redis: \"redis://127.0.0.1:6379\", secret_file: {} }}\n",
+         cluster: {{ redis: \"redis://:redis-password@127.0.0.1:6379\", secret_file: {} }}\n",
         token_file.display(),
         secret_file.display()
     );
@@ -323,4 +323,5 @@ fn a_short_admin_token_is_refused_and_no_secret_is_ever_printed() {
     let printed = format!("{c:?}");
     assert!(!printed.contains(token), "{printed}");
     assert!(!printed.contains(secret), "{printed}");
+    assert!(!printed.contains("redis-password"), "{printed}");
 }

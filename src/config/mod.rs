@@ -144,12 +144,35 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Printed (Debug) without the URLs' passwords.
+#[derive(Clone, PartialEq, Eq)]
 pub enum RedisTarget {
     /// One Redis server.
     Single(String),
     /// Seed nodes of a Redis Cluster.
     Cluster(Vec<String>),
+}
+
+impl std::fmt::Debug for RedisTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RedisTarget::Single(url) => f.debug_tuple("Single").field(&redact(url)).finish(),
+            RedisTarget::Cluster(urls) => {
+                let urls: Vec<String> = urls.iter().map(|u| redact(u)).collect();
+                f.debug_tuple("Cluster").field(&urls).finish()
+            }
+        }
+    }
+}
+
+/// A Redis URL without its password (or user): `redis://***@host`.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
 }
 
 /// What limits do while Redis cannot be reached.
