@@ -320,15 +320,15 @@ fn text_line(out: &mut String, s: &RequestSummary<'_>) {
         out,
         "{} {} {} tenant={} shard={} decision={} status={} duration_ms={:.3} attempts={} request_id={}",
         s.client,
-        s.method,
-        s.target,
-        s.tenant.unwrap_or("-"),
+        Capped(&s.method, MAX_FIELD_BYTES),
+        Capped(s.target, MAX_FIELD_BYTES),
+        Capped(&s.tenant.unwrap_or("-"), MAX_FIELD_BYTES),
         s.shard.map_or("-", |s| s.as_str()),
         s.decision.map_or("-", |d| d.as_str()),
         s.status,
         s.duration.as_secs_f64() * 1000.0,
         s.attempts,
-        s.request_id,
+        Capped(&s.request_id, MAX_FIELD_BYTES),
     );
 }
 
@@ -420,18 +420,69 @@ fn json_opt(out: &mut String, value: Option<&str>) {
     }
 }
 
-/// A value's text as a JSON string, escaped as it is written (no copy).
+/// A value's text as a JSON string, escaped as it is written (no copy),
+/// at most [`MAX_FIELD_BYTES`] of it.
 fn json_display(out: &mut String, value: &dyn std::fmt::Display) {
     out.push('"');
-    let _ = write!(Escaped(out), "{value}");
+    let _ = write!(Escaped(out), "{}", Capped(value, MAX_FIELD_BYTES));
     out.push('"');
 }
 
-/// A JSON string (the answers' escaping rule).
+/// A JSON string (the answers' escaping rule), at most
+/// [`MAX_FIELD_BYTES`] of it.
 fn json_str(out: &mut String, value: &str) {
-    out.push('"');
-    escape_json(out, value);
-    out.push('"');
+    json_display(out, &value);
+}
+
+/// The most a log line keeps of one field a client chose (its path, Host,
+/// tenant, method, request ID): a line, and the pending buffer, stay
+/// bounded in bytes whatever a client sends.
+pub const MAX_FIELD_BYTES: usize = 4096;
+
+/// What marks a value cut short.
+const CUT: &str = "…";
+
+/// A value shown with at most `.1` bytes of its text (cut on a character
+/// boundary), and [`CUT`] after it when cut: what a log line or a span
+/// keeps of a client's string.
+pub struct Capped<'a>(pub &'a dyn std::fmt::Display, pub usize);
+
+impl std::fmt::Display for Capped<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut bounded = Bounded {
+            out: &mut *f,
+            left: self.1,
+            cut: false,
+        };
+        write!(bounded, "{}", self.0)?;
+        match bounded.cut {
+            true => f.write_str(CUT),
+            false => Ok(()),
+        }
+    }
+}
+
+/// Passes at most `left` bytes on, whole characters only.
+struct Bounded<'a, 'f> {
+    out: &'a mut std::fmt::Formatter<'f>,
+    left: usize,
+    cut: bool,
+}
+
+impl std::fmt::Write for Bounded<'_, '_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        if s.len() <= self.left {
+            self.left -= s.len();
+            return self.out.write_str(s);
+        }
+        let mut end = self.left;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.left = 0;
+        self.cut = true;
+        self.out.write_str(&s[..end])
+    }
 }
 
 /// Writes into a JSON string's inside, escaping.
@@ -492,7 +543,7 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::routing::{Decision, ShardId};
 
@@ -584,5 +635,50 @@ mod tests {
         for field in ["shard", "decision", "tenant", "host"] {
             assert!(v[field].is_null(), "{field}");
         }
+    }
+
+    /// A summary whose every client-chosen string is `long`.
+    pub(crate) fn client_strings(long: &String) -> RequestSummary<'_> {
+        RequestSummary {
+            request_id: long,
+            client: &"127.0.0.1:5000",
+            method: long,
+            target: long,
+            host: Some(long),
+            tenant: Some(long),
+            shard: None,
+            decision: None,
+            status: 200,
+            duration: Duration::ZERO,
+            attempts: 1,
+            failure: None,
+            bytes_in: 0,
+            bytes_out: 0,
+            protocol: "HTTP/1.1",
+            trace_id: None,
+        }
+    }
+
+    #[test]
+    fn what_a_client_sent_is_kept_up_to_a_bound() {
+        let long = format!("/{}", "é".repeat(20_000));
+        let shown = Capped(&long, 1024).to_string();
+        assert!(shown.len() <= 1024 + CUT.len(), "{}", shown.len());
+        assert!(shown.ends_with(CUT) && long.starts_with(&shown[..shown.len() - CUT.len()]));
+        assert_eq!(Capped(&"/short", 1024).to_string(), "/short");
+        assert_eq!(Capped(&"/exact", 6).to_string(), "/exact");
+        let summary = client_strings(&long);
+        let mut line = String::new();
+        json_line(&mut line, &summary, None, UNIX_EPOCH);
+        let v: serde_json::Value = serde_json::from_str(&line).expect(&line);
+        for field in ["request_id", "method", "path", "host", "tenant"] {
+            let kept = v[field].as_str().expect(field);
+            assert!(kept.len() <= MAX_FIELD_BYTES + CUT.len(), "{field}");
+            assert!(kept.ends_with(CUT), "{field}");
+        }
+        assert!(line.len() < 6 * (MAX_FIELD_BYTES + 8), "{}", line.len());
+        let mut text = String::new();
+        text_line(&mut text, &summary);
+        assert!(text.len() < 5 * (MAX_FIELD_BYTES + 8), "{}", text.len());
     }
 }

@@ -1,10 +1,13 @@
 //! The admin API (DESIGN §2): JSON over HTTP on `admin.addr`. `/healthz`
-//! and `/metrics` are open; everything under `/v1/` needs
-//! `Authorization: Bearer <token>` (compared in constant time) unless no
-//! token is configured, which validation allows only on loopback. Bad JSON,
+//! is open, `/metrics` too for a `Host` that is an IP address or
+//! `localhost` (else it needs the token: DNS rebinding); everything under
+//! `/v1/` needs `Authorization: Bearer <token>` (compared digest to
+//! digest, in constant time) unless no token is configured, which
+//! validation allows only on loopback. Bad JSON,
 //! unknown fields or ids answer 400/404 with a message, and nothing is half
 //! applied: each request is validated whole before it changes anything.
 
+use crate::config::{redact, AdminToken};
 use crate::control::{Control, PlanChangeError};
 use crate::limits::top;
 use crate::proxy::pipeline::routes::RoutePrefixes;
@@ -93,16 +96,6 @@ impl Reply {
     }
 }
 
-/// A Redis URL without its password.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
-        }
-        _ => url.to_string(),
-    }
-}
-
 /// Without a token, `/v1/` answers only what cannot come from a web page
 /// of another site: the `Host` must name the loopback (not a name an
 /// attacker's DNS points at 127.0.0.1: DNS rebinding), and a browser's
@@ -111,17 +104,9 @@ fn redact(url: &str) -> String {
 /// `Authorization` header without a CORS preflight, which is never
 /// granted.)
 fn from_this_machine_not_another_site(req: &pingora::http::RequestHeader) -> bool {
-    let header = |name: &str| {
-        req.headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_ascii_lowercase)
-    };
+    let header = |name: &str| lowercase_header(req, name);
     let host = header("host").unwrap_or_default();
-    let name = match host.rsplit_once(':') {
-        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
-        _ => host.as_str(),
-    };
+    let name = host_name(&host);
     let loopback = name == "localhost"
         || name == "[::1]"
         || name
@@ -138,16 +123,42 @@ fn from_this_machine_not_another_site(req: &pingora::http::RequestHeader) -> boo
     loopback && same_site && same_origin
 }
 
-/// Constant-time comparison: every byte of the longer input is visited.
-fn same_token(given: &[u8], expected: &[u8]) -> bool {
-    let n = given.len().max(expected.len());
-    let mut diff = u8::from(given.len() != expected.len());
-    for i in 0..n {
-        let a = given.get(i).copied().unwrap_or(0);
-        let b = expected.get(i).copied().unwrap_or(0);
-        diff |= a ^ b;
+/// Whether the request's `Host` is an IP address or `localhost`: never a
+/// name, so never a page whose DNS an attacker re-pointed at this
+/// listener (DNS rebinding), which is how a browser would be made to read
+/// `/metrics` for another site. Scrapers address the listener by IP (or
+/// send the bearer token).
+fn host_is_an_address(req: &pingora::http::RequestHeader) -> bool {
+    let host = lowercase_header(req, "host").unwrap_or_default();
+    let name = host_name(&host);
+    let v6 = name
+        .strip_prefix('[')
+        .and_then(|n| n.strip_suffix(']'))
+        .is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok());
+    name == "localhost" || v6 || name.parse::<std::net::Ipv4Addr>().is_ok()
+}
+
+fn lowercase_header(req: &pingora::http::RequestHeader, name: &str) -> Option<String> {
+    (req.headers.get(name))
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_ascii_lowercase)
+}
+
+/// A `Host` value without its port.
+fn host_name(host: &str) -> &str {
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
     }
-    diff == 0
+}
+
+/// Whether the request carries `Authorization: Bearer <token>`.
+fn bears(req: &pingora::http::RequestHeader, token: &AdminToken) -> bool {
+    let header = (req.headers.get(http::header::AUTHORIZATION))
+        .map(|v| v.as_bytes())
+        .unwrap_or_default();
+    let given = header.strip_prefix(b"Bearer ").unwrap_or(b"");
+    token.matches(given)
 }
 
 /// `%XX` decoding of one path segment.
@@ -240,14 +251,14 @@ impl AdminApi {
             // machine could still be made to call it by another site.
             return from_this_machine_not_another_site(session.req_header());
         };
-        let header = session
-            .req_header()
-            .headers
-            .get(http::header::AUTHORIZATION)
-            .map(|v| v.as_bytes())
-            .unwrap_or_default();
-        let given = header.strip_prefix(b"Bearer ").unwrap_or(b"");
-        same_token(given, token.as_bytes())
+        bears(session.req_header(), token)
+    }
+
+    /// `/metrics` answers a `Host` that is an address, or the bearer token.
+    fn may_scrape(&self, session: &ServerSession) -> bool {
+        let req = session.req_header();
+        let token = self.control.config.admin.token.as_ref();
+        host_is_an_address(req) || token.is_some_and(|t| bears(req, t))
     }
 
     fn shards(&self) -> Value {
@@ -685,6 +696,10 @@ impl ServeHttp for AdminApi {
             (&Method::GET, "/ui/auth") => Reply::ok(json!({
                 "token_required": self.control.config.admin.token.is_some(),
             })),
+            (&Method::GET, "/metrics") if !self.may_scrape(session) => Reply::error(
+                StatusCode::FORBIDDEN,
+                "address this listener by IP or localhost, or send the bearer token",
+            ),
             (&Method::GET, "/metrics") => Reply::text(
                 StatusCode::OK,
                 crate::collector::render(&self.registry),
@@ -731,11 +746,43 @@ mod tests {
 
     #[test]
     fn tokens_compare_whole() {
-        assert!(same_token(b"secret", b"secret"));
-        assert!(!same_token(b"secre", b"secret"));
-        assert!(!same_token(b"secret!", b"secret"));
-        assert!(!same_token(b"", b"secret"));
-        assert!(!same_token(b"Secret", b"secret"));
+        let token = AdminToken::new(b"secret-of-16-bytes");
+        assert!(token.matches(b"secret-of-16-bytes"));
+        assert!(!token.matches(b"secret-of-16-byte"));
+        assert!(!token.matches(b"secret-of-16-bytes!"));
+        assert!(!token.matches(b""));
+        assert!(!token.matches(b"Secret-of-16-bytes"));
+        assert_eq!(format!("{token:?}"), "AdminToken(..)", "never printed");
+    }
+
+    #[test]
+    fn metrics_answer_an_address_not_a_name() {
+        let req = |host: Option<&str>| {
+            let mut r = pingora::http::RequestHeader::build("GET", b"/metrics", None).expect("req");
+            if let Some(host) = host {
+                r.insert_header("host", host).expect("header");
+            }
+            host_is_an_address(&r)
+        };
+        for host in [
+            "127.0.0.1:9901",
+            "10.0.0.5",
+            "[::1]:9901",
+            "[fd00::5]",
+            "LocalHost:1",
+        ] {
+            assert!(req(Some(host)), "{host}");
+        }
+        for host in [
+            "evil.example:9901",
+            "127.0.0.1.nip.io",
+            "[evil]",
+            "",
+            "localhost.evil",
+        ] {
+            assert!(!req(Some(host)), "{host}");
+        }
+        assert!(!req(None));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::proxy::head::HeadLimits;
 use crate::proxy::hooks::{DefaultHooks, GatewayHooks};
 use crate::proxy::wrap::{GatewayWrapper, Wrapped};
 use crate::proxy::Gateway;
-use crate::state::StateWriter;
+use crate::state::{StateFile, StateWriter};
 use async_trait::async_trait;
 use pingora::listeners::{L4BufferSettings, ListenerConfig};
 use pingora::server::configuration::{Opt, ServerConf};
@@ -55,6 +55,9 @@ pub fn server_conf(settings: &ServerSettings, retry_attempts: u32) -> ServerConf
 pub struct Shardgate {
     pub server: Server,
     pub control: Arc<Control>,
+    /// The state file, shared with its periodic writer so the last save
+    /// waits for one in flight.
+    state: Option<Arc<StateFile>>,
 }
 
 /// Builds a [`Shardgate`] server: the binary's (`Gateway` as the proxy) or
@@ -229,16 +232,17 @@ impl Builder {
             "shardgate dns",
             crate::dns::ShardResolver::new(Arc::clone(&control)),
         ));
-        if let Some(state) = &control.config.state {
+        let state = control.config.state.as_ref().map(|state| {
+            let file = Arc::new(StateFile::new(Arc::clone(&control), state.path.clone()));
             server.add_service(background_service(
                 "shardgate state",
                 StateWriter {
-                    control: Arc::clone(&control),
-                    path: state.path.clone(),
+                    file: Arc::clone(&file),
                     interval: state.interval,
                 },
             ));
-        }
+            file
+        });
         if let Some(store) = &control.edge.store {
             let report = store.reload();
             log::info!(
@@ -277,7 +281,11 @@ impl Builder {
                 StartTracing(Arc::clone(&control)),
             ));
         }
-        Ok(Shardgate { server, control })
+        Ok(Shardgate {
+            server,
+            control,
+            state,
+        })
     }
 }
 
@@ -306,10 +314,14 @@ impl Shardgate {
     /// Serves until told to stop (SIGTERM, SIGINT or SIGQUIT), writes the
     /// state file a last time, and exits.
     pub fn run(self) -> ! {
-        let Shardgate { server, control } = self;
+        let Shardgate {
+            server,
+            control,
+            state,
+        } = self;
         server.run(RunArgs::default());
-        if let Some(state) = &control.config.state {
-            crate::state::save(&control, &state.path);
+        if let Some(state) = &state {
+            state.save_last();
         }
         control.access_log.flush();
         control.tracer.shutdown(std::time::Duration::from_secs(2));

@@ -18,7 +18,8 @@ use pingora::services::background::BackgroundService;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The file's content.
@@ -88,25 +89,61 @@ pub fn apply(control: &Control, mut state: StateSnapshot) {
 }
 
 /// Writes `bytes` to `path` atomically: a temp file beside it, fsync,
-/// rename, fsync of the folder.
+/// rename, fsync of the folder. Each call has its own temp file (pid and a
+/// counter), so two writes can never mix their bytes in one file, and a
+/// failed write removes its own.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let tmp = dir.join(format!(
-        ".{}.tmp-{}",
+        ".{}.tmp-{}-{}",
         path.file_name().and_then(|n| n.to_str()).unwrap_or("state"),
-        std::process::id()
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
     ));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
+    let written = write_synced(&tmp, bytes, slowed_for_tests(path))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
     }
-    std::fs::rename(&tmp, path)?;
     std::fs::File::open(dir)?.sync_all()
+}
+
+/// Creates `tmp` (failing if it exists: it is this write's alone) with
+/// `bytes`, synced to disk.
+fn write_synced(tmp: &Path, bytes: &[u8], slow: Option<Duration>) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(tmp)?;
+    match slow {
+        None => f.write_all(bytes)?,
+        Some(pause) => {
+            for chunk in bytes.chunks(256) {
+                f.write_all(chunk)?;
+                std::thread::sleep(pause);
+            }
+        }
+    }
+    f.sync_all()
+}
+
+/// Debug builds only: `SHARDGATE_TEST_SLOW_STATE_WRITE=<ms>:<path>` makes
+/// writes of that one file pause `ms` after every 256 bytes, so a test can
+/// land a signal while a write is in flight. Release builds never read it.
+fn slowed_for_tests(path: &Path) -> Option<Duration> {
+    if !cfg!(debug_assertions) {
+        return None;
+    }
+    let knob = std::env::var("SHARDGATE_TEST_SLOW_STATE_WRITE").ok()?;
+    let (ms, slowed) = knob.split_once(':')?;
+    let ms = ms.parse::<u64>().ok()?.min(1_000);
+    (Path::new(slowed) == path).then(|| Duration::from_millis(ms))
 }
 
 /// What reading the state file found.
@@ -157,7 +194,8 @@ fn move_aside(path: &Path, why: &str) -> Loaded {
     Loaded::MovedAside(aside)
 }
 
-/// Saves the state now (logging, not failing, on error).
+/// Saves the state now (logging, not failing, on error). Callers that
+/// may run at once go through one [`StateFile`] instead.
 pub fn save(control: &Control, path: &Path) {
     let state = capture(control);
     match serde_json::to_vec(&state) {
@@ -170,11 +208,49 @@ pub fn save(control: &Control, path: &Path) {
     }
 }
 
+/// The state file of one server, written one save at a time: the last
+/// save at shutdown waits for a periodic one in flight (on SIGINT Pingora
+/// does not stop the background services before the last save runs), then
+/// captures the state after it, and no periodic save follows it.
+pub struct StateFile {
+    control: Arc<Control>,
+    path: PathBuf,
+    /// Held for a whole save, capture included; `true` once the last save
+    /// is done.
+    closed: Mutex<bool>,
+}
+
+impl StateFile {
+    pub fn new(control: Arc<Control>, path: PathBuf) -> StateFile {
+        StateFile {
+            control,
+            path,
+            closed: Mutex::new(false),
+        }
+    }
+
+    /// A periodic save; nothing once the last save is done.
+    pub fn save(&self) {
+        let closed = self.closed.lock().unwrap_or_else(|e| e.into_inner());
+        if !*closed {
+            save(&self.control, &self.path);
+        }
+    }
+
+    /// The save at shutdown: after any save in flight, and the last one.
+    pub fn save_last(&self) {
+        let mut closed = self.closed.lock().unwrap_or_else(|e| e.into_inner());
+        if !*closed {
+            save(&self.control, &self.path);
+            *closed = true;
+        }
+    }
+}
+
 /// The background service writing the state every interval and once more
 /// when shutdown starts.
 pub struct StateWriter {
-    pub control: Arc<Control>,
-    pub path: PathBuf,
+    pub file: Arc<StateFile>,
     pub interval: Duration,
 }
 
@@ -197,9 +273,9 @@ impl BackgroundService for StateWriter {
 
 impl StateWriter {
     async fn write(&self) {
-        let (control, path) = (Arc::clone(&self.control), self.path.clone());
+        let file = Arc::clone(&self.file);
         // fsync blocks: keep it off the runtime's worker threads.
-        let _ = tokio::task::spawn_blocking(move || save(&control, &path)).await;
+        let _ = tokio::task::spawn_blocking(move || file.save()).await;
     }
 }
 

@@ -279,3 +279,49 @@ fn the_tls_section_is_checked_field_by_field() {
         ""
     );
 }
+
+/// An admin token under 16 bytes is refused, naming where it came from;
+/// a token (and the cluster secret) never shows in the config's debug
+/// output.
+#[test]
+fn a_short_admin_token_is_refused_and_no_secret_is_ever_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let short = dir.path().join("short.token");
+    std::fs::write(&short, "fifteen-bytes!!\n").unwrap();
+    let text = format!(
+        "{MINIMAL}admin: {{ addr: 0.0.0.0:9901, token_file: {} }}\n",
+        short.display()
+    );
+    let errors = Config::parse(&text, None).expect_err("refused").0;
+    assert!(
+        errors.iter().any(|e| e.field == "admin.token_file"),
+        "{errors:?}"
+    );
+    std::env::set_var("SHARDGATE_CONFIG_SHORT_TOKEN", "short");
+    let text = format!(
+        "{MINIMAL}admin: {{ addr: 127.0.0.1:9901, token_env: SHARDGATE_CONFIG_SHORT_TOKEN }}\n"
+    );
+    let errors = Config::parse(&text, None).expect_err("refused").0;
+    assert!(
+        errors.iter().any(|e| e.field == "admin.token_env"),
+        "{errors:?}"
+    );
+    let token = "a-token-of-sixteen+-bytes";
+    let secret = "a-cluster-secret-of-at-least-32-bytes-long";
+    let (token_file, secret_file) = (dir.path().join("t"), dir.path().join("s"));
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    std::fs::write(&secret_file, secret).unwrap();
+    let text = format!(
+        "{MINIMAL}admin: {{ addr: 0.0.0.0:9901, token_file: {} }}\n\
+         cluster: {{ redis: \"redis://:redis-password@127.0.0.1:6379\", secret_file: {} }}\n",
+        token_file.display(),
+        secret_file.display()
+    );
+    let c = Config::parse(&text, None).unwrap_or_else(|e| panic!("{e}"));
+    let token_check = c.admin.token.as_ref().expect("a token");
+    assert!(token_check.matches(token.as_bytes()));
+    let printed = format!("{c:?}");
+    assert!(!printed.contains(token), "{printed}");
+    assert!(!printed.contains(secret), "{printed}");
+    assert!(!printed.contains("redis-password"), "{printed}");
+}

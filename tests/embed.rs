@@ -165,7 +165,7 @@ fn the_admin_api_answers_and_health_probes_bring_a_shard_back() {
         assert_eq!(gw.get("acme.localhost", "/").status, 200);
         let metrics = send_raw(
             gw.admin_port,
-            b"GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n",
+            b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
         );
         assert!(metrics.text().contains("shardgate_routes_total"));
     }

@@ -532,6 +532,76 @@ fn state_survives_a_graceful_restart_and_a_kill_9() {
     assert_eq!(u, [200, 200, 429], "u had 2 tokens left");
 }
 
+/// A gateway whose state writes (of `dir/state.json`) crawl: 256 bytes
+/// every 60 ms (a debug-build knob), so a periodic write is in flight when
+/// a signal lands.
+fn start_with_slow_state(dir: &std::path::Path, shards: &[(&str, String)]) -> Gateway {
+    let state = dir.join("state.json").display().to_string();
+    std::env::set_var("SHARDGATE_TEST_SLOW_STATE_WRITE", format!("60:{state}"));
+    std::env::set_var("SHARDGATE_TEST_TOKEN", TOKEN);
+    Gateway::start(&config(shards, "").replace("{dir}/state.json", &state))
+}
+
+#[test]
+fn a_signal_during_a_state_write_leaves_a_whole_file_with_the_last_changes() {
+    let a = Backend::start("a");
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.json");
+    let names: Vec<String> = (0..12)
+        .map(|i| format!("a-rather-long-domain-name-number-{i}.example"))
+        .collect();
+    for (round, sig) in ["INT", "TERM", "INT", "TERM"].into_iter().enumerate() {
+        let mut gw = start_with_slow_state(dir.path(), &[("a", a.url())]);
+        for name in &names {
+            let put = admin(
+                &gw,
+                "PUT",
+                &format!("/v1/domains/{name}"),
+                Some("{\"tenant\":\"t\"}"),
+            );
+            assert_eq!(put.status, 200);
+        }
+        // A write that holds them all (slow: some 400 ms) is under way…
+        assert!(eventually(Duration::from_secs(20), || {
+            std::fs::read_to_string(&state).is_ok_and(|s| names.iter().all(|n| s.contains(n)))
+        }));
+        // …when they are deleted (the last write is shorter than the one in
+        // flight) and the signal lands.
+        for name in &names {
+            let deleted = admin(&gw, "DELETE", &format!("/v1/domains/{name}"), None);
+            assert_eq!(deleted.status, 200);
+        }
+        let marker = format!("round-{round}.example");
+        let put = admin(
+            &gw,
+            "PUT",
+            &format!("/v1/domains/{marker}"),
+            Some("{\"tenant\":\"t\"}"),
+        );
+        assert_eq!(put.status, 200);
+        gw.signal(sig);
+        assert!(gw.wait_exit(Duration::from_secs(30)), "SIG{sig}: exited");
+        let text = std::fs::read_to_string(&state).unwrap();
+        let parsed: Result<serde_json::Value, _> = serde_json::from_str(&text);
+        assert!(parsed.is_ok(), "SIG{sig}: a whole file, not {text:?}");
+        assert!(text.contains(&marker), "SIG{sig}: the last change kept");
+        assert!(
+            !names.iter().any(|n| text.contains(n)),
+            "SIG{sig}: the deletions kept"
+        );
+        let others: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.') || n.contains("corrupt"))
+            .collect();
+        assert!(
+            others.is_empty(),
+            "SIG{sig}: nothing left beside it: {others:?}"
+        );
+    }
+}
+
 #[test]
 fn a_corrupt_state_file_is_moved_aside_and_the_gateway_starts() {
     let a = Backend::start("a");
@@ -1035,4 +1105,85 @@ fn a_tenants_plan_is_set_at_runtime_and_survives_a_restart() {
     gw.restart();
     let acme = admin(&gw, "GET", "/v1/tenants/acme", None).json();
     assert_eq!(acme["plan"], "pro", "after a restart: {acme}");
+}
+
+/// Route prefixes ignore ASCII case (Express, ASP.NET and IIS route
+/// `/API/Export` to `/api/export`'s handler), in the limits and in plans.
+#[test]
+fn a_route_bucket_holds_whatever_the_case_of_the_path() {
+    let a = Backend::start("a");
+    let gw = start(
+        &[("a", a.url())],
+        "limits:\n  routes:\n    /api/export: { tokens: 2, refill_per_second: 0.001 }\n\
+         plans:\n  pro: { routes: { /Reports: { tokens: 1, refill_per_second: 0.001 } } }\n\
+         tenants: { acme: pro }\n",
+    );
+    let get = |tenant: &str, path: &str| gw.get(&format!("{tenant}.localhost"), path);
+    for (tenant, path, status, bucket) in [
+        ("t", "/api/export", 200, ""),
+        ("t", "/API/Export", 200, ""),
+        ("t", "/Api/EXPORT/x", 429, "/api/export"),
+        ("t", "/api/exporter", 200, ""),
+        ("acme", "/reports/x", 200, ""),
+        ("acme", "/REPORTS", 429, "/Reports"),
+    ] {
+        let r = get(tenant, path);
+        assert_eq!(r.status, status, "{tenant} {path}: {}", r.text());
+        if status == 429 {
+            assert_eq!(r.json()["bucket"], bucket, "{path}");
+        }
+    }
+    let explained = admin(&gw, "GET", "/v1/route?tenant=acme&path=/rePorts/y", None).json();
+    assert_eq!(explained["bucket"], "/Reports", "{explained}");
+}
+
+/// `/metrics` answers a Host that is an IP address or `localhost` (or the
+/// bearer token): a page whose name an attacker's DNS re-pointed at the
+/// admin listener (DNS rebinding) reads nothing. A token file others can
+/// read is reported at start.
+#[test]
+fn metrics_refuse_a_host_name_and_a_readable_token_file_is_reported() {
+    use std::os::unix::fs::PermissionsExt;
+    let a = Backend::start("a");
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("admin.token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let yaml = config(&[("a", a.url())], "").replace(
+        "token_env: SHARDGATE_TEST_TOKEN",
+        &format!("token_file: \"{}\"", token_file.display()),
+    );
+    let gw = Gateway::start(&yaml);
+    let scrape = |host: &str, auth: &str| {
+        let raw =
+            format!("GET /metrics HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n");
+        send_raw(gw.admin_port, raw.as_bytes()).status
+    };
+    let bearer = format!("Authorization: Bearer {TOKEN}\r\n");
+    assert_eq!(scrape("127.0.0.1", ""), 200);
+    assert_eq!(scrape("[::1]:9901", ""), 200);
+    assert_eq!(scrape("localhost", ""), 200);
+    assert_eq!(scrape("rebound.evil.example", ""), 403);
+    assert_eq!(
+        scrape(
+            "rebound.evil.example",
+            "Authorization: Bearer wrong-but-long-enough\r\n"
+        ),
+        403
+    );
+    assert_eq!(scrape("gateway.internal:9901", &bearer), 200);
+    assert_eq!(
+        admin(&gw, "GET", "/v1/shards", None).status,
+        200,
+        "the file's token"
+    );
+    let log = gw.log();
+    assert!(
+        log.contains("admin.token_file") && log.contains("chmod 600"),
+        "{log}"
+    );
+    // Mode 600: nothing to report.
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let quiet = Gateway::start(&yaml);
+    assert!(!quiet.log().contains("chmod 600"), "{}", quiet.log());
 }

@@ -14,7 +14,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const TOKEN: &str = "page-test-token";
+const TOKEN: &str = "page-test-token-16b";
 
 /// A ChromeDriver process and one browser session in it.
 struct Browser {

@@ -371,6 +371,40 @@ fn restore_reset_detaches_guards_taken_before() {
     );
 }
 
+/// A tenant forgotten while this thread's cache still holds its entry is
+/// looked up in the table (it used to spin forever on the dead entry).
+#[test]
+fn a_forgotten_tenant_is_read_from_the_table_not_a_dead_cached_entry() {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let f = router_with(
+            shards(1),
+            Limits::new(Some(3), RateRule::new(5.0, 0.0), []),
+            |_| {},
+        );
+        let held = f.router.admit(&RouteRequest::new("t"));
+        assert!(held.is_allowed());
+        let mut snap = f.router.snapshot();
+        // Forgotten and put back (a restore), then forgotten for good.
+        f.router.restore(&snap, true);
+        let after_restore = f.router.tenant_active("t");
+        drop(held);
+        let explained = f.router.explain(&RouteRequest::new("t")).decision;
+        snap.tenants.clear();
+        f.router.restore(&snap, true);
+        let forgotten = f.router.tenant_active("t");
+        let settled = f.router.with_tenant("t", |_, _| ());
+        let _ = done.send((after_restore, explained, forgotten, settled));
+    });
+    let (after_restore, explained, forgotten, settled) = finished
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("returns (does not spin on a dead cached entry)");
+    assert_eq!(after_restore, 0, "the restored entry's count");
+    assert_eq!(explained, Decision::Allow);
+    assert_eq!(forgotten, 0);
+    assert_eq!(settled, None);
+}
+
 #[test]
 fn restore_makes_unknown_ids_known_but_not_routable() {
     let f = plain(1);

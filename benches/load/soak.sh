@@ -118,7 +118,7 @@ declare -A SHARD_REGION=([e1]=east [e2]=east [w1]=west [w2]=west)
 check_ports_free "$PLAIN" "$TLS" "$ADMIN" "${SHARD_PORT[@]}"
 REDIS=$(free_port)
 LIMIT_MS=$((KEEPALIVE_MS + 1000))
-TOKEN=soak-$RANDOM$RANDOM
+TOKEN=soak-token-$(date +%s)-$RANDOM$RANDOM
 REAL_HOSTS=shop.example.test,shop.example.test,shop.example.test,blog.example.test,api.example.test,docs.example.test
 
 lib_init

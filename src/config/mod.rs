@@ -144,12 +144,35 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Printed (Debug) without the URLs' passwords.
+#[derive(Clone, PartialEq, Eq)]
 pub enum RedisTarget {
     /// One Redis server.
     Single(String),
     /// Seed nodes of a Redis Cluster.
     Cluster(Vec<String>),
+}
+
+impl std::fmt::Debug for RedisTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RedisTarget::Single(url) => f.debug_tuple("Single").field(&redact(url)).finish(),
+            RedisTarget::Cluster(urls) => {
+                let urls: Vec<String> = urls.iter().map(|u| redact(u)).collect();
+                f.debug_tuple("Cluster").field(&urls).finish()
+            }
+        }
+    }
+}
+
+/// A Redis URL without its password (or user): `redis://***@host`.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
 }
 
 /// What limits do while Redis cannot be reached.
@@ -284,7 +307,41 @@ pub struct AcmeConfig {
 pub struct AdminConfig {
     pub addr: SocketAddr,
     /// `None`: only allowed on a loopback address, where `/v1/` is open.
-    pub token: Option<String>,
+    pub token: Option<AdminToken>,
+}
+
+/// The admin bearer token, kept only as its SHA-256 digest: never printed,
+/// and compared digest to digest, so the time a comparison takes says
+/// nothing of the token's length or bytes.
+#[derive(Clone)]
+pub struct AdminToken([u8; 32]);
+
+impl AdminToken {
+    /// The fewest bytes a token may have (validation refuses shorter).
+    pub const MIN_BYTES: usize = 16;
+
+    pub fn new(token: &[u8]) -> Self {
+        AdminToken(sha256(token))
+    }
+
+    /// Whether `given` is the token, in constant time.
+    pub fn matches(&self, given: &[u8]) -> bool {
+        let given = sha256(given);
+        let diff = (given.iter().zip(&self.0)).fold(0u8, |d, (a, b)| d | (a ^ b));
+        diff == 0
+    }
+}
+
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref());
+    out
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(..)")
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -581,6 +581,7 @@ fn check_cluster(c: &mut Checker<'_>, r: RawCluster) -> ClusterConfig {
     };
     let secret = r.secret_file.and_then(|path| match std::fs::read(&path) {
         Ok(bytes) if bytes.trim_ascii().len() >= 32 => {
+            warn_if_others_can_read("cluster.secret_file", &path);
             Some(super::Secret(bytes.trim_ascii().into()))
         }
         Ok(_) => {
@@ -881,14 +882,17 @@ fn check_admin(c: &mut Checker<'_>, admin: Option<RawAdmin>) -> AdminConfig {
             None
         }
         (Some(path), None) => match std::fs::read_to_string(path) {
-            Ok(t) => Some(t.trim_end_matches(['\n', '\r']).to_string()),
+            Ok(t) => {
+                warn_if_others_can_read("admin.token_file", path);
+                token_of(c, "admin.token_file", t.trim_end_matches(['\n', '\r']))
+            }
             Err(e) => {
                 c.error("admin.token_file", format!("`{path}`: cannot read it: {e}"));
                 None
             }
         },
         (None, Some(var)) => match std::env::var(var) {
-            Ok(t) => Some(t),
+            Ok(t) => token_of(c, "admin.token_env", &t),
             Err(_) => {
                 c.error(
                     "admin.token_env",
@@ -899,9 +903,6 @@ fn check_admin(c: &mut Checker<'_>, admin: Option<RawAdmin>) -> AdminConfig {
         },
         (None, None) => None,
     };
-    if token.as_deref() == Some("") {
-        c.error("admin", "the admin token is empty");
-    }
     let has_token = raw.token_file.is_some() || raw.token_env.is_some();
     if !has_token && !addr.ip().is_loopback() {
         c.error(
@@ -910,6 +911,38 @@ fn check_admin(c: &mut Checker<'_>, admin: Option<RawAdmin>) -> AdminConfig {
         );
     }
     AdminConfig { addr, token }
+}
+
+/// The admin token read from `field`, if long enough to resist guessing.
+fn token_of(c: &mut Checker<'_>, field: &str, token: &str) -> Option<AdminToken> {
+    if token.len() < AdminToken::MIN_BYTES {
+        c.error(
+            field,
+            format!(
+                "the admin token has {} bytes, fewer than {} (e.g. `openssl rand -base64 24`)",
+                token.len(),
+                AdminToken::MIN_BYTES
+            ),
+        );
+        return None;
+    }
+    Some(AdminToken::new(token.as_bytes()))
+}
+
+/// Logs a warning when a secret's file can be read by its group or by
+/// others (sshd refuses such keys; we only say so, as the file may be
+/// shared on purpose through a group).
+fn warn_if_others_can_read(field: &str, path: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(meta) = std::fs::metadata(path) else {
+        return;
+    };
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        log::warn!(
+            "{field}: `{path}` can be read by group or others (mode {mode:o}): `chmod 600 {path}`"
+        );
+    }
 }
 
 fn check_regions(c: &mut Checker<'_>, regions: Option<Vec<RawRegion>>) -> Option<Vec<Region>> {

@@ -62,11 +62,17 @@ pub enum Verdict<'a> {
 
 /// Whether the route prefix `prefix` covers `path`, on path-segment
 /// boundaries: `/api/export` covers `/api/export` and `/api/export/x`,
-/// not `/api/exporter`; `/api/` covers everything under `/api/`.
+/// not `/api/exporter`; `/api/` covers everything under `/api/`. ASCII
+/// case is ignored: Express, ASP.NET and IIS route `/API/Export` to
+/// `/api/export`'s handler, so it must spend that bucket.
 pub fn prefix_covers(prefix: &str, path: &str) -> bool {
-    match path.strip_prefix(prefix) {
-        None => false,
-        Some(rest) => prefix.ends_with('/') || rest.is_empty() || rest.starts_with('/'),
+    let (prefix, path) = (prefix.as_bytes(), path.as_bytes());
+    match path.get(..prefix.len()) {
+        Some(head) if head.eq_ignore_ascii_case(prefix) => {
+            let rest = &path[prefix.len()..];
+            prefix.ends_with(b"/") || rest.is_empty() || rest.starts_with(b"/")
+        }
+        _ => false,
     }
 }
 

@@ -253,4 +253,27 @@ mod tests {
         assert_eq!(both.bucket_route(Some(0), Some(3)), Some(1));
         assert_eq!(both.bucket_route(Some(9), None), None, "unknown index");
     }
+
+    #[test]
+    fn a_plan_holds_a_route_spelled_in_another_case() {
+        // The base limits name `/api/export`, a plan `/API/Export` and
+        // `/Reports`: each is held by the plan's own prefix whatever the
+        // case (on Express or IIS they are one endpoint).
+        let union: Vec<String> = ["/api/export", "/API/Export", "/Reports", "/reports/x"]
+            .map(String::from)
+            .into();
+        let rule = RateRule::new(5.0, 1.0);
+        let plan = [("/API/Export".into(), rule), ("/Reports".into(), rule)];
+        let plan = Limits::over_union(None, RateRule::UNLIMITED, &plan, &union);
+        assert_eq!(plan.bucket_route(Some(0), None), Some(1));
+        assert_eq!(plan.bucket_route(Some(3), None), Some(2));
+        let base = [("/api/export".into(), rule)];
+        let base = Limits::over_union(None, RateRule::UNLIMITED, &base, &union);
+        assert_eq!(base.bucket_route(Some(1), None), Some(0));
+        assert_eq!(
+            base.bucket_route(Some(2), None),
+            None,
+            "`/Reports`: unlimited"
+        );
+    }
 }

@@ -273,11 +273,17 @@ impl TenantTable {
         f: impl FnOnce(&Arc<TenantEntry>, &mut TenantState) -> R,
     ) -> Option<R> {
         let hash = self.hasher.hash_one(tenant);
+        if let Some(entry) = self.cached(hash, tenant) {
+            let state = entry.lock_alive();
+            if let Some(mut state) = state {
+                return Some(f(&entry, &mut state));
+            }
+        }
+        // Not cached, or the cached entry was forgotten (it stays dead in
+        // this thread's cache until replaced): the table holds the truth.
+        // An entry found there dies only once out of it, so this ends.
         loop {
-            let entry = match self.cached(hash, tenant) {
-                Some(e) => e,
-                None => Arc::clone(self.shard(hash).lock().find(hash, tenant)?),
-            };
+            let entry = Arc::clone(self.shard(hash).lock().find(hash, tenant)?);
             let state = entry.lock_alive();
             if let Some(mut state) = state {
                 return Some(f(&entry, &mut state));

@@ -345,11 +345,11 @@ impl Finished<'_> {
             instrumentation_scope: scope.clone(),
         };
         let mut attributes = vec![
-            KeyValue::new("http.request.method", s.method.to_string()),
-            KeyValue::new("shardgate.request_id", s.request_id.to_string()),
+            KeyValue::new("http.request.method", capped(&s.method)),
+            KeyValue::new("shardgate.request_id", capped(&s.request_id)),
             KeyValue::new("shardgate.attempts", i64::from(s.attempts)),
             KeyValue::new("network.protocol.version", protocol_version(s.protocol)),
-            KeyValue::new("url.path", path_of(&s.target.to_string())),
+            KeyValue::new("url.path", capped(&path_of(&s.target.to_string()))),
         ];
         if s.status != 0 {
             attributes.push(KeyValue::new(
@@ -366,7 +366,7 @@ impl Finished<'_> {
         ];
         for (key, value) in optional {
             if let Some(value) = value {
-                attributes.push(KeyValue::new(key, value.to_string()));
+                attributes.push(KeyValue::new(key, capped(&value)));
             }
         }
         let client = s.client.to_string();
@@ -397,7 +397,7 @@ impl Finished<'_> {
         ));
         for (n, attempt) in self.attempts.iter().enumerate() {
             let mut attributes = vec![
-                KeyValue::new("http.request.method", s.method.to_string()),
+                KeyValue::new("http.request.method", capped(&s.method)),
                 KeyValue::new("shardgate.attempt", n as i64 + 1),
             ];
             if let Some(shard) = &attempt.shard {
@@ -429,6 +429,16 @@ impl Finished<'_> {
         }
         spans
     }
+}
+
+/// The most a span keeps of one attribute a client chose (its path, Host,
+/// tenant, method, request ID): up to [`QUEUE`] spans of traces a client
+/// forced sampled wait for export, and each stays a bounded size.
+pub const MAX_ATTRIBUTE_BYTES: usize = 1024;
+
+/// `value`'s text, cut to [`MAX_ATTRIBUTE_BYTES`] (marked when cut).
+fn capped(value: &dyn std::fmt::Display) -> String {
+    crate::access_log::Capped(value, MAX_ATTRIBUTE_BYTES).to_string()
 }
 
 /// A span's name (OpenTelemetry's HTTP conventions): the method, or
@@ -559,5 +569,59 @@ mod tests {
         assert_eq!(path_of("http://h.example:80/p?q"), "/p");
         assert_eq!(path_of("https://h.example"), "/");
         assert_eq!(path_of("*"), "*");
+    }
+
+    /// A client's 30 KB path, Host and tenant cost a pinned span at most
+    /// [`MAX_ATTRIBUTE_BYTES`] each.
+    #[test]
+    fn a_span_keeps_a_bounded_part_of_what_a_client_sent() {
+        let long = format!("/{}", "a".repeat(30_000));
+        let summary = crate::access_log::tests::client_strings(&long);
+        let trace = Tracer::new(None).start(std::iter::empty());
+        assert!(trace.is_none(), "off: no context");
+        let trace = TraceContext {
+            trace_id: 1,
+            span_id: 2,
+            parent_id: 0,
+            sampled: true,
+            attempt_id: 3,
+        };
+        let now = Instant::now();
+        let attempt = AttemptSpan {
+            id: 3,
+            started: now,
+            ended: None,
+            shard: None,
+            failure: None,
+            status: Some(200),
+        };
+        let finished = Finished {
+            trace: &trace,
+            summary: &summary,
+            route: None,
+            attempts: std::slice::from_ref(&attempt),
+            started: now,
+            ended: now,
+        };
+        let scope = opentelemetry::InstrumentationScope::builder("test").build();
+        let spans = finished.spans(&scope);
+        let mut heap = 0;
+        for span in &spans {
+            for kv in &span.attributes {
+                let value = kv.value.as_str();
+                assert!(value.len() <= MAX_ATTRIBUTE_BYTES + 3, "{}", kv.key);
+                heap += kv.key.as_str().len() + value.len();
+            }
+            heap += span.attributes.capacity() * std::mem::size_of::<KeyValue>();
+        }
+        let url = &spans[0]
+            .attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == "url.path");
+        assert!(url.is_some_and(|kv| kv.value.as_str().ends_with('…')));
+        let size = std::mem::size_of::<SpanData>() * spans.len() + heap;
+        // The bound the README states (a request span and one attempt's).
+        assert!(size < 10 * 1024, "{size} bytes");
+        println!("a request's spans with a 30 KB path, Host, tenant: {size} bytes");
     }
 }

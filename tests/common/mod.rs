@@ -1313,7 +1313,7 @@ impl tokio_rustls::rustls::client::danger::ServerCertVerifier for AnyCert {
 pub fn metrics_text(admin_port: u16) -> String {
     send_raw(
         admin_port,
-        b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
     )
     .text()
 }

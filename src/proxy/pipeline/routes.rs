@@ -7,7 +7,8 @@
 //! client cannot leave a bucket by spelling the same path another way
 //! (DESIGN §3): for matching only, percent-encoded unreserved characters
 //! are decoded, a `;parameter` ends its segment, repeated `/` are merged
-//! and dot segments removed. The shard still receives the path byte for
+//! and dot segments removed, and ASCII case is ignored (Express, ASP.NET
+//! and IIS route `/API/Export` as `/api/export`). The shard still receives the path byte for
 //! byte.
 
 use crate::limits::prefix_covers as covers;
@@ -220,6 +221,32 @@ mod tests {
         assert_eq!(r.other_for(path), Some("/api"));
         assert_eq!(r.other_for("/api/x"), None);
         assert_eq!(r.other_for("/api/./x"), None, "one prefix either way");
+    }
+
+    #[test]
+    fn prefixes_ignore_ascii_case_on_segment_boundaries() {
+        let r = Named(RoutePrefixes::new(["/api/export", "/Internal/"]));
+        for path in [
+            "/API/Export",
+            "/Api/EXPORT/x",
+            "/api/%45xport",
+            "//API/./export;v",
+        ] {
+            assert_eq!(r.route_for(path), Some("/api/export"), "{path}");
+        }
+        assert_eq!(r.route_for("/internal/x"), Some("/Internal/"));
+        assert_eq!(
+            r.route_for("/API/Exporter"),
+            None,
+            "a segment boundary still"
+        );
+        assert_eq!(r.route_for("/internal"), None);
+        // Only ASCII folds: `É` is not `é`, and a multi-byte character
+        // where the prefix ends is no boundary.
+        let r = Named(RoutePrefixes::new(["/café", "/ab"]));
+        assert_eq!(r.route_for("/CAFé/x"), Some("/café"));
+        assert_eq!(r.route_for("/cafÉ"), None);
+        assert_eq!(r.route_for("/aé"), None);
     }
 
     #[test]
