@@ -49,8 +49,11 @@ impl TokenBucket {
 
     /// A bucket read back from a snapshot: never more than the current
     /// capacity (a restart must not hand out more than the rule allows), and
-    /// an unlimited rule stays unlimited whatever the snapshot held.
-    pub fn restored(rule: &RateRule, tokens: f64, last_refill_at: f64) -> Self {
+    /// an unlimited rule stays unlimited whatever the snapshot held. A
+    /// refill time after `now` (the wall clock stepped back between save
+    /// and start, or a restore's odd `written_at_ms`) is read as `now`:
+    /// kept, it would stop the bucket refilling for as long as the step.
+    pub fn restored(rule: &RateRule, tokens: f64, last_refill_at: f64, now: f64) -> Self {
         let tokens = if rule.is_unlimited() {
             f64::INFINITY
         } else if tokens.is_nan() {
@@ -60,7 +63,7 @@ impl TokenBucket {
         };
         TokenBucket {
             tokens,
-            last_refill_at,
+            last_refill_at: last_refill_at.min(now),
         }
     }
 
@@ -204,16 +207,27 @@ mod tests {
     #[test]
     fn restored_buckets_never_exceed_the_rule() {
         let rule = RateRule::new(10.0, 1.0);
-        assert_eq!(TokenBucket::restored(&rule, 50.0, 0.0).tokens, 10.0);
+        assert_eq!(TokenBucket::restored(&rule, 50.0, 0.0, 0.0).tokens, 10.0);
         assert_eq!(
-            TokenBucket::restored(&rule, f64::INFINITY, 0.0).tokens,
+            TokenBucket::restored(&rule, f64::INFINITY, 0.0, 0.0).tokens,
             10.0
         );
-        assert_eq!(TokenBucket::restored(&rule, 3.5, 0.0).tokens, 3.5);
+        assert_eq!(TokenBucket::restored(&rule, 3.5, 0.0, 0.0).tokens, 3.5);
         let unlimited = RateRule::UNLIMITED;
-        assert!(TokenBucket::restored(&unlimited, 2.0, 0.0)
+        assert!(TokenBucket::restored(&unlimited, 2.0, 0.0, 0.0)
             .tokens
             .is_infinite());
+    }
+
+    #[test]
+    fn a_restored_refill_time_in_the_future_is_read_as_now() {
+        // Saved at t = 1 000 000 ms; the clock stepped back to 1 000 ms.
+        let rule = RateRule::new(10.0, 1.0);
+        let mut b = TokenBucket::restored(&rule, 0.0, 1_000_000.0, 1_000.0);
+        assert!(
+            b.try_take(&rule, 2_000.0),
+            "a second after the start, one token"
+        );
     }
 
     #[test]

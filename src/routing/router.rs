@@ -868,7 +868,7 @@ impl Router {
         for t in &snapshot.tenants {
             let limits = plans.limits_for(&t.tenant);
             let buckets = TenantBuckets {
-                tenant: TokenBucket::restored(limits.rate(), t.tokens.0, t.last_refill_at),
+                tenant: TokenBucket::restored(limits.rate(), t.tokens.0, t.last_refill_at, now),
                 routes: Default::default(),
             };
             let active = if reset_connections { 0 } else { t.active };
@@ -887,7 +887,7 @@ impl Router {
             let entry = restored
                 .entry(r.tenant.as_str())
                 .or_insert_with(|| (0, limits.fresh_buckets(now)));
-            let bucket = TokenBucket::restored(rule, r.tokens.0, r.last_refill_at);
+            let bucket = TokenBucket::restored(rule, r.tokens.0, r.last_refill_at, now);
             entry.1.routes.retain(|(i, _)| *i != index);
             entry.1.routes.push((index, bucket));
         }
