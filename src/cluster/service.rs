@@ -41,7 +41,8 @@ const SETTLE_BUDGET: usize = 512;
 /// finds its own lease, granted before (the bucket's 6th argument), gone,
 /// what it still holds was counted spent: a release does not give it back,
 /// a top-up charges it. Returns the grants (for a release: how full each
-/// bucket is, as a fraction).
+/// bucket is, as a fraction). A field (or key) some other writer damaged
+/// reads as missing: no value in Redis stops a tenant's settles.
 const SETTLE_LUA: &str = r"
 local key, me, release = KEYS[1], ARGV[1], ARGV[2] == '1'
 local alive = {}
@@ -736,7 +737,7 @@ impl Syncer {
     }
 
     /// Redis is down and `local-share` applies: each lease refills at
-    /// `1/N` of its rule up to `1/N` of its capacity.
+    /// `1/N` of its rule up to its share of the capacity ([`share_of`]).
     fn refill_locally(&mut self, elapsed: Duration) {
         if self.shared().mode() != super::Mode::Shared {
             return;
