@@ -1145,6 +1145,10 @@ fn garbage_in_redis_stops_neither_serving_nor_settling() {
     let prefix = format!("b{}:", std::process::id());
     let _ghost = Ghost::start(redis.port, &prefix, "ghost");
     let key = |suffix: &str| format!("{prefix}{suffix}");
+    // Seen first: a node drops the lists of nodes it does not see.
+    wait_for(Duration::from_secs(5), "the ghost seen alive", || {
+        cluster(&gw)["nodes_alive"] == 2.0
+    });
     redis_cli(&redis, &["HSET", &key("{state}:lists"), "ghost", "[]"]);
     // The ghost's list is read (once a second): skipped as no list, or
     // (before) taken for one that differs.

@@ -525,7 +525,7 @@ fn track(
         }
         return Track::Keep;
     }
-    if lease_of(limits, state).is_empty() && class != Due::Release {
+    if !holds_lease(limits, state) && class != Due::Release {
         // Nothing Redis holds (unlimited buckets only).
         if let Some(slot) = state.shared.as_deref_mut() {
             slot.queued = false;
@@ -603,6 +603,15 @@ fn needs_topup(state: &TenantState, now_ms: f64) -> bool {
             .find(|(r, _)| r == i)
             .is_none_or(|(_, b)| b.tokens < *low),
     })
+}
+
+/// Whether [`lease_of`] has a bucket (without building it: every pass
+/// asks this of every tenant due).
+fn holds_lease(limits: &crate::limits::Limits, state: &TenantState) -> bool {
+    state.shared.is_some()
+        && (!limits.rate().is_unlimited()
+            || (state.buckets.routes.iter())
+                .any(|(i, _)| limits.route_name(*i).is_some() && limits.holds(*i).is_some()))
 }
 
 /// The tenant's buckets as this node holds them, with the credit on each.
