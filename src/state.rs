@@ -43,12 +43,21 @@ fn wall_ms() -> f64 {
 
 /// Captures the state to persist. Tenants (and route buckets) whose
 /// buckets are full are left out: restoring them is the same as not
-/// knowing them.
+/// knowing them; they are skipped before anything of them is copied, so
+/// idle tenants cost the writer a look each. In cluster mode no tenant is
+/// kept: a restore throws lease balances away (Redis holds the buckets;
+/// a node opens a new lease), so the writer does not even look.
 pub fn capture(control: &Control) -> StateSnapshot {
     let router = &control.router;
-    let mut snap = router.snapshot();
     // Full by each tenant's own plan.
     let plans = router.plans();
+    let unfull = |e: &crate::limits::TenantEntry, state: &crate::limits::TenantState| {
+        let limits = plans.limits_for(e.id());
+        let b = &state.buckets;
+        // Route buckets are judged below, by name.
+        e.active() > 0 || b.tenant.tokens < limits.rate().tokens || !b.routes.is_empty()
+    };
+    let mut snap = router.snapshot_of(control.cluster.is_none().then_some(&unfull));
     snap.tenants.retain(|t| {
         let full = t.tokens.0 >= plans.limits_for(&t.tenant).rate().tokens;
         t.active > 0 || !full

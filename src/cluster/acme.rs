@@ -21,6 +21,7 @@
 //! already received stay on disk and keep being served.
 
 use super::conn::{Conn, TIMEOUT};
+use super::link::all_at_once;
 use super::seal::{Opened, Sealer};
 use crate::config::ClusterConfig;
 use redis::{Cmd, FromRedisValue, Script};
@@ -236,19 +237,18 @@ impl AcmeRedis {
         // round trip for each), each command still naming one key.
         let conn = self.connection().await?;
         for batch in wanted.chunks(CERTS_AT_ONCE) {
-            let reads = batch.iter().map(|(host, _)| {
+            let answers = all_at_once(&conn, batch, |(host, _), mut conn| {
                 let cmd = redis::cmd("HMGET")
                     .arg(self.key(&format!("cert:{{{host}}}")))
                     .arg("crt")
                     .arg("key")
                     .to_owned();
-                let mut conn = conn.clone();
                 async move {
-                    let read = cmd.query_async::<(Option<String>, Option<String>)>(&mut conn);
-                    tokio::time::timeout(TIMEOUT, read).await
+                    cmd.query_async::<(Option<String>, Option<String>)>(&mut conn)
+                        .await
                 }
-            });
-            let answers = futures_util::future::join_all(reads).await;
+            })
+            .await;
             for ((host, stamp), answer) in batch.iter().zip(answers) {
                 let Some(pair) = self.answered(answer) else {
                     // Read again from the index next time.

@@ -16,6 +16,16 @@ pub enum Conn {
 /// How long a connection attempt or a reply may take.
 pub const TIMEOUT: Duration = Duration::from_millis(1000);
 
+/// Fields and values read from Redis as bytes (a hash, a scan step), as
+/// text. A pair that is not text was written by no node (a damaged or
+/// foreign entry): it is skipped, so it cannot stop the read of the rest.
+pub type Raw = Vec<(Vec<u8>, Vec<u8>)>;
+
+pub fn text_pairs(raw: Raw) -> impl Iterator<Item = (String, String)> {
+    raw.into_iter()
+        .filter_map(|(k, v)| Some((String::from_utf8(k).ok()?, String::from_utf8(v).ok()?)))
+}
+
 impl Conn {
     pub async fn open(target: &RedisTarget) -> RedisResult<Conn> {
         match target {

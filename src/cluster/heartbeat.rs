@@ -80,7 +80,7 @@ impl Heartbeat {
         invocation.arg(shared.node_id());
         let Some((now, seen)) = self
             .link
-            .invoke::<(u64, Vec<(String, f64)>)>("heartbeat", &invocation)
+            .invoke::<(u64, Vec<(Vec<u8>, f64)>)>("heartbeat", &invocation)
             .await
         else {
             return;
@@ -92,11 +92,14 @@ impl Heartbeat {
         if self.link.query::<i64>("heartbeat", &touch).await == Some(0) {
             shared.lose_caps();
         }
+        // A member no node wrote (not text) is skipped, not fatal.
         let nodes: Vec<NodeSeen> = seen
             .into_iter()
-            .map(|(id, score)| NodeSeen {
-                id,
-                last_seen_ms: score as u64,
+            .filter_map(|(id, score)| {
+                Some(NodeSeen {
+                    id: String::from_utf8(id).ok()?,
+                    last_seen_ms: score as u64,
+                })
             })
             .collect();
         let alive: Vec<String> = nodes

@@ -7,9 +7,29 @@
 
 use super::conn::{Conn, TIMEOUT};
 use super::shared::Shared;
-use redis::{Cmd, FromRedisValue, RedisError, ScriptInvocation};
+use redis::{Cmd, FromRedisValue, RedisError, RedisResult, ScriptInvocation};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Calls in flight at once on one connection (pipelined to one server,
+/// spread over a cluster's nodes).
+pub const BATCH: usize = 256;
+
+/// An answer within [`TIMEOUT`], or the timeout.
+pub type Timed<T> = Result<RedisResult<T>, tokio::time::error::Elapsed>;
+
+/// Runs `call` for every item at once on the connection, each within
+/// [`TIMEOUT`]; the answers in the items' order. Callers keep `items` to a
+/// [`BATCH`].
+pub async fn all_at_once<'a, I, T, F, Fut>(conn: &Conn, items: &'a [I], call: F) -> Vec<Timed<T>>
+where
+    F: Fn(&'a I, Conn) -> Fut,
+    Fut: Future<Output = RedisResult<T>>,
+{
+    let calls = (items.iter()).map(|item| tokio::time::timeout(TIMEOUT, call(item, conn.clone())));
+    futures_util::future::join_all(calls).await
+}
 
 pub(super) struct Link {
     pub shared: Arc<Shared>,
@@ -97,6 +117,37 @@ impl Link {
         }
     }
 
+    /// Whether the link holds a connection (a failed command left it).
+    pub fn connected(&self) -> bool {
+        self.conn.is_some()
+    }
+
+    /// One call per item, [`BATCH`] in flight at once; each item's answer,
+    /// `None` where it failed (recorded on the link) or no connection
+    /// could be had.
+    pub async fn each<'a, I, T, F, Fut>(
+        &mut self,
+        what: &str,
+        items: &'a [I],
+        call: F,
+    ) -> Vec<Option<T>>
+    where
+        F: Fn(&'a I, Conn) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let mut out = Vec::with_capacity(items.len());
+        for batch in items.chunks(BATCH) {
+            let Some(conn) = self.connection().await else {
+                out.extend(batch.iter().map(|_| None));
+                continue;
+            };
+            for answer in all_at_once(&conn, batch, &call).await {
+                out.push(self.outcome(what, answer));
+            }
+        }
+        out
+    }
+
     pub async fn query<T: FromRedisValue>(&mut self, what: &str, cmd: &Cmd) -> Option<T> {
         let mut conn = self.connection().await?;
         let reply = tokio::time::timeout(TIMEOUT, cmd.query_async::<T>(&mut conn)).await;
@@ -113,11 +164,7 @@ impl Link {
         self.outcome(what, reply)
     }
 
-    fn outcome<T>(
-        &mut self,
-        what: &str,
-        reply: Result<Result<T, RedisError>, tokio::time::error::Elapsed>,
-    ) -> Option<T> {
+    fn outcome<T>(&mut self, what: &str, reply: Timed<T>) -> Option<T> {
         match reply {
             Ok(Ok(v)) => Some(v),
             Ok(Err(e)) => {

@@ -6,7 +6,11 @@
 //! (Redis' clock), and past `limits.max_tracked_tenants` the least recently
 //! settled lose their key (their next request opens a new allowance, the
 //! price the README states). A tenant is stamped before its key is
-//! written, and taken out of the set only with its key, so no key escapes.
+//! written, and leaves the set only once its key is gone, so no key
+//! escapes: a trim first claims the tenants it takes (a negative score:
+//! the claim's time), deletes their keys, then removes the claims still
+//! standing; a claim a failure left (Redis lost mid-trim, the node gone)
+//! is taken again by the next trim once stale.
 
 use super::service::Syncer;
 use compact_str::CompactString;
@@ -19,7 +23,6 @@ use std::time::{Duration, Instant};
 const TRIM_EVERY: Duration = Duration::from_secs(1);
 const TRIM_STEP: usize = 1000;
 const TRIM_STEPS: usize = 20;
-const DELETES_IN_FLIGHT: usize = 256;
 
 /// Stamps every tenant in ARGV with Redis' time in the set KEYS[1].
 const STAMP_LUA: &str = r"
@@ -29,20 +32,43 @@ for i = 1, #ARGV do redis.call('ZADD', KEYS[1], now, ARGV[i]) end
 return #ARGV
 ";
 
-/// Takes out of the set KEYS[1] its least recently stamped tenants past
-/// ARGV[1] entries, ARGV[2] at most, and returns them: one script, so nodes
-/// trimming at once never take more than the excess between them.
+/// Claims in the set KEYS[1] (scores them minus Redis' time) and returns,
+/// ARGV[2] at most: first claims older than 10 s (a trim that failed
+/// midway: a deletion takes at most a second), then the least recently
+/// stamped tenants past ARGV[1] unclaimed entries. One script, so nodes
+/// trimming at once never take more than the excess between them. A
+/// tenant stamped again (settled) is unclaimed by that.
 const TRIM_LUA: &str = r"
-local excess = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[1])
-if excess <= 0 then return {} end
-local gone = redis.call('ZRANGE', KEYS[1], 0, math.min(excess, tonumber(ARGV[2])) - 1)
-if #gone > 0 then redis.call('ZREM', KEYS[1], unpack(gone)) end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local step = tonumber(ARGV[2])
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. (10000 - now), '(0', 'LIMIT', 0, step)
+local claimed = redis.call('ZCOUNT', KEYS[1], '-inf', '(0')
+local excess = redis.call('ZCARD', KEYS[1]) - claimed - tonumber(ARGV[1])
+local room = math.min(excess, step - #gone)
+if room > 0 then
+  local oldest = redis.call('ZRANGEBYSCORE', KEYS[1], 0, '+inf', 'LIMIT', 0, room)
+  for i = 1, #oldest do gone[#gone + 1] = oldest[i] end
+end
+for i = 1, #gone do redis.call('ZADD', KEYS[1], -now, gone[i]) end
 return gone
+";
+
+/// Removes from the set KEYS[1] the tenants in ARGV still claimed (their
+/// keys are gone; one stamped since stays).
+const DONE_LUA: &str = r"
+local n = 0
+for i = 1, #ARGV do
+  local score = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[i]))
+  if score and score < 0 then n = n + redis.call('ZREM', KEYS[1], ARGV[i]) end
+end
+return n
 ";
 
 pub(super) struct OneOffs {
     stamp: Script,
     trim: Script,
+    done: Script,
     trimmed_at: Instant,
 }
 
@@ -51,6 +77,7 @@ impl Default for OneOffs {
         OneOffs {
             stamp: Script::new(STAMP_LUA),
             trim: Script::new(TRIM_LUA),
+            done: Script::new(DONE_LUA),
             trimmed_at: Instant::now(),
         }
     }
@@ -74,8 +101,8 @@ impl Syncer {
     }
 
     /// Once a second: the least recently settled tenants past the bound
-    /// lose their key. A key that could not be deleted goes back to the
-    /// set as the oldest, to go first at the next trim.
+    /// lose their key, then leave the set. A key that could not be deleted
+    /// keeps its claim, taken again once stale.
     pub(super) async fn trim_lasting(&mut self) {
         if self.one_offs.trimmed_at.elapsed() < TRIM_EVERY {
             return;
@@ -93,48 +120,25 @@ impl Syncer {
             else {
                 return;
             };
-            let mut kept: Vec<&String> = Vec::new();
-            for batch in gone.chunks(DELETES_IN_FLIGHT) {
-                let Some(conn) = self.link.connection().await else {
-                    kept.extend(batch);
-                    continue;
-                };
-                let deletes = batch.iter().map(|tenant| {
-                    let mut conn = conn.clone();
-                    let del = redis::cmd("DEL").arg(self.tenant_key(tenant)).to_owned();
-                    async move {
-                        tokio::time::timeout(
-                            super::conn::TIMEOUT,
-                            del.query_async::<i64>(&mut conn),
-                        )
-                        .await
-                    }
-                });
-                let results = futures_util::future::join_all(deletes).await;
-                for (tenant, result) in batch.iter().zip(results) {
-                    match result {
-                        Ok(Ok(_)) => {}
-                        Ok(Err(e)) => {
-                            kept.push(tenant);
-                            self.link.failed("one-off", &e);
-                        }
-                        Err(_) => {
-                            kept.push(tenant);
-                            self.link.unreachable("one-off", &"timed out");
-                        }
-                    }
+            let keys: Vec<String> = gone.iter().map(|t| self.tenant_key(t)).collect();
+            let deleted = (self.link)
+                .each("one-off", &keys, |key, mut conn| {
+                    let del = redis::cmd("DEL").arg(key).to_owned();
+                    async move { del.query_async::<i64>(&mut conn).await }
+                })
+                .await;
+            let done: Vec<&String> = (gone.iter().zip(&deleted))
+                .filter(|(_, d)| d.is_some())
+                .map(|(t, _)| t)
+                .collect();
+            if !done.is_empty() {
+                let mut invocation = self.one_offs.done.key(&key);
+                for tenant in &done {
+                    invocation.arg(tenant.as_str());
                 }
+                let _ = self.link.invoke::<i64>("one-off", &invocation).await;
             }
-            if !kept.is_empty() {
-                let mut back = redis::cmd("ZADD");
-                back.arg(&key);
-                for tenant in &kept {
-                    back.arg(0).arg(tenant.as_str());
-                }
-                let _ = self.query::<i64>("one-off", &back).await;
-                return;
-            }
-            if gone.len() < TRIM_STEP {
+            if done.len() < gone.len() || gone.len() < TRIM_STEP {
                 return;
             }
         }

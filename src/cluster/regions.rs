@@ -8,6 +8,7 @@
 //! for the others to adopt. Once the lists agree again, entries equal to
 //! the common pick are pruned, here and in Redis.
 
+use super::conn::{text_pairs, Raw};
 use super::service::Syncer;
 use super::shared::Peers;
 use crate::routing::region::RegionList;
@@ -69,8 +70,13 @@ fn encode(list: &RegionList) -> String {
     serde_json::to_string(&pairs).unwrap_or_default()
 }
 
+/// Another node's list as read from Redis; `None` if it is not one (an
+/// empty list is none either: no region can be picked from it).
 fn decode(text: &str) -> Option<RegionList> {
     let pairs: Vec<(String, f64)> = serde_json::from_str(text).ok()?;
+    if pairs.is_empty() {
+        return None;
+    }
     Some(
         pairs
             .into_iter()
@@ -159,12 +165,10 @@ impl Syncer {
             return false;
         }
         let read = redis::cmd("HGETALL").arg(&key).to_owned();
-        let Some(lists) = self
-            .query::<HashMap<String, String>>("regions", &read)
-            .await
-        else {
+        let Some(lists) = self.query::<Raw>("regions", &read).await else {
             return false;
         };
+        let lists: HashMap<String, String> = text_pairs(lists).collect();
         let alive = self.shared().alive_ids();
         let mut peers = Peers {
             unknown: false,
@@ -177,7 +181,14 @@ impl Syncer {
                 Some(theirs) => match decode(theirs) {
                     Some(list) if !peers.lists.contains(&list) => peers.lists.push(list),
                     Some(_) => {}
-                    None => peers.unknown = true,
+                    None => {
+                        // As if not read: every assignment is offered.
+                        self.shared().sync_error(
+                            "regions",
+                            &format_args!("the region list of node `{node}` is not one; skipped"),
+                        );
+                        peers.unknown = true;
+                    }
                 },
                 None => peers.unknown = true,
             }
@@ -222,50 +233,31 @@ impl Syncer {
                 differs.then_some((tenant, mine))
             })
             .collect();
-        for (done, batch) in offers.chunks(BATCH).enumerate() {
-            let Some(conn) = self.link.connection().await else {
-                for (tenant, _) in &offers[done * BATCH..] {
-                    self.shared().assigned(tenant);
-                }
-                return;
-            };
-            let calls = batch.iter().map(|(tenant, mine)| {
-                let mut conn = conn.clone();
-                let mut invocation = self.regions.offer.key(hash);
+        let offer = &self.regions.offer;
+        let answers = (self.link)
+            .each("regions", &offers, |(tenant, mine), mut conn| {
+                let mut invocation = offer.key(hash);
                 invocation
                     .key(log)
                     .arg(tenant.as_str())
                     .arg(mine)
                     .arg(cap)
                     .arg(LOG_LENGTH);
-                async move {
-                    tokio::time::timeout(
-                        super::conn::TIMEOUT,
-                        invocation.invoke_async::<(i64, String)>(&mut conn),
-                    )
-                    .await
+                async move { invocation.invoke_async::<(i64, String)>(&mut conn).await }
+            })
+            .await;
+        for ((tenant, mine), answer) in offers.iter().zip(answers) {
+            match answer {
+                // The hash is full: this node keeps its own pick.
+                Some((2, _)) => {}
+                Some((_, region)) => {
+                    if region != *mine {
+                        directory.adopt(tenant, &region);
+                    }
+                    self.shared().add_region_entry(tenant, &region);
                 }
-            });
-            let results = futures_util::future::join_all(calls).await;
-            for ((tenant, mine), result) in batch.iter().zip(results) {
-                match result {
-                    // The hash is full: this node keeps its own pick.
-                    Ok(Ok((2, _))) => {}
-                    Ok(Ok((_, region))) => {
-                        if region != *mine {
-                            directory.adopt(tenant, &region);
-                        }
-                        self.shared().add_region_entry(tenant, &region);
-                    }
-                    Ok(Err(e)) => {
-                        self.shared().assigned(tenant);
-                        self.link.failed("regions", &e);
-                    }
-                    Err(_) => {
-                        self.shared().assigned(tenant);
-                        self.link.unreachable("regions", &"timed out");
-                    }
-                }
+                // Offered again at the next pass.
+                None => self.shared().assigned(tenant),
             }
         }
     }
@@ -281,19 +273,14 @@ impl Syncer {
                 .arg("COUNT")
                 .arg(1000)
                 .to_owned();
-            let Some(entries) = self
-                .query::<Vec<(String, Vec<String>)>>("regions", &read)
-                .await
-            else {
+            let Some(entries) = self.query::<Vec<(String, Raw)>>("regions", &read).await else {
                 return;
             };
             let more = entries.len() == 1000;
             for (id, fields) in entries {
-                for pair in fields.chunks(2) {
-                    if let [tenant, region] = pair {
-                        self.shared().add_region_entry(tenant, region);
-                        directory.adopt(tenant, region);
-                    }
+                for (tenant, region) in text_pairs(fields) {
+                    self.shared().add_region_entry(&tenant, &region);
+                    directory.adopt(&tenant, &region);
                 }
                 self.regions.log_at = id;
             }
@@ -352,7 +339,8 @@ impl Syncer {
             .arg("COUNT")
             .arg(BATCH)
             .to_owned();
-        self.query("regions", &scan).await
+        let (next, entries) = self.query::<(u64, Raw)>("regions", &scan).await?;
+        Some((next, text_pairs(entries).collect()))
     }
 
     /// Shutdown: this node's list goes with it.

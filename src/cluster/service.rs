@@ -6,10 +6,10 @@
 //! (`heartbeat.rs`) runs beside it on its own task. Requests never wait on
 //! it: while Redis is down they run on what the node last knew (DESIGN §4).
 
-use super::conn::TIMEOUT;
+use super::conn::{text_pairs, Raw};
 use super::heartbeat::Heartbeat;
 use super::link::Link;
-use super::shared::Shared;
+use super::shared::{share_of, Shared};
 use super::NODE_TTL_MS;
 use crate::control::Control;
 use crate::limits::TenantState;
@@ -24,8 +24,10 @@ use std::time::{Duration, Instant};
 /// A tenant untouched this long gives its lease back.
 const IDLE_RELEASE: Duration = Duration::from_secs(1);
 const STATE_POLL: Duration = Duration::from_millis(200);
-/// Settles in flight at once.
-const SETTLE_BATCH: usize = 256;
+/// Settles one pass runs at most (two batches): what a flood of invented
+/// names leaves out waits for the next pass, behind real tenants, and a
+/// pass stays short even when Redis is slow.
+const SETTLE_BUDGET: usize = 512;
 
 /// Settles one tenant's buckets (a hash at KEYS[1]). For each bucket:
 /// refill by Redis' clock, never past the capacity minus the other nodes'
@@ -39,13 +41,22 @@ const SETTLE_BATCH: usize = 256;
 /// finds its own lease, granted before (the bucket's 6th argument), gone,
 /// what it still holds was counted spent: a release does not give it back,
 /// a top-up charges it. Returns the grants (for a release: how full each
-/// bucket is, as a fraction).
+/// bucket is, as a fraction). A field (or key) some other writer damaged
+/// reads as missing: no value in Redis stops a tenant's settles.
 const SETTLE_LUA: &str = r"
 local key, me, release = KEYS[1], ARGV[1], ARGV[2] == '1'
 local alive = {}
 for n in string.gmatch(ARGV[3], '[^\n]+') do alive[n] = true end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+-- a key or field some other writer damaged reads as missing
+local kind = redis.call('TYPE', key)['ok']
+if kind ~= 'hash' and kind ~= 'none' then redis.call('DEL', key) end
+local function num(v)
+  local x = tonumber(v)
+  if x and x == x and x > -math.huge and x < math.huge then return x end
+  return nil
+end
 local flat = redis.call('HGETALL', key)
 local h = {}
 for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
@@ -56,19 +67,19 @@ for b = 0, tonumber(ARGV[4]) - 1 do
   local held, credit = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
   local lost = ARGV[at + 5] == '1' and not h[name .. '|l|' .. me]
   local gf, sf, lp, ap = name .. '|g', name .. '|s', name .. '|l|', name .. '|a|'
-  local g = tonumber(h[gf] or cap)
+  local g = num(h[gf]) or cap
   -- a smaller capacity than the balance was kept for (a tenant moved to a
   -- smaller plan): cut before anything is granted
   if g > cap then g = cap end
-  local stamp = tonumber(h[sf] or now)
+  local stamp = num(h[sf]) or now
   local leased, holders = 0, 0
   for f, v in pairs(h) do
     if string.sub(f, 1, #lp) == lp then
       local node = string.sub(f, #lp + 1)
       if node ~= me then
-        local settled = tonumber(h[ap .. node])
+        local settled = num(h[ap .. node])
         if alive[node] and not (settled and now - settled > 10000) then
-          leased = leased + tonumber(v)
+          leased = leased + (num(v) or 0)
           holders = holders + 1
         else
           redis.call('HDEL', key, f, ap .. node)
@@ -132,10 +143,16 @@ end
 return out
 ";
 
-/// Sets one field of the shared state and bumps its version.
+/// Sets one field of the shared state and bumps its version (a version
+/// some other writer damaged starts again at 1: any change is news).
 const STATE_PUT_LUA: &str = r"
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-return redis.call('INCR', KEYS[2])
+local v = redis.pcall('INCR', KEYS[2])
+if type(v) ~= 'number' then
+  redis.call('DEL', KEYS[2])
+  v = redis.call('INCR', KEYS[2])
+end
+return v
 ";
 
 pub struct ClusterService {
@@ -195,6 +212,7 @@ impl BackgroundService for ClusterService {
 /// One settle: a tenant's buckets as this node holds them.
 struct Job {
     tenant: CompactString,
+    class: Due,
     release: bool,
     buckets: Vec<LeaseBucket>,
 }
@@ -231,8 +249,9 @@ pub(super) struct Syncer {
     tracked: HashMap<CompactString, Instant>,
     /// This node's admissions per capped tenant as last written.
     caps_written: HashMap<CompactString, u64>,
-    /// Version of the shared state last applied (`None`: load it all).
-    state_version: Option<i64>,
+    /// Version of the shared state last applied, as read (`None`: load it
+    /// all).
+    state_version: Option<Vec<u8>>,
     pub(super) regions: super::regions::RegionSync,
     /// `Shared::reconnects` as last seen.
     reconnects: u64,
@@ -327,136 +346,130 @@ impl Syncer {
             self.restore_credit(&unstamped);
             jobs = rest;
         }
-        let alive = self.shared().alive_ids().join("\n");
-        for batch in jobs.chunks(SETTLE_BATCH) {
-            let Some(conn) = self.link.connection().await else {
-                self.restore_credit(batch);
-                continue;
-            };
-            let calls = batch.iter().map(|job| {
-                let mut conn = conn.clone();
-                let mut invocation = self.settle_script.key(self.tenant_key(&job.tenant));
-                invocation
-                    .arg(self.shared().node_id())
-                    .arg(if job.release { "1" } else { "0" })
-                    .arg(&alive)
-                    .arg(job.buckets.len());
-                for b in &job.buckets {
-                    invocation
-                        .arg(&b.name)
-                        .arg(b.cap)
-                        .arg(b.rate)
-                        .arg(b.held)
-                        .arg(b.credit)
-                        .arg(if b.leased { "1" } else { "0" });
-                }
-                async move {
-                    tokio::time::timeout(TIMEOUT, invocation.invoke_async::<Vec<String>>(&mut conn))
-                        .await
-                }
-            });
-            let results = futures_util::future::join_all(calls).await;
-            for (job, result) in batch.iter().zip(results) {
-                match result {
-                    Ok(Ok(grants)) => self.grant(job, &grants),
-                    Ok(Err(e)) => {
-                        self.restore_credit(std::slice::from_ref(job));
-                        self.link.failed("settle", &e);
-                    }
-                    Err(_) => {
-                        self.restore_credit(std::slice::from_ref(job));
-                        self.link.unreachable("settle", &"timed out");
-                    }
-                }
-            }
-        }
+        // Top-ups of tenants that came back are granted before the rest
+        // of the pass is even sent.
+        let topups = jobs.partition_point(|job| job.class == Due::Topup);
+        self.run_settles(&jobs[..topups]).await;
+        self.run_settles(&jobs[topups..]).await;
         self.trim_lasting().await;
         if self.control.router.plans().any_cap() {
             self.share_admissions().await;
         }
     }
 
-    /// What to settle: tenants that spent since the last settle, and idle
-    /// ones whose lease goes back. Forgets tenants with nothing left.
+    /// Runs the settle script for each job, and applies what it answers.
+    async fn run_settles(&mut self, jobs: &[Job]) {
+        if jobs.is_empty() {
+            return;
+        }
+        let alive = self.shared().alive_ids().join("\n");
+        let me = self.shared().node_id().to_string();
+        let keys: Vec<String> = jobs.iter().map(|j| self.tenant_key(&j.tenant)).collect();
+        let invocations: Vec<_> = (jobs.iter().zip(&keys))
+            .map(|(job, key)| settle_invocation(&self.settle_script, key, &me, &alive, job))
+            .collect();
+        let answers = (self.link)
+            .each("settle", &invocations, |invocation, mut conn| async move {
+                invocation.invoke_async::<Vec<String>>(&mut conn).await
+            })
+            .await;
+        drop(invocations);
+        for (job, answer) in jobs.iter().zip(answers) {
+            match answer {
+                Some(grants) => self.grant(job, &grants),
+                None => self.restore_credit(std::slice::from_ref(job)),
+            }
+        }
+    }
+
+    /// What to settle this pass: tenants that spent since the last settle,
+    /// and idle ones whose lease goes back; forgets tenants with nothing
+    /// left. At most [`SETTLE_BUDGET`] settles, in the order of
+    /// [`Due`]: a flood of invented names costs one pass its budget, never
+    /// a real tenant its top-up. What the budget leaves out is untouched
+    /// (still due at the next pass).
     fn jobs(&mut self, now: Instant) -> Vec<Job> {
         let router = &self.control.router;
         let now_ms = router.clock().now_ms();
-        let mut jobs = Vec::new();
+        let mut due: Vec<(Due, Instant, CompactString)> = Vec::new();
         self.tracked.retain(|tenant, last| {
             let seen_now = *last == now;
             let idle = now.duration_since(*last) >= IDLE_RELEASE;
-            let verdict = router.with_tenant(tenant, |entry, state: &mut TenantState| {
-                // Each tenant's own plan: its buckets' capacities and rates
-                // (a lease from before a move starts again first).
+            let verdict = router.with_tenant(tenant, |entry, state| {
                 let plans = router.plans();
                 let limits = plans.limits_of(plans.current(tenant, state, now_ms));
-                let live = entry.active() > 0;
-                let Some(slot) = state.shared.as_deref_mut() else {
-                    // No lease: tracked only while it holds admissions.
-                    return if live { Track::Keep } else { Track::Forget };
-                };
-                if slot.dormant.is_some() {
-                    // Its lease went back; the bucket was not full.
-                    return if seen_now || live {
-                        Track::Keep
-                    } else {
-                        Track::Forget
-                    };
-                }
-                // Untouched: nothing to settle, unless the lease has been
-                // idle long enough to go back (credit is charged first).
-                // Still queued: it spent while Redis was down, or its last
-                // settle failed; it is settled now like a tenant seen now.
-                let touched = seen_now || slot.queued || (!idle && slot.has_credit());
-                let release_due = idle && !touched;
-                if !touched && !release_due {
-                    return Track::Keep;
-                }
-                slot.queued = false;
-                // A lease in use with enough left is not settled yet.
-                if touched && !needs_topup(state, now_ms) {
-                    return Track::Keep;
-                }
-                let release = !touched;
-                let buckets = lease_of(limits, state);
-                if let Some(slot) = state.shared.as_deref_mut() {
-                    slot.credit = 0.0;
-                    slot.route_credit.clear();
-                }
-                if release {
-                    if buckets.is_empty() {
-                        state.shared = None;
-                    } else if let Some(slot) = state.shared.as_deref_mut() {
-                        // Until Redis says how full the bucket is, a
-                        // request reopens on no credit at all. The lease
-                        // goes: a reopened one is not Redis' yet.
-                        slot.dormant = Some((0.0, now_ms));
-                        slot.low_water.clear();
-                    }
-                    if !limits.rate().is_unlimited() {
-                        state.buckets.tenant.tokens = 0.0;
-                    }
-                    state.buckets.routes.clear();
-                }
-                let job = (!buckets.is_empty()).then(|| Job {
-                    tenant: tenant.clone(),
-                    release,
-                    buckets,
-                });
-                Track::Settle(job, true)
+                track(limits, entry.active() > 0, state, seen_now, idle, now_ms)
             });
             match verdict {
                 // Forgotten by the table.
                 None | Some(Track::Forget) => false,
                 Some(Track::Keep) => true,
-                Some(Track::Settle(job, keep)) => {
-                    jobs.extend(job);
-                    keep
+                Some(Track::Due(class)) => {
+                    due.push((class, *last, tenant.clone()));
+                    true
                 }
             }
         });
+        // Most recent traffic first within a class.
+        due.sort_unstable_by(|a, b| (a.0, b.1).cmp(&(b.0, a.1)));
+        due.truncate(SETTLE_BUDGET);
+        let mut jobs = Vec::with_capacity(due.len());
+        for (_, last, tenant) in due {
+            let seen_now = last == now;
+            let idle = now.duration_since(last) >= IDLE_RELEASE;
+            let job = router.with_tenant(&tenant, |entry, state| {
+                let plans = router.plans();
+                let limits = plans.limits_of(plans.current(&tenant, state, now_ms));
+                let live = entry.active() > 0;
+                match track(limits, live, state, seen_now, idle, now_ms) {
+                    Track::Due(class) => take_job(limits, state, &tenant, class, now_ms),
+                    Track::Keep | Track::Forget => None,
+                }
+            });
+            jobs.extend(job.flatten());
+        }
         jobs
     }
+}
+
+/// The settle script's call for one job (on the tenant's `key`, for node
+/// `me`).
+fn settle_invocation<'a>(
+    script: &'a Script,
+    key: &str,
+    me: &str,
+    alive: &str,
+    job: &Job,
+) -> redis::ScriptInvocation<'a> {
+    let mut invocation = script.key(key);
+    invocation
+        .arg(me)
+        .arg(if job.release { "1" } else { "0" })
+        .arg(alive)
+        .arg(job.buckets.len());
+    for b in &job.buckets {
+        invocation
+            .arg(&b.name)
+            .arg(b.cap)
+            .arg(b.rate)
+            .arg(b.held)
+            .arg(b.credit)
+            .arg(if b.leased { "1" } else { "0" });
+    }
+    invocation
+}
+
+/// A settle due, in the order they are served: real traffic first,
+/// invented names last.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Due {
+    /// A top-up of a lease this node settled before: a tenant that came
+    /// back.
+    Topup,
+    /// A lease's first settle: a new tenant, or an invented name.
+    Opening,
+    /// An idle lease goes back.
+    Release,
 }
 
 /// What a settle does for a tracked tenant.
@@ -465,8 +478,111 @@ enum Track {
     Keep,
     /// No lease and nothing live: stop tracking.
     Forget,
-    /// Settle (if it has buckets); keep tracking if the flag says so.
-    Settle(Option<Job>, bool),
+    /// A settle is due (the tenant stays tracked).
+    Due(Due),
+}
+
+/// Whether a tracked tenant needs a settle now (`seen_now`: it spent since
+/// the last pass; `idle`: not for [`IDLE_RELEASE`]). Changes nothing but
+/// the `queued` mark of a tenant with nothing to settle.
+fn track(
+    limits: &crate::limits::Limits,
+    live: bool,
+    state: &mut TenantState,
+    seen_now: bool,
+    idle: bool,
+    now_ms: f64,
+) -> Track {
+    let Some(slot) = state.shared.as_deref_mut() else {
+        // No lease: tracked only while it holds admissions.
+        return if live { Track::Keep } else { Track::Forget };
+    };
+    if slot.dormant.is_some() {
+        // Its lease went back; the bucket was not full.
+        return if seen_now || live {
+            Track::Keep
+        } else {
+            Track::Forget
+        };
+    }
+    // Untouched: nothing to settle, unless the lease has been idle long
+    // enough to go back (credit is charged first). Still queued: it spent
+    // while Redis was down, or its last settle failed or was left out; it
+    // is settled now like a tenant seen now.
+    let touched = seen_now || slot.queued || (!idle && slot.has_credit());
+    if !touched && !idle {
+        return Track::Keep;
+    }
+    let class = match (touched, slot.settled_at > 0.0) {
+        (false, _) => Due::Release,
+        (true, true) => Due::Topup,
+        (true, false) => Due::Opening,
+    };
+    // A lease in use with enough left is not settled yet.
+    if touched && !needs_topup(state, now_ms) {
+        if let Some(slot) = state.shared.as_deref_mut() {
+            slot.queued = false;
+        }
+        return Track::Keep;
+    }
+    if !holds_lease(limits, state) && class != Due::Release {
+        // Nothing Redis holds (unlimited buckets only).
+        if let Some(slot) = state.shared.as_deref_mut() {
+            slot.queued = false;
+        }
+        return Track::Keep;
+    }
+    Track::Due(class)
+}
+
+/// Takes a due settle's job out of the tenant's state: its credit moves
+/// into the job; a release empties the node's buckets until Redis says how
+/// full they are.
+fn take_job(
+    limits: &crate::limits::Limits,
+    state: &mut TenantState,
+    tenant: &CompactString,
+    class: Due,
+    now_ms: f64,
+) -> Option<Job> {
+    let release = class == Due::Release;
+    let buckets = lease_of(limits, state);
+    if let Some(slot) = state.shared.as_deref_mut() {
+        slot.queued = false;
+        slot.credit = 0.0;
+        slot.route_credit.clear();
+    }
+    if release {
+        if buckets.is_empty() {
+            state.shared = None;
+        } else if let Some(slot) = state.shared.as_deref_mut() {
+            // Until Redis says how full the bucket is, a request reopens
+            // on no credit at all. The lease goes: a reopened one is not
+            // Redis' yet.
+            slot.dormant = Some((0.0, now_ms));
+            slot.low_water.clear();
+        }
+        if !limits.rate().is_unlimited() {
+            state.buckets.tenant.tokens = 0.0;
+        }
+        state.buckets.routes.clear();
+    }
+    (!buckets.is_empty()).then(|| Job {
+        tenant: tenant.clone(),
+        class,
+        release,
+        buckets,
+    })
+}
+
+/// A number the settle script returned: a finite amount, at least 0 (any
+/// other reply, which only a damaged key could cause, counts as nothing).
+fn amount(reply: &str) -> f64 {
+    reply
+        .parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite())
+        .map_or(0.0, |x| x.max(0.0))
 }
 
 /// Whether a lease in use needs a settle now: credit to charge, a bucket
@@ -487,6 +603,15 @@ fn needs_topup(state: &TenantState, now_ms: f64) -> bool {
             .find(|(r, _)| r == i)
             .is_none_or(|(_, b)| b.tokens < *low),
     })
+}
+
+/// Whether [`lease_of`] has a bucket (without building it: every pass
+/// asks this of every tenant due).
+fn holds_lease(limits: &crate::limits::Limits, state: &TenantState) -> bool {
+    state.shared.is_some()
+        && (!limits.rate().is_unlimited()
+            || (state.buckets.routes.iter())
+                .any(|(i, _)| limits.route_name(*i).is_some() && limits.holds(*i).is_some()))
 }
 
 /// The tenant's buckets as this node holds them, with the credit on each.
@@ -541,7 +666,7 @@ impl Syncer {
         if job.release {
             let fill = grants
                 .iter()
-                .map(|g| g.parse::<f64>().unwrap_or(0.0))
+                .map(|g| amount(g).min(1.0))
                 .fold(1.0_f64, f64::min);
             self.control.router.with_tenant(&job.tenant, |_, state| {
                 if let Some(slot) = state.shared.as_deref_mut() {
@@ -564,7 +689,7 @@ impl Syncer {
             slot.settled_at = now_ms;
             slot.low_water.clear();
             for (LeaseBucket { index, held, .. }, grant) in job.buckets.iter().zip(grants) {
-                let grant: f64 = grant.parse().unwrap_or(0.0);
+                let grant = amount(grant);
                 slot.low_water
                     .push((*index, ((held + grant) / 2.0).max(1.0)));
                 let bucket = match index {
@@ -621,7 +746,7 @@ impl Syncer {
     }
 
     /// Redis is down and `local-share` applies: each lease refills at
-    /// `1/N` of its rule up to `1/N` of its capacity.
+    /// `1/N` of its rule up to its share of the capacity ([`share_of`]).
     fn refill_locally(&mut self, elapsed: Duration) {
         if self.shared().mode() != super::Mode::Shared {
             return;
@@ -638,7 +763,7 @@ impl Syncer {
                     return;
                 }
                 let topup = |tokens: &mut f64, cap: f64, rate: f64| {
-                    let room = (cap / n - *tokens).max(0.0);
+                    let room = (share_of(cap, n) - *tokens).max(0.0);
                     let add = (rate / n * secs).min(room);
                     *tokens += add;
                     add
@@ -674,7 +799,7 @@ impl Syncer {
         let n = self.shared().nodes_alive();
         let now_ms = router.clock().now_ms();
         let full = |tokens: f64, rule: &crate::limits::RateRule| {
-            rule.is_unlimited() || tokens >= rule.tokens / n - 1e-9
+            rule.is_unlimited() || tokens >= share_of(rule.tokens, n) - 1e-9
         };
         self.tracked.retain(|tenant, last| {
             let idle = now.duration_since(*last) >= IDLE_RELEASE;
@@ -757,11 +882,21 @@ impl Syncer {
                 continue;
             }
             let read = redis::cmd("HGETALL").arg(self.caps_key(node)).to_owned();
-            let Some(theirs) = self.query::<HashMap<String, u64>>("caps", &read).await else {
+            let Some(theirs) = self.query::<Raw>("caps", &read).await else {
+                if self.link.connected() {
+                    // This node's hash is damaged: the others still count.
+                    continue;
+                }
                 return;
             };
-            for (tenant, n) in theirs {
-                *others.entry(CompactString::from(tenant)).or_insert(0) += n;
+            for (tenant, n) in text_pairs(theirs) {
+                // A count no node wrote is skipped; a sum stays far from
+                // overflowing what a cap check adds to it.
+                let Ok(n) = n.parse::<u64>() else {
+                    continue;
+                };
+                let sum = others.entry(CompactString::from(tenant)).or_insert(0);
+                *sum = sum.saturating_add(n).min(u64::from(u32::MAX));
             }
         }
         self.shared().set_others(others);
@@ -788,25 +923,26 @@ impl Syncer {
         if !self.sync_regions(self.state_version.is_none()).await {
             return;
         }
+        // Compared as it is read: any change of the value is news.
         let get = redis::cmd("GET").arg(&version).to_owned();
-        let Some(v) = self.query::<Option<i64>>("state", &get).await else {
+        let Some(v) = self.query::<Option<Vec<u8>>>("state", &get).await else {
             return;
         };
         let Some(v) = v else {
             // No version: Redis is new or lost its data. Put back what
             // this node knows, so nodes that start later get it.
             self.shared().republish_known();
-            self.state_version = Some(0);
+            self.state_version = Some(Vec::new());
             return;
         };
-        if self.state_version == Some(v) {
+        if self.state_version.as_ref() == Some(&v) {
             return;
         }
         let read = redis::cmd("HGETALL").arg(&state).to_owned();
-        let Some(all) = self.query::<HashMap<String, String>>("state", &read).await else {
+        let Some(all) = self.query::<Raw>("state", &read).await else {
             return;
         };
-        for (field, value) in self.shared().news(all) {
+        for (field, value) in self.shared().news(text_pairs(all).collect()) {
             self.control.apply_shared(&field, &value);
         }
         self.state_version = Some(v);

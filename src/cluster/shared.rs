@@ -68,7 +68,8 @@ impl SharedSlot {
     }
 
     /// The credit a reopened lease gets for a bucket: `1/n` of what it
-    /// holds by `now` (all of it for a lease never given back).
+    /// holds by `now` (all of it for a lease never given back), at least
+    /// one token while it holds one ([`share_of`]).
     pub fn opening_share(&self, rule: &crate::limits::RateRule, n: f64, now: f64) -> f64 {
         let held = match self.dormant {
             None => rule.tokens,
@@ -78,12 +79,21 @@ impl SharedSlot {
                 refilled.clamp(0.0, rule.tokens)
             }
         };
-        held / n
+        share_of(held, n)
     }
 
     pub fn has_credit(&self) -> bool {
         self.credit > 0.0 || self.route_credit.iter().any(|(_, c)| *c > 0.0)
     }
+}
+
+/// A node's share of `tokens` among `n` nodes: `1/n` of them, but at
+/// least one token while there is one. A share under one token could never
+/// be spent (a first request refused while the bucket holds its token), so
+/// a node borrows up to one token on credit, charged at its next settle:
+/// all nodes together open at most `max(tokens, n)` (the README's slack).
+pub fn share_of(tokens: f64, n: f64) -> f64 {
+    (tokens / n).max(tokens.min(1.0))
 }
 
 /// One node as the last heartbeat saw it.
@@ -134,6 +144,15 @@ impl AssignHook for SharedRegions {
 /// was read).
 type Heartbeat = (Vec<NodeSeen>, Option<(u64, std::time::Instant)>);
 
+/// The [`Mode`] (as stored) with Redis up or down.
+fn mode_of(up: bool, down: OnRedisDown) -> u8 {
+    match (up, down) {
+        (true, _) | (false, OnRedisDown::LocalShare) => 0,
+        (false, OnRedisDown::Allow) => 1,
+        (false, OnRedisDown::Deny) => 2,
+    }
+}
+
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shared")
@@ -146,6 +165,8 @@ impl std::fmt::Debug for Shared {
 
 pub struct Shared {
     pub config: ClusterConfig,
+    /// This process's identity among the nodes: `node_id#pid`.
+    identity: String,
     mode: AtomicU8,
     /// Nodes last seen alive (this one included), at least 1.
     alive: AtomicU32,
@@ -176,10 +197,15 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Until the heartbeat first reaches Redis, the node runs as with
+    /// Redis down: `on_redis_down` applies from the first request.
     pub fn new(config: ClusterConfig) -> Arc<Shared> {
+        let mode = mode_of(false, config.on_redis_down);
+        let identity = format!("{}#{}", config.node_id, std::process::id());
         Arc::new(Shared {
             config,
-            mode: AtomicU8::new(0),
+            identity,
+            mode: AtomicU8::new(mode),
             alive: AtomicU32::new(1),
             redis_up: AtomicBool::new(false),
             reconnects: AtomicU64::new(0),
@@ -201,8 +227,13 @@ impl Shared {
         })
     }
 
+    /// This process's identity among the nodes (its heartbeat, its
+    /// leases, its admissions, its region list): the configured `node_id`
+    /// and the process id. The old and the new process of a graceful
+    /// upgrade run side by side under one `node_id`; each is a node of its
+    /// own, so neither overwrites the other's leases or admissions.
     pub fn node_id(&self) -> &str {
-        &self.config.node_id
+        &self.identity
     }
 
     #[inline]
@@ -249,11 +280,7 @@ impl Shared {
         if self.redis_up.swap(up, Ordering::Relaxed) != up && up {
             self.reconnects.fetch_add(1, Ordering::Relaxed);
         }
-        let mode = match (up, self.config.on_redis_down) {
-            (true, _) | (false, OnRedisDown::LocalShare) => 0,
-            (false, OnRedisDown::Allow) => 1,
-            (false, OnRedisDown::Deny) => 2,
-        };
+        let mode = mode_of(up, self.config.on_redis_down);
         self.mode.store(mode, Ordering::Relaxed);
     }
 

@@ -89,6 +89,9 @@ pub enum Load {
     Hook(Arc<dyn LoadHook>),
 }
 
+/// Which tenants a snapshot keeps ([`Router::snapshot_of`]).
+pub type TenantFilter<'a> = dyn Fn(&TenantEntry, &TenantState) -> bool + 'a;
+
 pub struct RouterOptions {
     pub shards: Vec<Shard>,
     pub hash: HashStrategy,
@@ -808,9 +811,18 @@ impl Router {
     }
 
     pub fn snapshot(&self) -> RouterSnapshot {
+        self.snapshot_of(Some(&|_, _| true))
+    }
+
+    /// [`Router::snapshot`] with only the tenants `keep` says yes to
+    /// (`None`: no tenant, and no pass over the table).
+    pub fn snapshot_of(&self, keep: Option<&TenantFilter<'_>>) -> RouterSnapshot {
         let mut tenants = Vec::new();
         let mut route_buckets = Vec::new();
-        self.tenants.for_each(|e, state| {
+        let each = |e: &TenantEntry, state: &TenantState| {
+            if !keep.is_some_and(|keep| keep(e, state)) {
+                return;
+            }
             let b = &state.buckets;
             tenants.push(TenantSnapshot {
                 active: e.active(),
@@ -828,7 +840,10 @@ impl Router {
                     });
                 }
             }
-        });
+        };
+        if keep.is_some() {
+            self.tenants.for_each(each);
+        }
         tenants.sort_by(|a, b| a.tenant.cmp(&b.tenant));
         route_buckets.sort_by(|a, b| (&a.tenant, &a.route).cmp(&(&b.tenant, &b.route)));
         let shards = self
