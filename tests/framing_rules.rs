@@ -150,6 +150,31 @@ fn a_broken_chunked_body_in_hand_is_refused_before_any_shard_hears_of_it() {
     assert_eq!(targets, ["/fine"], "the shard heard of a refused request");
 }
 
+#[test]
+fn an_endless_chunk_size_line_is_refused() {
+    let shard = Shard::start(ok);
+    let gw = gateway(&shard, "");
+    let head =
+        "POST /endless HTTP/1.1\r\nHost: acme.localhost\r\nTransfer-Encoding: chunked\r\n\r\n";
+    for line in [
+        format!("{}3\r\nabc\r\n0\r\n\r\n", "0".repeat(5000)),
+        format!("3;{}\r\nabc\r\n0\r\n\r\n", "x".repeat(5000)),
+    ] {
+        let r = send(&gw, &format!("{head}{line}"));
+        assert_eq!(r.status, 400, "{}", r.text());
+    }
+    if !common::fast_path_on() {
+        // Pingora's own chunk parser takes at most 16 digits, zeros too.
+        return;
+    }
+    // Leading zeros within the bound are a chunk size (DESIGN §2).
+    let r = send(
+        &gw,
+        &format!("{head}{}3\r\nabc\r\n0\r\n\r\n", "0".repeat(100)),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
 /// The shard's answers for the response framing tests, by target.
 fn framed(target: &str) -> Vec<u8> {
     let text: &str = match target {

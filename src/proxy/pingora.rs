@@ -135,6 +135,13 @@ fn final_status(session: &Session) -> Option<u16> {
         .then_some(status.as_u16())
 }
 
+/// Whether `e` is the client's chunked body refused by the front end's
+/// reader (an `InvalidData` read error; a client gone is another kind).
+fn broken_body(e: &Error) -> bool {
+    let cause = e.root_cause().downcast_ref::<std::io::Error>();
+    cause.is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData)
+}
+
 #[async_trait]
 impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
@@ -561,6 +568,11 @@ impl ProxyHttp for Gateway {
                 ErrorSource::Upstream => Some(Refusal::error(502, "upstream-unreachable")),
                 ErrorSource::Downstream => match e.etype() {
                     ErrorType::ReadTimedout => Some(Refusal::error(408, "request-timeout")),
+                    // The front end's reader refused a chunked body that
+                    // breaks its framing (`client::OneRequest`).
+                    ErrorType::ReadError if broken_body(e) => {
+                        Some(Refusal::error(400, "invalid-chunked-body"))
+                    }
                     ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => {
                         None
                     }
