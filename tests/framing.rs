@@ -30,10 +30,6 @@ fn script(path: &str) -> (Vec<u8>, bool) {
             text("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Sum\r\n\r\n3\r\nabc\r\n4;ext=1\r\ndefg\r\n0\r\nX-Sum: 7\r\n\r\n"),
             false,
         ),
-        "/both" => (
-            text("HTTP/1.1 200 OK\r\nContent-Length: 999\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"),
-            false,
-        ),
         "/informational" => (
             text("HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"),
             false,
@@ -309,14 +305,6 @@ fn every_body_framing_arrives_intact_on_one_kept_alive_connection() {
     assert_eq!(r.body, b"abcdefg");
     assert!(r.header("content-length").is_none());
     assert!(r.header("trailer").is_none(), "hop-by-hop: {:?}", r.headers);
-
-    let r = exchange("GET", "/both");
-    assert_eq!(r.body, b"ok", "Transfer-Encoding wins over Content-Length");
-    assert!(
-        r.header("content-length").is_none(),
-        "never both: {:?}",
-        r.headers
-    );
 
     let r = exchange("GET", "/informational");
     assert_eq!((r.status, r.body.as_slice()), (200, &b"hi"[..]));

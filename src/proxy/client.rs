@@ -117,9 +117,14 @@ impl AsyncRead for OneRequest {
                 buf.set_filled(before + used);
             }
             Ok(_) => {}
-            // Broken chunks: Pingora's own parser refuses them and the
-            // connection closes; pass the bytes on.
-            Err(_) => this.body = Framing::UntilClose,
+            // Broken chunks by shardgate's rule (an endless size line, say,
+            // which Pingora's parser would take): the body goes no further.
+            Err(_) => {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "a chunked body that breaks its framing",
+                )))
+            }
         }
         Poll::Ready(Ok(()))
     }

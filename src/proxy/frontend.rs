@@ -287,6 +287,16 @@ where
                     return None;
                 }
             }
+            // A broken chunked body whose start came with the head is
+            // refused before either transport connects to a shard.
+            if let Err(refused) = head.body.check_start(&ahead, self.limits.max_body_bytes) {
+                let failure = HeadFailure {
+                    error: HeadError::Refused(refused),
+                    began: std::time::Instant::now(),
+                };
+                self.refuse(&mut stream, &buf, failure).await;
+                return None;
+            }
             if let Some(fast) = &self.fast {
                 let closing = *shutdown.borrow();
                 match fast.serve(stream, buf, head, &mut ahead, closing).await {

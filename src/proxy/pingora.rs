@@ -18,6 +18,7 @@ use super::pipeline::fields::{
     joined_cookie, strip_response_hop_by_hop, unrequested_switch, websocket_handshake, Forwarding,
     Owned,
 };
+use super::pipeline::message::{content_length, declared_framing, length_allowed};
 use super::pipeline::plan::host_from;
 use super::pipeline::watch::{quiet, Verdict, Watch};
 use super::Gateway;
@@ -132,6 +133,13 @@ fn final_status(session: &Session) -> Option<u16> {
     let status = session.response_written()?.status;
     (!status.is_informational() || status == http::StatusCode::SWITCHING_PROTOCOLS)
         .then_some(status.as_u16())
+}
+
+/// Whether `e` is the client's chunked body refused by the front end's
+/// reader (an `InvalidData` read error; a client gone is another kind).
+fn broken_body(e: &Error) -> bool {
+    let cause = e.root_cause().downcast_ref::<std::io::Error>();
+    cause.is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData)
 }
 
 #[async_trait]
@@ -297,11 +305,11 @@ impl ProxyHttp for Gateway {
             let data = body.as_deref().filter(|_| fresh).unwrap_or_default();
             // The last piece of a length completes the shard's request
             // (HTTP/2 may say its end only in an empty frame after it).
-            let length = (session
-                .req_header()
-                .headers
-                .get(http::header::CONTENT_LENGTH))
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            let lengths = (session.req_header().headers)
+                .get_all(http::header::CONTENT_LENGTH)
+                .iter()
+                .map(|v| v.as_bytes());
+            let length = content_length(lengths).unwrap_or_default();
             let end = end_of_stream || length.is_some_and(|n| read >= n);
             if let Err(refusal) = phase.piece(data, end) {
                 let status = refusal.status;
@@ -400,6 +408,27 @@ impl ProxyHttp for Gateway {
                 Some("101 to a request that asked for no upgrade".into()),
                 None,
             ));
+        }
+        // The rule a request's framing fields are read by (a coding other
+        // than `chunked`, a length that is no length: the shard's framing
+        // cannot be trusted, nor its connection kept). Pingora drops a
+        // `Content-Length` beside `Transfer-Encoding` before any phase
+        // sees the head: that one case is Pingora's reading here.
+        let fields = (upstream_response.headers.iter()).map(|(n, v)| (n.as_str(), v.as_bytes()));
+        let http10 = upstream_response.version == http::Version::HTTP_10;
+        let Ok(declared) = declared_framing(fields, http10) else {
+            return Err(Error::create(
+                ErrorType::InvalidHTTPHeader,
+                ErrorSource::Upstream,
+                Some("a response whose framing fields break RFC 9112 §6".into()),
+                None,
+            ));
+        };
+        // The length as read, once (`5, 5` is a length, not one every
+        // client reads), where a response may have one at all.
+        upstream_response.remove_header(&http::header::CONTENT_LENGTH);
+        if let (Some(length), true) = (declared.length, length_allowed(status)) {
+            upstream_response.insert_header(http::header::CONTENT_LENGTH, length)?;
         }
         // Passed: the response phase may see this head (one refused here,
         // the 101 above or a failed edit below, never reaches it).
@@ -539,6 +568,11 @@ impl ProxyHttp for Gateway {
                 ErrorSource::Upstream => Some(Refusal::error(502, "upstream-unreachable")),
                 ErrorSource::Downstream => match e.etype() {
                     ErrorType::ReadTimedout => Some(Refusal::error(408, "request-timeout")),
+                    // The front end's reader refused a chunked body that
+                    // breaks its framing (`client::OneRequest`).
+                    ErrorType::ReadError if broken_body(e) => {
+                        Some(Refusal::error(400, "invalid-chunked-body"))
+                    }
                     ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => {
                         None
                     }

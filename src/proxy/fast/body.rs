@@ -9,9 +9,11 @@ use super::request::Outgoing;
 use crate::proxy::hooks::UpstreamEdit;
 use crate::proxy::pipeline::answer::Refusal;
 use crate::proxy::pipeline::body::BodyPhase;
-use crate::proxy::pipeline::fields::{is_hop_by_hop, same_field, Owned};
-use crate::proxy::pipeline::framing::{Framing, Part};
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use crate::proxy::pipeline::fields::Owned;
+use crate::proxy::pipeline::framing::{
+    put_chunk, put_last_chunk, trailer_fields, Framing, Part, MAX_SIZE_LINE,
+};
+use bytes::{Buf, Bytes, BytesMut};
 
 /// A body is read from the client in reads of up to this much, each
 /// forwarded before the next.
@@ -68,6 +70,12 @@ pub(super) struct H1Body {
     trailers: Vec<u8>,
     /// How much more a chunked body may announce.
     budget: Option<u64>,
+    /// How many more bytes of framing (size lines with their extensions
+    /// and whitespace, CRLFs) a chunked body may carry: as many as its
+    /// content may and one longest size line, so that a stream of framing
+    /// around little content (extensions, one-byte chunks) is not read
+    /// forever.
+    framing_budget: Option<u64>,
     limits: BodyLimits,
     /// The embedder's body phase, if it inspects bodies.
     phase: Option<BodyPhase>,
@@ -100,6 +108,8 @@ impl H1Body {
             framing,
             trailers: Vec::new(),
             budget: limits.max_body,
+            framing_budget: (limits.max_body)
+                .map(|max| max.saturating_add(u64::from(MAX_SIZE_LINE))),
             limits,
             phase: None,
             edit: None,
@@ -182,6 +192,11 @@ impl H1Body {
             // A chunk that announces more than is left is refused at once.
             *budget = budget.checked_sub(announced).ok_or(BodyError::TooLarge)?;
         }
+        let len: usize = data.iter().map(|r| r.len()).sum();
+        if let Some(budget) = &mut self.framing_budget {
+            let framing = used - len - trailer.len();
+            *budget = (budget.checked_sub(framing as u64)).ok_or(BodyError::TooLarge)?;
+        }
         self.trailers.extend_from_slice(&input[trailer]);
         if self.trailers.len() > self.limits.max_trailers {
             return Err(BodyError::TrailersTooLarge);
@@ -192,12 +207,11 @@ impl H1Body {
             }
             inspect(&mut self.phase, &[], self.framing.is_done())?;
         }
-        let len: usize = data.iter().map(|r| r.len()).sum();
         self.received += len as u64;
         let mut out = BytesMut::with_capacity(len + 32);
         put_chunk(&mut out, data.iter().map(|r| &input[r.clone()]), len);
         if self.framing.is_done() {
-            put_last_chunk(&mut out, &self.trailers, &self.limits, self.edit.as_ref());
+            put_end(&mut out, &self.trailers, &self.limits, self.edit.as_ref());
         }
         input.advance(used);
         Ok(out.freeze())
@@ -274,68 +288,23 @@ impl H2Body {
     pub(super) fn end(&mut self) -> Result<Bytes, BodyError> {
         inspect(&mut self.phase, &[], true)?;
         Ok(match self.outgoing {
-            Outgoing::Chunked => Bytes::from_static(b"0\r\n\r\n"),
+            Outgoing::Chunked => {
+                let mut out = BytesMut::with_capacity(5);
+                put_last_chunk(&mut out, &[]);
+                out.freeze()
+            }
             _ => Bytes::new(),
         })
     }
 }
 
-/// One chunk of `len` bytes made of `parts` (nothing if empty: an empty
-/// chunk would be the last one).
-fn put_chunk<'a>(out: &mut BytesMut, parts: impl Iterator<Item = &'a [u8]>, len: usize) {
-    if len == 0 {
-        return;
-    }
-    out.put_slice(format!("{len:x}\r\n").as_bytes());
-    for part in parts {
-        out.put_slice(part);
-    }
-    out.put_slice(b"\r\n");
-}
-
-/// The last chunk and the trailer fields a shard may take: none that
-/// frames, routes or is hop-by-hop, none shardgate owns and none the
-/// embedder's `edit` sets or removes (a framework that merges trailers
-/// into its fields would read them as the head's).
-fn put_last_chunk(
-    out: &mut BytesMut,
-    trailers: &[u8],
-    limits: &BodyLimits,
-    edit: Option<&UpstreamEdit>,
-) {
-    out.put_slice(b"0\r\n");
-    if !trailers.is_empty() {
-        let mut block = trailers.to_vec();
-        block.extend_from_slice(b"\r\n");
-        let mut slots = [httparse::EMPTY_HEADER; 64];
-        if let Ok(httparse::Status::Complete((_, fields))) =
-            httparse::parse_headers(&block, &mut slots)
-        {
-            for field in fields {
-                let name = field.name;
-                let refused = is_hop_by_hop(name)
-                    || limits.owned.owns(name)
-                    || [
-                        "content-length",
-                        "host",
-                        "expect",
-                        "authorization",
-                        "content-type",
-                        "content-encoding",
-                        "content-range",
-                    ]
-                    .iter()
-                    .any(|f| same_field(name, f))
-                    || edit.is_some_and(|edit| edit.replaces(name));
-                if !refused {
-                    for part in [name.as_bytes(), b": ", field.value, b"\r\n"] {
-                        out.put_slice(part);
-                    }
-                }
-            }
-        }
-    }
-    out.put_slice(b"\r\n");
+/// The end of a body the shard receives in chunks: the last chunk and
+/// the trailer fields a shard may take — the one trailer rule
+/// ([`trailer_fields`]), and none shardgate owns nor the embedder's `edit`
+/// sets or removes.
+fn put_end(out: &mut BytesMut, trailers: &[u8], limits: &BodyLimits, edit: Option<&UpstreamEdit>) {
+    let ours = |name: &str| limits.owned.owns(name) || edit.is_some_and(|e| e.replaces(name));
+    put_last_chunk(out, &trailer_fields(trailers, ours));
 }
 
 #[cfg(test)]
@@ -443,6 +412,19 @@ mod tests {
             feed(Framing::chunked(), many.as_bytes(), 64, None).unwrap_err(),
             BodyError::TrailersTooLarge
         );
+    }
+
+    #[test]
+    fn framing_around_little_content_counts_against_the_limit() {
+        // 100 bytes of content allowed: 1 000 one-byte chunks are under it
+        // in content, far over it in framing.
+        let many = format!("{}0\r\n\r\n", "1;ext=aaaaaaaaaa\r\nx\r\n".repeat(1000));
+        assert_eq!(
+            feed(Framing::chunked(), many.as_bytes(), 4096, Some(1000)).unwrap_err(),
+            BodyError::TooLarge
+        );
+        let few = format!("{}0\r\n\r\n", "1;ext=aaaaaaaaaa\r\nx\r\n".repeat(10));
+        assert!(feed(Framing::chunked(), few.as_bytes(), 4096, Some(1000)).is_ok());
     }
 
     #[test]

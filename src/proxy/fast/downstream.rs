@@ -12,7 +12,7 @@ use super::response::{
 use crate::proxy::client::poll_watch;
 use crate::proxy::hooks::ResponseEdit;
 use crate::proxy::pipeline::answer::Refusal;
-use crate::proxy::pipeline::fields::is_hop_by_hop;
+use crate::proxy::pipeline::framing::{put_chunk, put_last_chunk, trailer_fields};
 use bytes::{Bytes, BytesMut};
 use pingora::protocols::http::v2::server::HttpSession as H2Stream;
 use pingora::protocols::Stream;
@@ -280,18 +280,9 @@ impl Downstream for H1Client<'_> {
             Encoding::Chunked => {
                 self.out.extend_from_slice(&self.pending);
                 self.pending = Bytes::new();
-                if !content.is_empty() {
-                    self.out
-                        .extend_from_slice(format!("{:x}\r\n", content.len()).as_bytes());
-                    self.out.extend_from_slice(&content);
-                    self.out.extend_from_slice(b"\r\n");
-                }
+                put_chunk(&mut self.out, [&content[..]], content.len());
                 if let Some(trailers) = end {
-                    self.out.extend_from_slice(b"0\r\n");
-                    for line in trailer_lines(trailers) {
-                        self.out.extend_from_slice(line);
-                    }
-                    self.out.extend_from_slice(b"\r\n");
+                    put_last_chunk(&mut self.out, &trailer_fields(trailers, |_| false));
                 }
             }
         }
@@ -319,16 +310,6 @@ impl Downstream for H1Client<'_> {
     fn counts(&self) -> (u64, u64) {
         (self.body.received(), self.bytes_out)
     }
-}
-
-/// A response's trailer section, line by line, without hop-by-hop fields
-/// and without a length (the chunks framed the body).
-fn trailer_lines(block: &[u8]) -> impl Iterator<Item = &[u8]> {
-    block.split_inclusive(|b| *b == b'\n').filter(|line| {
-        let name = line.split(|b| *b == b':').next().unwrap_or_default();
-        let name = std::str::from_utf8(name.trim_ascii()).unwrap_or_default();
-        !name.is_empty() && !is_hop_by_hop(name) && !name.eq_ignore_ascii_case("content-length")
-    })
 }
 
 /// An HTTP/2 stream, for its one request.
@@ -528,13 +509,9 @@ impl Downstream for H2Client {
 /// unreadable: the body then simply ends).
 fn h2_trailers(block: &[u8]) -> Option<http::HeaderMap> {
     let mut map = http::HeaderMap::new();
-    for line in trailer_lines(block) {
-        let mut parts = line.splitn(2, |b| *b == b':');
-        let (Some(name), Some(value)) = (parts.next(), parts.next()) else {
-            continue;
-        };
-        let name = http::HeaderName::from_bytes(name.trim_ascii()).ok()?;
-        let value = http::HeaderValue::from_bytes(value.trim_ascii()).ok()?;
+    for (name, value) in trailer_fields(block, |_| false) {
+        let name = http::HeaderName::from_bytes(name.as_bytes()).ok()?;
+        let value = http::HeaderValue::from_bytes(value).ok()?;
         map.append(name, value);
     }
     (!map.is_empty()).then_some(map)

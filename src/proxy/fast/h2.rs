@@ -13,6 +13,7 @@ use crate::proxy::ctx::RequestCtx;
 use crate::proxy::hooks::{RequestLine, RequestView};
 use crate::proxy::pipeline::answer::Refusal;
 use crate::proxy::pipeline::fields::joined_cookie;
+use crate::proxy::pipeline::message::content_length;
 use bytes::Bytes;
 use http::Method;
 use pingora::http::RequestHeader;
@@ -28,11 +29,12 @@ impl FastPath {
         let req = stream.req_header();
         let method = req.method.clone();
         let head_only = method == Method::HEAD;
-        let (outgoing, too_large) = outgoing(req, &stream, self.body_limits.max_body);
+        let framed = outgoing(req, &stream, self.body_limits.max_body);
+        let outgoing = *framed.as_ref().unwrap_or(&Outgoing::None);
         let mut body = H2Body::new(outgoing, self.body_limits.max_body);
-        let planned = match too_large {
-            true => Err(Refusal::error(413, "body-too-large")),
-            false => {
+        let planned = match framed {
+            Err(refusal) => Err(refusal),
+            Ok(_) => {
                 let target = req.raw_path();
                 match target.starts_with(b"/") && target.iter().all(u8::is_ascii_graphic) {
                     true => gw.plan(&RequestView::from_pingora(req), &mut ctx),
@@ -100,18 +102,17 @@ impl FastPath {
     }
 }
 
-/// How the stream's body goes to the shard, and whether its announced
-/// length is over `limits.max_body_bytes` (413 at once).
-fn outgoing(req: &RequestHeader, stream: &H2Stream, max: Option<u64>) -> (Outgoing, bool) {
-    let length = req
-        .headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    match length {
-        Some(n) => (Outgoing::Length(n), max.is_some_and(|max| n > max)),
-        None if stream.is_body_empty() => (Outgoing::None, false),
-        None => (Outgoing::Chunked, false),
+/// How the stream's body goes to the shard: by its `Content-Length` (read
+/// by the one rule, [`content_length`]: 400 if it is no length, 413 at
+/// once if over `limits.max_body_bytes`), else in chunks if it has one.
+fn outgoing(req: &RequestHeader, stream: &H2Stream, max: Option<u64>) -> Result<Outgoing, Refusal> {
+    let values = req.headers.get_all(http::header::CONTENT_LENGTH);
+    match content_length(values.iter().map(|v| v.as_bytes())) {
+        Err(_) => Err(Refusal::error(400, "invalid-content-length")),
+        Ok(Some(n)) if max.is_some_and(|max| n > max) => Err(Refusal::error(413, "body-too-large")),
+        Ok(Some(n)) => Ok(Outgoing::Length(n)),
+        Ok(None) if stream.is_body_empty() => Ok(Outgoing::None),
+        Ok(None) => Ok(Outgoing::Chunked),
     }
 }
 

@@ -7,6 +7,7 @@
 use crate::proxy::head::Layout;
 use crate::proxy::hooks::UpstreamEdit;
 use crate::proxy::pipeline::fields::{is_hop_by_hop, tokens, websocket_handshake, Forwarding};
+use crate::proxy::pipeline::message::closes_connection;
 
 /// A request's fields, on the stack for most heads.
 pub(super) type Fields<'b> = smallvec::SmallVec<[(&'b str, &'b [u8]); 16]>;
@@ -62,29 +63,20 @@ pub(super) fn head_in<'b>(buf: &'b [u8], layout: &Layout) -> Option<RequestHead<
     for (name, value) in &layout.fields {
         headers.push((text(name)?, bytes(value)?));
     }
-    let (mut close, mut keep_alive, mut expect_continue) = (false, false, false);
-    for (name, value) in &headers {
-        if name.eq_ignore_ascii_case("connection") {
-            for token in tokens(value) {
-                close |= token.eq_ignore_ascii_case(b"close");
-                keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
-            }
-        } else if name.eq_ignore_ascii_case("expect") {
-            expect_continue |= value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
-        }
-    }
     let field = |wanted: &'static str| {
         headers
             .iter()
             .filter(move |(n, _)| n.eq_ignore_ascii_case(wanted))
             .map(|(_, v)| *v)
     };
+    let expect_continue =
+        field("expect").any(|v| v.trim_ascii().eq_ignore_ascii_case(b"100-continue"));
     let websocket = websocket_handshake(method, !http10, field("connection"), field("upgrade"));
     Some(RequestHead {
         method,
         target,
         http10,
-        close: close || (http10 && !keep_alive),
+        close: closes_connection(http10, field("connection")),
         websocket,
         expect_continue,
         headers,

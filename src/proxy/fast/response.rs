@@ -6,8 +6,11 @@
 
 use super::request::push_field;
 use crate::proxy::hooks::ResponseEdit;
-use crate::proxy::pipeline::fields::{tokens, unrequested_switch, ResponseHops};
+use crate::proxy::pipeline::fields::{is_framing, unrequested_switch, ResponseHops};
 use crate::proxy::pipeline::framing::Framing;
+use crate::proxy::pipeline::message::{
+    closes_connection, declared_framing, length_allowed, Declared,
+};
 use pingora::http::ResponseHeader;
 use pingora::protocols::http::date::get_cached_date;
 use std::mem::MaybeUninit;
@@ -88,21 +91,10 @@ pub(super) fn response_head(
     out.extend_from_slice(&buf[parsed.reason.clone()]);
     out.extend_from_slice(b"\r\n");
     let hops = parsed.hops(buf);
-    let (mut dated, mut length_sent) = (false, false);
+    let mut dated = false;
     for (name, value) in &parsed.headers {
         let (name, value) = (&buf[name.clone()], &buf[value.clone()]);
-        let keep = if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            // Its codings before `chunked` stay with the chunks.
-            parsed.chunked && matches!(encoding, Encoding::Bodiless | Encoding::Chunked)
-        } else if name.eq_ignore_ascii_case(b"content-length") {
-            let keep = !length_sent
-                && !parsed.transfer_encoding
-                && matches!(encoding, Encoding::Bodiless | Encoding::Length);
-            length_sent |= keep;
-            keep
-        } else {
-            hops.keeps(name)
-        };
+        let keep = parsed.keeps(&hops, name);
         if keep && !edit.is_some_and(|e| e.removes(name)) && not_id(name) {
             dated |= name.eq_ignore_ascii_case(b"date");
             push_field(&mut out, name, value);
@@ -121,7 +113,14 @@ pub(super) fn response_head(
     if let Some((name, value)) = id {
         push_field(&mut out, name.as_str().as_bytes(), value.as_bytes());
     }
-    if encoding == Encoding::Chunked && !parsed.chunked {
+    if let Some(length) = parsed.length() {
+        push_field(
+            &mut out,
+            b"Content-Length",
+            itoa::Buffer::new().format(length).as_bytes(),
+        );
+    }
+    if encoding == Encoding::Chunked {
         out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
     }
     match persist {
@@ -134,8 +133,7 @@ pub(super) fn response_head(
 }
 
 /// The response head an HTTP/2 client receives, as a header map: the
-/// same rule, without HTTP/1's framing fields (a length stays, but not on
-/// a 204 or beside chunks, and once). `Err`: a field HTTP/2 cannot carry
+/// same rule, the same length ([`ParsedResponse::length`]). `Err`: a field HTTP/2 cannot carry
 /// (or an edit that breaks it).
 pub(super) fn h2_response_head(
     buf: &[u8],
@@ -147,25 +145,16 @@ pub(super) fn h2_response_head(
     let mut head =
         ResponseHeader::build_no_case(parsed.status, Some(parsed.headers.len())).map_err(|_| ())?;
     let hops = parsed.hops(buf);
-    let mut length_sent = false;
     for (name, value) in &parsed.headers {
         let (name, value) = (&buf[name.clone()], &buf[value.clone()]);
-        let keep = if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            false
-        } else if name.eq_ignore_ascii_case(b"content-length") {
-            // The length of a body sent in chunks is the chunks' (RFC 9112
-            // §6.3); a 204 has none (RFC 9110 §8.6), and HTTP/2 clients
-            // refuse one.
-            let keep = !length_sent && !parsed.transfer_encoding && parsed.status != 204;
-            length_sent |= keep;
-            keep
-        } else {
-            hops.keeps(name)
-        };
-        if keep {
+        if parsed.keeps(&hops, name) {
             let name = http::HeaderName::from_bytes(name).map_err(|_| ())?;
             head.append_header(name, value).map_err(|_| ())?;
         }
+    }
+    if let Some(length) = parsed.length() {
+        head.insert_header(http::header::CONTENT_LENGTH, length)
+            .map_err(|_| ())?;
     }
     if let Some(edit) = edit {
         edit.apply(&mut head).map_err(|_| ())?;
@@ -192,9 +181,10 @@ pub(super) struct ParsedResponse {
     /// connection, and no check can tell in time (it may arrive just
     /// after any check), so the connection is not reused.
     pub(super) announced_body: bool,
-    pub(super) transfer_encoding: bool,
-    /// `Transfer-Encoding` ends in `chunked`.
+    /// `Transfer-Encoding: chunked` (the only coding a shard may send).
     pub(super) chunked: bool,
+    /// The shard's `Content-Length`, as read.
+    length: Option<u64>,
     pub(super) head_len: usize,
     pub(super) framing: Framing,
 }
@@ -204,6 +194,22 @@ impl ParsedResponse {
     /// response's body has been read whole (and nothing beyond it).
     pub(super) fn keeps_connection(&self) -> bool {
         !self.upstream_close && !self.announced_body
+    }
+
+    /// Whether the shard's field `name` goes on to the client, HTTP/1 or
+    /// HTTP/2 alike: the hop-by-hop rule; never a framing field as the
+    /// shard wrote it (`5, 5` is a length, but not one every client
+    /// reads): each writer frames the body itself, with [`Self::length`].
+    fn keeps(&self, hops: &ResponseHops<'_>, name: &[u8]) -> bool {
+        !is_framing(name) && hops.keeps(name)
+    }
+
+    /// The `Content-Length` the client is told, by the one rule for both
+    /// protocols ([`length_allowed`]): the shard's, read once, beside no
+    /// chunks — the length the body is sent with, or to HEAD and on a
+    /// 304 the resource's.
+    pub(super) fn length(&self) -> Option<u64> {
+        self.length.filter(|_| length_allowed(self.status))
     }
 
     /// The hop-by-hop rule for this response.
@@ -268,53 +274,36 @@ pub(super) fn parse_response(
             upstream_close: http10,
             bodiless: head_only || matches!(status, 101 | 204 | 304),
             announced_body: false,
-            transfer_encoding: false,
             chunked: false,
+            length: None,
             head_len: offset + len,
             framing: Framing::UntilClose,
         };
-        let mut length: Option<u64> = None;
         for h in resp.headers.iter() {
             parsed
                 .headers
                 .push((range_of(buf, h.name.as_bytes()), range_of(buf, h.value)));
-            if h.name.eq_ignore_ascii_case("connection") {
-                parsed.upstream_close |= tokens(h.value).any(|t| t.eq_ignore_ascii_case(b"close"));
-            } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-                if http10 {
-                    return Err(());
-                }
-                parsed.transfer_encoding = true;
-                parsed.chunked = tokens(h.value)
-                    .last()
-                    .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"));
-            } else if h.name.eq_ignore_ascii_case("content-length") {
-                let value = h.value.trim_ascii();
-                if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
-                    return Err(());
-                }
-                let n: u64 = std::str::from_utf8(value)
-                    .map_err(|_| ())?
-                    .parse()
-                    .map_err(|_| ())?;
-                if length.is_some_and(|l| l != n) {
-                    return Err(());
-                }
-                length = Some(n);
-            }
         }
+        let connection = (resp.headers.iter())
+            .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+            .map(|h| h.value);
+        // An HTTP/1.0 shard's connection is never reused, whatever it says.
+        parsed.upstream_close |= closes_connection(http10, connection);
+        // The rule a request's framing fields are read by: a shard's
+        // response that breaks it (both fields, a coding other than
+        // `chunked`, a length that is no length) is an upstream error.
+        let fields = resp.headers.iter().map(|h| (h.name, h.value));
+        let declared = declared_framing(fields, http10).map_err(|_| ())?;
+        (parsed.chunked, parsed.length) = (declared.chunked, declared.length);
         parsed.announced_body =
-            parsed.bodiless && (parsed.transfer_encoding || length.is_some_and(|n| n > 0));
-        parsed.framing = if parsed.bodiless {
-            Framing::Length(0)
-        } else if parsed.chunked {
-            Framing::chunked()
-        } else if parsed.transfer_encoding {
-            Framing::UntilClose
-        } else if let Some(n) = length {
-            Framing::Length(n)
-        } else {
-            Framing::UntilClose
+            parsed.bodiless && (declared.chunked || declared.length.is_some_and(|n| n > 0));
+        parsed.framing = match declared {
+            _ if parsed.bodiless => Framing::Length(0),
+            Declared { chunked: true, .. } => Framing::chunked(),
+            Declared {
+                length: Some(n), ..
+            } => Framing::Length(n),
+            _ => Framing::UntilClose,
         };
         parsed.upstream_close |= matches!(parsed.framing, Framing::UntilClose);
         return Ok(Some(parsed));
@@ -342,12 +331,30 @@ mod tests {
         assert_eq!(p.status, 204);
         assert!(p.framing.is_done());
         let p = parse(
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 3\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\n",
             false,
         )
         .unwrap()
         .unwrap();
         assert!(matches!(p.framing, Framing::Chunked(_)));
+        // The request's rule: never both fields, no coding but `chunked`
+        // (re-chunked, another would reach the client unlabelled).
+        for framing in [
+            "Transfer-Encoding: chunked\r\nContent-Length: 3",
+            "Transfer-Encoding: gzip, chunked",
+            "Transfer-Encoding: gzip",
+            "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked",
+        ] {
+            let raw = format!("HTTP/1.1 200 OK\r\n{framing}\r\n\r\n");
+            assert!(parse(raw.as_bytes(), false).is_err(), "{framing}");
+        }
+        let p = parse(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\nContent-Length: 5\r\n\r\n",
+            false,
+        )
+        .unwrap()
+        .unwrap();
+        assert!(matches!(p.framing, Framing::Length(5)));
         let p = parse(b"HTTP/1.1 200 OK\r\n\r\n", false).unwrap().unwrap();
         assert!(matches!(p.framing, Framing::UntilClose) && p.upstream_close);
         let p = parse(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n", true)
@@ -369,7 +376,7 @@ mod tests {
     #[test]
     fn response_heads_lose_hop_by_hop_fields() {
         let raw = b"HTTP/1.1 200 Fine\r\nConnection: close, X-Secret\r\nX-Secret: 1\r\nKeep-Alive: timeout=5\r\n\
-Transfer-Encoding: chunked\r\nContent-Length: 12\r\nTrailer: x-sum\r\nX-Kept: yes\r\nDate: then\r\n\r\n";
+Transfer-Encoding: chunked\r\nTrailer: x-sum\r\nX-Kept: yes\r\nDate: then\r\n\r\n";
         let p = parse_response(raw, false, false).unwrap().unwrap();
         let head = response_head(
             raw,
@@ -381,7 +388,7 @@ Transfer-Encoding: chunked\r\nContent-Length: 12\r\nTrailer: x-sum\r\nX-Kept: ye
         );
         assert_eq!(
             String::from_utf8(head).unwrap(),
-            "HTTP/1.1 200 Fine\r\nTransfer-Encoding: chunked\r\nX-Kept: yes\r\nDate: then\r\n\r\n"
+            "HTTP/1.1 200 Fine\r\nX-Kept: yes\r\nDate: then\r\nTransfer-Encoding: chunked\r\n\r\n"
         );
         // A `Date` the shard's `Connection` names goes, and one is added.
         let raw = b"HTTP/1.1 200 OK\r\nConnection: date\r\nDate: then\r\nContent-Length: 0\r\n\r\n";

@@ -3,7 +3,7 @@
 //! plain listeners, and the `redirect_https` listeners' 308.
 
 use super::answer::Refusal;
-use super::message::{check_host, host_name, request_target, Target};
+use super::message::{check_host, closes_connection, host_name, request_target, Target};
 use crate::tls::Edge;
 
 /// Where ACME's HTTP-01 validation looks (RFC 8555 §8.3).
@@ -33,7 +33,10 @@ pub fn edge_answer(head: &[u8], redirect: Option<u16>, edge: &Edge) -> Option<Ed
     let mut req = httparse::Request::new(&mut fields);
     let (target, head_only, close) = match req.parse(head) {
         Ok(httparse::Status::Complete(_)) => {
-            let close = closes(req.version, req.headers);
+            let connection = (req.headers.iter())
+                .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+                .map(|h| h.value);
+            let close = closes_connection(req.version == Some(0), connection);
             (req.path.unwrap_or(""), req.method == Some("HEAD"), close)
         }
         _ if redirect.is_some() => return Some(bad_host(false)),
@@ -97,25 +100,6 @@ fn bad_host(head_only: bool) -> EdgeAnswer {
         head_only,
         close: true,
     }
-}
-
-/// Whether the request makes its connection's last answer: HTTP/1.0
-/// without `keep-alive`, or `Connection: close`.
-fn closes(version: Option<u8>, headers: &[httparse::Header<'_>]) -> bool {
-    let mut keep_alive = false;
-    for h in headers
-        .iter()
-        .filter(|h| h.name.eq_ignore_ascii_case("connection"))
-    {
-        for token in h.value.split(|b| *b == b',') {
-            let token = token.trim_ascii();
-            if token.eq_ignore_ascii_case(b"close") {
-                return true;
-            }
-            keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
-        }
-    }
-    version == Some(0) && !keep_alive
 }
 
 #[cfg(test)]

@@ -128,7 +128,7 @@ impl<'a> ResponseHops<'a> {
 
 /// `Content-Length` or `Transfer-Encoding`: framing, which each writer
 /// sets for the body it writes.
-fn is_framing(name: &[u8]) -> bool {
+pub(crate) fn is_framing(name: &[u8]) -> bool {
     name.eq_ignore_ascii_case(b"content-length") || name.eq_ignore_ascii_case(b"transfer-encoding")
 }
 

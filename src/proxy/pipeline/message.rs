@@ -13,17 +13,23 @@
 //!   a server that does not understand a coding responds 501), and any
 //!   `Transfer-Encoding` on HTTP/1.0 is 400 (§6.1: faulty framing);
 //! - a `Content-Length` that is not a number, or several that differ, is
-//!   400 (§6.3); one larger than `limits.max_body_bytes` is 413 at once;
+//!   400 (§6.3; a list of one length said again is that length); one
+//!   larger than `limits.max_body_bytes` is 413 at once;
 //! - a WebSocket handshake that declares a body (a `Content-Length` other
 //!   than 0, or any `Transfer-Encoding`) is 400 (DESIGN §2 step 5: were
 //!   it kept, a shard that declines the upgrade would leave the body on
 //!   the connection, to be read as the client's next request).
+//!
+//! The framing fields are read by one rule for requests and responses
+//! ([`declared_framing`], [`content_length`]): a shard's response that
+//! breaks it is an upstream error (502, its connection not kept).
 //!
 //! Every refusal here closes the connection: what follows the head cannot
 //! be framed (or is not wanted).
 
 use super::fields::tokens;
 use super::framing::Framing;
+use smallvec::SmallVec;
 
 /// A head refused before any transport saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,15 +79,6 @@ pub fn check_request_line(buf: &[u8]) -> Result<(), Refused> {
         }
         _ => Err(refused(400, "invalid-request-line")),
     }
-}
-
-/// The largest length a `Content-Length` value names (`5, 5` is one
-/// length said twice; the head reader refuses values that differ), or
-/// `None` when it names none.
-pub fn declared_length(value: &[u8]) -> Option<u64> {
-    (value.split(|b| *b == b',').map(<[u8]>::trim_ascii))
-        .filter_map(|text| std::str::from_utf8(text).ok()?.parse::<u64>().ok())
-        .max()
 }
 
 /// Checks what a head says of its authority: no `CONNECT` (405), a target
@@ -176,30 +173,69 @@ pub fn host_name(authority: &str) -> &str {
         .map_or(authority, |(name, _)| name)
 }
 
-/// Checks the framing fields of a parsed head (`fields` as (name, value),
-/// `http10`: the request is HTTP/1.0) and the body size they announce
-/// against `max_body` (`None`: unlimited); returns the body's framing.
-pub fn check_framing<'a>(
+/// The one reading of `Content-Length` (RFC 9110 §8.6), for requests and
+/// responses on every transport: `values` are the field's values, from
+/// one field or several. A list of identical lengths (`5, 5`, or two
+/// fields of `5`) is that length; anything else — lengths that differ, a
+/// sign, a non-digit, an empty element, a number past `u64` — is no
+/// length at all ([`FramingFault::Length`]). `Ok(None)`: no field.
+pub fn content_length<'a>(
+    values: impl IntoIterator<Item = &'a [u8]>,
+) -> Result<Option<u64>, FramingFault> {
+    let mut length = None;
+    for value in values {
+        for text in value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
+            if text.is_empty() || !text.iter().all(u8::is_ascii_digit) {
+                return Err(FramingFault::Length);
+            }
+            let n = (std::str::from_utf8(text).ok())
+                .and_then(|t| t.parse::<u64>().ok())
+                .ok_or(FramingFault::Length)?;
+            if length.is_some_and(|l| l != n) {
+                return Err(FramingFault::Length);
+            }
+            length = Some(n);
+        }
+    }
+    Ok(length)
+}
+
+/// Why a message's framing fields cannot be trusted (RFC 9112 §6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FramingFault {
+    /// A `Content-Length` that is no length ([`content_length`]).
+    Length,
+    /// `Content-Length` beside `Transfer-Encoding` (§6.3: smuggling or
+    /// splitting; nginx refuses both, requests and responses).
+    LengthWithCoding,
+    /// `Transfer-Encoding` in an HTTP/1.0 message (§6.1).
+    CodingInHttp10,
+    /// A coding other than `chunked` alone: a body re-framed by the proxy
+    /// would reach its client still coded but no longer labelled.
+    UnsupportedCoding,
+}
+
+/// What a message's framing fields say, the same for a client's request
+/// and a shard's response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Declared {
+    /// Its `Content-Length`, if it has one.
+    pub length: Option<u64>,
+    /// `Transfer-Encoding: chunked` (the only coding let through).
+    pub chunked: bool,
+}
+
+/// Reads the framing fields of a message (`fields` as (name, value),
+/// `http10`: an HTTP/1.0 message): a length ([`content_length`]), or
+/// `chunked` alone, never both.
+pub fn declared_framing<'a>(
     fields: impl Iterator<Item = (&'a str, &'a [u8])>,
     http10: bool,
-    max_body: Option<u64>,
-) -> Result<Framing, Refused> {
-    let (mut length, mut codings, mut chunked_only) = (None, 0usize, true);
+) -> Result<Declared, FramingFault> {
+    let (mut lengths, mut codings, mut chunked_only) = (SmallVec::<[&[u8]; 2]>::new(), 0, true);
     for (name, value) in fields {
         if name.eq_ignore_ascii_case("content-length") {
-            // `5, 5` is one length said twice (§6.3); anything else that is
-            // not digits is no length at all.
-            for text in value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
-                let n = std::str::from_utf8(text)
-                    .ok()
-                    .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
-                    .and_then(|t| t.parse::<u64>().ok())
-                    .ok_or(refused(400, "invalid-content-length"))?;
-                if length.is_some_and(|l| l != n) {
-                    return Err(refused(400, "invalid-content-length"));
-                }
-                length = Some(n);
-            }
+            lengths.push(value);
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
             for coding in tokens(value) {
                 codings += 1;
@@ -212,23 +248,74 @@ pub fn check_framing<'a>(
             }
         }
     }
+    let length = content_length(lengths)?;
     if codings == 0 {
-        let length = length.unwrap_or(0);
-        if max_body.is_some_and(|max| length > max) {
-            return Err(refused(413, "body-too-large"));
-        }
-        return Ok(Framing::Length(length));
+        return Ok(Declared {
+            length,
+            chunked: false,
+        });
     }
     if length.is_some() {
-        return Err(refused(400, "content-length-with-transfer-encoding"));
+        return Err(FramingFault::LengthWithCoding);
     }
     if http10 {
-        return Err(refused(400, "transfer-encoding-in-http-1.0"));
+        return Err(FramingFault::CodingInHttp10);
     }
     if codings > 1 || !chunked_only {
-        return Err(refused(501, "unsupported-transfer-coding"));
+        return Err(FramingFault::UnsupportedCoding);
     }
-    Ok(Framing::chunked())
+    Ok(Declared {
+        length: None,
+        chunked: true,
+    })
+}
+
+/// Checks the framing fields of a request head ([`declared_framing`]) and
+/// the body size they announce against `max_body` (`None`: unlimited);
+/// returns the body's framing.
+pub fn check_framing<'a>(
+    fields: impl Iterator<Item = (&'a str, &'a [u8])>,
+    http10: bool,
+    max_body: Option<u64>,
+) -> Result<Framing, Refused> {
+    let declared = declared_framing(fields, http10).map_err(|fault| match fault {
+        FramingFault::Length => refused(400, "invalid-content-length"),
+        FramingFault::LengthWithCoding => refused(400, "content-length-with-transfer-encoding"),
+        FramingFault::CodingInHttp10 => refused(400, "transfer-encoding-in-http-1.0"),
+        FramingFault::UnsupportedCoding => refused(501, "unsupported-transfer-coding"),
+    })?;
+    if declared.chunked {
+        return Ok(Framing::chunked());
+    }
+    let length = declared.length.unwrap_or(0);
+    if max_body.is_some_and(|max| length > max) {
+        return Err(refused(413, "body-too-large"));
+    }
+    Ok(Framing::Length(length))
+}
+
+/// The one close rule (RFC 9112 §9.3), for requests and responses alike:
+/// whether a message makes its connection's last — `Connection: close`,
+/// or HTTP/1.0 (`http10`) without `keep-alive`. `connection`: the values
+/// of its `Connection` fields.
+pub fn closes_connection<'a>(http10: bool, connection: impl IntoIterator<Item = &'a [u8]>) -> bool {
+    let mut keep_alive = false;
+    for token in connection.into_iter().flat_map(tokens) {
+        if token.eq_ignore_ascii_case(b"close") {
+            return true;
+        }
+        keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+    }
+    http10 && !keep_alive
+}
+
+/// Whether a response with `status` may carry a `Content-Length` (RFC
+/// 9110 §8.6: a 1xx or a 204 never does, and HTTP/2 clients refuse one;
+/// to HEAD and on a 304 it describes the resource). `Transfer-Encoding`
+/// never goes on from a shard: each writer frames the body itself. The
+/// same for HTTP/1 and HTTP/2 clients, on every transport.
+pub fn length_allowed(status: u16) -> bool {
+    !matches!(status, 100..=199 | 204)
 }
 
 /// The framing of a WebSocket handshake whose fields framed its body as
@@ -507,6 +594,8 @@ mod tests {
             "0x10",
             "",
             "5 5",
+            "5,",
+            " ",
             "99999999999999999999",
         ] {
             assert_eq!(
@@ -519,6 +608,10 @@ mod tests {
             check(&[("Content-Length", "5"), ("Content-Length", "6")], None).err(),
             Some(400)
         );
+        assert!(matches!(
+            check(&[("Content-Length", "5"), ("content-length", "5 ,5")], None),
+            Ok(Framing::Length(5))
+        ));
         assert_eq!(
             check(&[("Content-Length", "11")], Some(10)).err(),
             Some(413)
@@ -561,5 +654,18 @@ mod tests {
             ),
             Err(501)
         );
+    }
+
+    #[test]
+    fn a_message_closes_its_connection_by_one_rule() {
+        let closes = |http10, values: &[&str]| {
+            closes_connection(http10, values.iter().map(|v| v.as_bytes()))
+        };
+        assert!(!closes(false, &[]));
+        assert!(closes(false, &["Upgrade, Close"]));
+        assert!(closes(false, &["keep-alive", "close"]));
+        assert!(closes(true, &[]));
+        assert!(!closes(true, &["x, Keep-Alive"]));
+        assert!(closes(true, &["keep-alive, close"]));
     }
 }

@@ -7,7 +7,7 @@
 use super::answer::Refusal;
 use super::body::BodyPhase;
 use super::fields::{is_hop_by_hop, is_text, Owned};
-use super::message::{check_host, declared_length};
+use super::message::{check_host, content_length};
 use super::request_id;
 use super::watch::probe;
 use crate::proxy::ctx::RequestCtx;
@@ -85,7 +85,7 @@ impl Gateway {
         }
         // A declared length over the tenant's own limit (the head reader
         // knew only the largest any tenant has): 413, no token spent.
-        let declared = req.header("content-length").and_then(declared_length);
+        let declared = content_length(req.values("content-length")).unwrap_or_default();
         if let (Some(length), Some(max)) = (declared, ctx.max_body) {
             if length > max {
                 ctx.tenant = Some(resolved.tenant);
