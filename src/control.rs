@@ -543,10 +543,14 @@ pub fn peer_at(config: &Config, shard: &Shard, addr: SocketAddr) -> Result<Shard
     options.total_connection_timeout = Some(config.upstream.connect_timeout);
     options.verify_cert = config.upstream.tls_verify;
     options.verify_hostname = config.upstream.tls_verify;
-    // Response headers are watched by our own deadline; a body may stream
-    // for as long as it needs, so no per-read timeout.
+    // Response headers are watched by our own deadline, a body's silence
+    // by the same watch (`upstream.read_timeout_ms`), which a WebSocket
+    // tunnel skips; Pingora's per-read timeout would cut tunnels and slow
+    // uploads alike.
     options.read_timeout = None;
     options.idle_timeout = Some(config.upstream.keepalive_timeout);
+    // As on the fast transport's shard sockets.
+    options.tcp_keepalive = Some(crate::proxy::fast::tunnel::keepalive());
     options.alpn = ALPN::H1;
     Ok(ShardPeer {
         addr,

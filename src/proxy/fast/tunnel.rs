@@ -125,7 +125,6 @@ impl FastPath {
             log,
         };
         let send_timeout = self.send_timeout;
-        keep_alive(upstream.tcp());
         match bare(client) {
             Ok(Ok(client)) => {
                 tokio::spawn(run_tunnel(client, upstream, done, send_timeout));
@@ -164,7 +163,8 @@ impl Drop for Finish {
 }
 
 /// The keep-alive of every client socket (set by the listener, see
-/// `server.rs`) and of a tunnel's shard socket.
+/// `server.rs`) and of every shard socket (a shard host that vanishes
+/// without a FIN frees what waits on it).
 pub(crate) fn keepalive() -> pingora::protocols::l4::ext::TcpKeepalive {
     let (idle, interval, count) = TUNNEL_KEEPALIVE;
     pingora::protocols::l4::ext::TcpKeepalive {
@@ -176,9 +176,10 @@ pub(crate) fn keepalive() -> pingora::protocols::l4::ext::TcpKeepalive {
     }
 }
 
-fn keep_alive(socket: &TcpStream) {
+/// Sets [`keepalive`] on a shard socket of the fast transport.
+pub(super) fn keep_alive(socket: &TcpStream) {
     if let Err(e) = pingora::protocols::l4::ext::set_tcp_keepalive(socket, &keepalive()) {
-        log::debug!("tunnel: no TCP keep-alive ({e})");
+        log::debug!("no TCP keep-alive on a shard socket ({e})");
     }
 }
 
