@@ -211,9 +211,26 @@ impl Control {
         Some(addr)
     }
 
-    /// Registers a shard at runtime; `Ok(false)` if the id exists.
+    /// Registers a shard at runtime; `Ok(false)` if the id exists. Its
+    /// host name (if it has one) is resolved with a blocking lookup: for
+    /// the start's replay of the state file; the admin API's
+    /// [`Control::add_shard_resolved`] does not block.
     pub fn add_shard(&self, shard: Shard) -> Result<bool, String> {
-        let peer = Arc::new(build_peer(&self.config, &shard)?);
+        let peer = build_peer(&self.config, &shard)?;
+        self.add_shard_at(shard, peer)
+    }
+
+    /// [`Control::add_shard`], its host name resolved without blocking a
+    /// thread and within the lookup's deadline (a name that does not
+    /// answer in time is an error naming why).
+    pub async fn add_shard_resolved(&self, shard: Shard) -> Result<bool, String> {
+        let addr = crate::dns::shard_addr(&shard).await?;
+        let peer = peer_at(&self.config, &shard, addr)?;
+        self.add_shard_at(shard, peer)
+    }
+
+    fn add_shard_at(&self, shard: Shard, peer: ShardPeer) -> Result<bool, String> {
+        let peer = Arc::new(peer);
         let mut diff = self.diff.lock();
         if self.router.shard_set().get(shard.id.as_str()).is_some() {
             return Ok(false);
