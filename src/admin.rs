@@ -278,7 +278,7 @@ impl AdminApi {
         )
     }
 
-    fn add_shard(&self, body: &[u8]) -> Reply {
+    async fn add_shard(&self, body: &[u8]) -> Reply {
         let b: ShardBody = match parse(body) {
             Ok(b) => b,
             Err(r) => return r,
@@ -311,7 +311,7 @@ impl AdminApi {
             region: b.region,
             tenants: b.tenants,
         };
-        match self.control.add_shard(shard) {
+        match self.control.add_shard_resolved(shard).await {
             Ok(true) => Reply::json(StatusCode::CREATED, json!({ "added": b.id })),
             Ok(false) => Reply::error(StatusCode::CONFLICT, format!("shard `{}` exists", b.id)),
             Err(e) => Reply::error(StatusCode::BAD_REQUEST, e),
@@ -540,7 +540,7 @@ impl AdminApi {
         })
     }
 
-    fn route(&self, method: &Method, path: &str, query: Option<&str>, body: &[u8]) -> Reply {
+    async fn route(&self, method: &Method, path: &str, query: Option<&str>, body: &[u8]) -> Reply {
         let segments: Vec<Option<String>> = path
             .trim_start_matches('/')
             .split('/')
@@ -559,7 +559,7 @@ impl AdminApi {
         };
         match (method, s.as_slice()) {
             (&Method::GET, ["v1", "shards"]) => Reply::ok(self.shards()),
-            (&Method::POST, ["v1", "shards"]) => self.add_shard(body),
+            (&Method::POST, ["v1", "shards"]) => self.add_shard(body).await,
             (&Method::DELETE, ["v1", "shards", id]) => match c.remove_shard(id) {
                 true => Reply::ok(json!({ "removed": id })),
                 false => not_found("shard", id),
@@ -710,7 +710,7 @@ impl ServeHttp for AdminApi {
                     Reply::error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token")
                 } else {
                     match Self::read_body(session).await {
-                        Ok(body) => self.route(&method, &path, query.as_deref(), &body),
+                        Ok(body) => self.route(&method, &path, query.as_deref(), &body).await,
                         Err(reply) => reply,
                     }
                 }

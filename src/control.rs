@@ -211,9 +211,26 @@ impl Control {
         Some(addr)
     }
 
-    /// Registers a shard at runtime; `Ok(false)` if the id exists.
+    /// Registers a shard at runtime; `Ok(false)` if the id exists. Its
+    /// host name (if it has one) is resolved with a blocking lookup: for
+    /// the start's replay of the state file; the admin API's
+    /// [`Control::add_shard_resolved`] does not block.
     pub fn add_shard(&self, shard: Shard) -> Result<bool, String> {
-        let peer = Arc::new(build_peer(&self.config, &shard)?);
+        let peer = build_peer(&self.config, &shard)?;
+        self.add_shard_at(shard, peer)
+    }
+
+    /// [`Control::add_shard`], its host name resolved without blocking a
+    /// thread and within the lookup's deadline (a name that does not
+    /// answer in time is an error naming why).
+    pub async fn add_shard_resolved(&self, shard: Shard) -> Result<bool, String> {
+        let addr = crate::dns::shard_addr(&shard).await?;
+        let peer = peer_at(&self.config, &shard, addr)?;
+        self.add_shard_at(shard, peer)
+    }
+
+    fn add_shard_at(&self, shard: Shard, peer: ShardPeer) -> Result<bool, String> {
+        let peer = Arc::new(peer);
         let mut diff = self.diff.lock();
         if self.router.shard_set().get(shard.id.as_str()).is_some() {
             return Ok(false);
@@ -543,10 +560,14 @@ pub fn peer_at(config: &Config, shard: &Shard, addr: SocketAddr) -> Result<Shard
     options.total_connection_timeout = Some(config.upstream.connect_timeout);
     options.verify_cert = config.upstream.tls_verify;
     options.verify_hostname = config.upstream.tls_verify;
-    // Response headers are watched by our own deadline; a body may stream
-    // for as long as it needs, so no per-read timeout.
+    // Response headers are watched by our own deadline, a body's silence
+    // by the same watch (`upstream.read_timeout_ms`), which a WebSocket
+    // tunnel skips; Pingora's per-read timeout would cut tunnels and slow
+    // uploads alike.
     options.read_timeout = None;
     options.idle_timeout = Some(config.upstream.keepalive_timeout);
+    // As on the fast transport's shard sockets.
+    options.tcp_keepalive = Some(crate::proxy::fast::tunnel::keepalive());
     options.alpn = ALPN::H1;
     Ok(ShardPeer {
         addr,

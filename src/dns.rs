@@ -17,6 +17,10 @@ use std::time::Duration;
 /// A lookup that takes longer than this is a failed one.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Lookups a refresh runs at once: many names resolve in about one
+/// lookup's time, and a slow resolver is not flooded.
+const REFRESH_PARALLEL: usize = 16;
+
 /// The host name of a shard's URL and its port; `None` for an IP address.
 pub fn host_name(url: &str) -> Option<(String, u16)> {
     let (_, host, port) = crate::config::parse_shard_url(url).ok()?;
@@ -40,18 +44,26 @@ pub struct SystemResolver;
 
 impl Resolve for SystemResolver {
     async fn resolve(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
-        let lookup = tokio::net::lookup_host((host.to_string(), port));
-        match tokio::time::timeout(LOOKUP_TIMEOUT, lookup).await {
-            Ok(Ok(addrs)) => {
-                let addrs: Vec<SocketAddr> = addrs.collect();
-                match addrs.is_empty() {
-                    true => Err("no address".to_string()),
-                    false => Ok(addrs),
-                }
-            }
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("no answer within {LOOKUP_TIMEOUT:?}")),
+        match tokio::net::lookup_host((host.to_string(), port)).await {
+            Ok(addrs) => Ok(addrs.collect()),
+            Err(e) => Err(e.to_string()),
         }
+    }
+}
+
+/// `resolver`'s answer for `host`, if it has an address and comes within
+/// `within`: a resolver that never answers fails the lookup, it does not
+/// hold what waits on it.
+async fn lookup(
+    resolver: &impl Resolve,
+    host: &str,
+    port: u16,
+    within: Duration,
+) -> Result<Vec<SocketAddr>, String> {
+    match tokio::time::timeout(within, resolver.resolve(host, port)).await {
+        Ok(Ok(addrs)) if addrs.is_empty() => Err("no address".to_string()),
+        Ok(answer) => answer,
+        Err(_) => Err(format!("no answer within {within:?}")),
     }
 }
 
@@ -76,8 +88,10 @@ impl<R: Resolve> ShardResolver<R> {
         ShardResolver { control, resolver }
     }
 
-    /// One round: every shard named by host name, resolved again.
+    /// One round: every shard named by host name, resolved again, up to
+    /// [`REFRESH_PARALLEL`] at once (one slow name delays no other).
     pub async fn refresh(&self) {
+        use futures_util::StreamExt;
         let shards: Vec<_> = self
             .control
             .router
@@ -86,25 +100,55 @@ impl<R: Resolve> ShardResolver<R> {
             .iter()
             .map(|e| Arc::clone(&e.shard))
             .collect();
-        for shard in shards {
-            let Some((host, port)) = host_name(&shard.url) else {
-                continue;
-            };
-            match self.resolver.resolve(&host, port).await {
-                Ok(addrs) => {
-                    if let Some(addr) = self.control.repoint(&shard, &addrs) {
-                        log::info!("shard `{}`: `{host}` now resolves to {addr}", shard.id);
-                    }
-                }
-                Err(e) => {
-                    log::warn!(
-                        "shard `{}`: `{host}` did not resolve ({e}); its last address stays",
-                        shard.id
-                    );
-                    self.control.metrics.dns_failure(shard.id.as_str());
+        futures_util::stream::iter(shards)
+            .for_each_concurrent(REFRESH_PARALLEL, |shard| self.refresh_one(shard))
+            .await;
+    }
+
+    async fn refresh_one(&self, shard: Arc<crate::routing::Shard>) {
+        let Some((host, port)) = host_name(&shard.url) else {
+            return;
+        };
+        match lookup(&self.resolver, &host, port, LOOKUP_TIMEOUT).await {
+            Ok(addrs) => {
+                if let Some(addr) = self.control.repoint(&shard, &addrs) {
+                    log::info!("shard `{}`: `{host}` now resolves to {addr}", shard.id);
                 }
             }
+            Err(e) => {
+                log::warn!(
+                    "shard `{}`: `{host}` did not resolve ({e}); its last address stays",
+                    shard.id
+                );
+                self.control.metrics.dns_failure(shard.id.as_str());
+            }
         }
+    }
+}
+
+/// The address a shard's URL names: its IP address, or its host name
+/// resolved by `resolver` (within the lookup's deadline, without blocking
+/// a thread): what a shard added at runtime is reached at.
+pub async fn shard_addr(shard: &crate::routing::Shard) -> Result<SocketAddr, String> {
+    shard_addr_within(&SystemResolver, shard, LOOKUP_TIMEOUT).await
+}
+
+async fn shard_addr_within(
+    resolver: &impl Resolve,
+    shard: &crate::routing::Shard,
+    within: Duration,
+) -> Result<SocketAddr, String> {
+    let (_, host, port) = crate::config::parse_shard_url(&shard.url)?;
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    match lookup(resolver, &host, port, within).await {
+        Ok(addrs) => Ok(addrs[0]),
+        Err(e) => Err(format!(
+            "shard `{}`: cannot resolve `{host}`: {e}",
+            shard.id
+        )),
     }
 }
 
@@ -137,6 +181,70 @@ mod tests {
         async fn resolve(&self, _host: &str, _port: u16) -> Result<Vec<SocketAddr>, String> {
             self.0.lock().clone()
         }
+    }
+
+    /// A resolver that answers `localhost` after `delay`, or never.
+    struct Slow(Option<Duration>);
+
+    impl Resolve for Slow {
+        async fn resolve(&self, _host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
+            match self.0 {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => std::future::pending().await,
+            }
+            Ok(vec![SocketAddr::from(([127, 0, 0, 1], port))])
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lookup_that_never_answers_fails_at_its_deadline() {
+        let shard = crate::routing::Shard {
+            id: crate::routing::ShardId::new("named"),
+            url: "http://hangs.example:80".to_string(),
+            weight: 1.0,
+            region: None,
+            tenants: None,
+        };
+        let started = std::time::Instant::now();
+        let within = Duration::from_millis(200);
+        let answer = shard_addr_within(&Slow(None), &shard, within).await;
+        let error = answer.expect_err("no answer");
+        assert!(
+            error.contains("hangs.example") && error.contains("no answer"),
+            "{error}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(2));
+        // An IP address is no lookup.
+        let literal = crate::routing::Shard {
+            url: "http://10.0.0.1:80".to_string(),
+            ..shard
+        };
+        let addr = shard_addr_within(&Slow(None), &literal, within).await;
+        assert_eq!(addr, Ok("10.0.0.1:80".parse().unwrap()));
+    }
+
+    #[tokio::test]
+    async fn a_refresh_resolves_its_names_side_by_side() {
+        let shards: String = (0..20)
+            .map(|i| {
+                format!(
+                    "  - {{ id: s{i}, url: \"http://localhost:{}\" }}\n",
+                    4000 + i
+                )
+            })
+            .collect();
+        let yaml = format!(
+            "listen: [{{ addr: \"127.0.0.1:1\" }}]\nstate: false\nshards:\n{shards}domains: {{ fallback_suffix: .localhost }}\n"
+        );
+        let config = Config::parse(&yaml, Some("test.yaml")).expect("config");
+        let control = Arc::new(Control::new(config, Arc::new(DefaultHooks)).expect("control"));
+        let resolver =
+            ShardResolver::with_resolver(control, Slow(Some(Duration::from_millis(300))));
+        let started = std::time::Instant::now();
+        resolver.refresh().await;
+        // One after the other: 6 s.
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(2), "{took:?}");
     }
 
     fn control() -> Arc<Control> {

@@ -90,6 +90,7 @@ const BROKEN: &[(&str, &str, &str, usize)] = &[
     ("lowercase retry method", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nretry: { methods: [get] }\n", "retry.methods[0]", 4),
     ("zero attempts", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nretry: { attempts: 0 }\n", "retry.attempts", 4),
     ("zero headers timeout", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nupstream:\n  headers_timeout_ms: 0\n", "upstream.headers_timeout_ms", 5),
+    ("zero read timeout", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nupstream:\n  read_timeout_ms: 0\n", "upstream.read_timeout_ms", 5),
     ("liveness typo", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nupstream:\n  liveness: { after: 5 }\n", "upstream.liveness", 5),
     ("zero rise", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nhealth: { rise: 0 }\n", "health.rise", 4),
     ("bad tenant header", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\ntenant_header: \"x tenant\"\n", "tenant_header", 4),

@@ -495,3 +495,154 @@ fn a_million_invented_tenants_keep_memory_bounded() {
     );
     assert!(m["router"]["tenants"].as_u64().unwrap() <= 16_384 + 2 * 1024);
 }
+
+/// A shard that answers every request with `head` and `body`, then falls
+/// silent without closing (its host gone without a FIN, or its app stuck).
+struct Stalling {
+    addr: std::net::SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Stalling {
+    fn start(head: &'static str, body: usize) -> Stalling {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = runtime()
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let task = runtime().spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = stream.read(&mut buf).await;
+                    let mut answer = head.as_bytes().to_vec();
+                    answer.extend(std::iter::repeat_n(b'x', body));
+                    let _ = stream.write_all(&answer).await;
+                    tokio::time::sleep(Duration::from_secs(120)).await;
+                });
+            }
+        });
+        Stalling { addr, task }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Stalling {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Sends `GET /` for tenant `t` and reads until the gateway ends the
+/// connection: the head's status line, and how long it took.
+fn until_cut(port: u16) -> (String, Duration) {
+    use std::io::{Read, Write};
+    let started = Instant::now();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: t.localhost\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    while let Ok(n @ 1..) = s.read(&mut buf) {
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    (
+        text.lines().next().unwrap_or("").to_string(),
+        started.elapsed(),
+    )
+}
+
+#[test]
+fn a_shard_silent_mid_body_is_cut_at_the_read_timeout_and_frees_its_admission() {
+    let _serial = serial();
+    let heads = [
+        "HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3e8\r\n",
+    ];
+    for head in heads {
+        let shard = Stalling::start(head, 1000);
+        let gw = Gateway::start(&config(
+            &[("stall", shard.url())],
+            "upstream: { read_timeout_ms: 2000 }\nlimits: { connection_cap: 1 }\n",
+        ));
+        let (status, took) = until_cut(gw.port);
+        assert!(status.contains(" 200 "), "{head}: {status}");
+        assert!(
+            took >= Duration::from_millis(1500) && took < Duration::from_secs(5),
+            "{head}: cut after {took:?}"
+        );
+        // The admission came back: the cap of one lets the next one in.
+        let (status, _) = until_cut(gw.port);
+        assert!(status.contains(" 200 "), "{head}: {status}");
+        let name = "shardgate_upstream_failures_total{shard=\"stall\",kind=\"timeout\"}";
+        let text = metrics_reaching(gw.admin_port, name, 2);
+        assert_eq!(metric_value(&text, name), 2, "{head}: {text}");
+    }
+}
+
+#[test]
+fn an_idle_websocket_outlives_the_read_timeout() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
+    let _serial = serial();
+    let ws = WsBackend::start("ws");
+    let gw = Gateway::start(&config(
+        &[("ws", ws.url())],
+        "upstream: { read_timeout_ms: 500 }\n",
+    ));
+    let port = gw.port;
+    runtime().block_on(async {
+        let mut req = format!("ws://127.0.0.1:{port}/s")
+            .into_client_request()
+            .unwrap();
+        req.headers_mut()
+            .insert("host", "chatty.localhost".parse().unwrap());
+        let (mut client, _) = tokio_tungstenite::connect_async(req)
+            .await
+            .expect("handshake");
+        tokio::time::sleep(Duration::from_millis(2000)).await;
+        client
+            .send(Message::Text("still here".into()))
+            .await
+            .unwrap();
+        let echo = tokio::time::timeout(Duration::from_secs(5), client.next()).await;
+        assert!(
+            matches!(echo, Ok(Some(Ok(Message::Text(ref t)))) if t.as_str().contains("still here")),
+            "{echo:?}"
+        );
+    });
+}
+
+#[test]
+fn shard_sockets_have_tcp_keepalive() {
+    use std::io::Write;
+    let _serial = serial();
+    let shard = Stalling::start("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n", 1);
+    let gw = Gateway::start(&config(&[("stall", shard.url())], ""));
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", gw.port)).expect("connect");
+    s.write_all(b"GET / HTTP/1.1\r\nHost: t.localhost\r\n\r\n")
+        .unwrap();
+    // The gateway's socket to the shard (the one whose far end is the
+    // shard's port), held open by the stalled answer: its timer is the
+    // keep-alive's.
+    let filter = format!("dport = :{}", shard.addr.port());
+    let mut text = String::new();
+    eventually(Duration::from_secs(10), || {
+        let out = Command::new("ss")
+            .args(["-tnoH", "state", "established", &filter])
+            .output()
+            .expect("ss (iproute2)");
+        text = String::from_utf8_lossy(&out.stdout).into_owned();
+        !text.trim().is_empty()
+    });
+    assert!(!text.trim().is_empty(), "no socket to the shard");
+    assert!(
+        text.lines().all(|l| l.contains("timer:(keepalive")),
+        "{text}"
+    );
+}

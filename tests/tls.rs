@@ -1023,3 +1023,51 @@ fn a_redirect_listener_routes_nothing_but_challenges_it_does_not_hold() {
     }
     assert_eq!(backend.requests().len(), 0);
 }
+
+#[test]
+fn an_http2_stream_whose_shard_falls_silent_is_reset_at_the_read_timeout() {
+    let ca = Ca::new();
+    let certs = tempfile::tempdir().expect("dir");
+    ca.issue(certs.path(), "apps", &["*.apps.test"]);
+    let ca_file = ca.pem_file(certs.path());
+    // The head now, then nothing for a minute.
+    let silent = Backend::with("silent", |_| Reply::Stream {
+        chunks: vec![vec![b'x'; 1000]],
+        gap: Duration::from_secs(60),
+    });
+    let rest = "  default_cert: apps\nupstream: { read_timeout_ms: 2000 }\nlimits: { connection_cap: 1 }\n";
+    let (gw, _) = edge(&silent, certs.path(), rest, "");
+    for _ in 0..2 {
+        let started = Instant::now();
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "--http2",
+                "--max-time",
+                "15",
+                "--cacert",
+            ])
+            .arg(&ca_file)
+            .args([
+                "--resolve",
+                &format!("shop.apps.test:{}:127.0.0.1", gw.port),
+            ])
+            .args(["-w", "%{http_code}"])
+            .arg(format!("https://shop.apps.test:{}/", gw.port))
+            .output()
+            .expect("curl");
+        let took = started.elapsed();
+        // The head came (not 429: the first stream's admission was
+        // released), then the stream was reset (curl: exit 92, HTTP/2
+        // stream not closed cleanly), within the read timeout's reach.
+        let code = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(code, "200", "{out:?}");
+        assert_eq!(out.status.code(), Some(92), "{out:?}");
+        assert!(took < Duration::from_secs(6), "reset after {took:?}");
+    }
+    let name = "shardgate_upstream_failures_total{shard=\"a\",kind=\"timeout\"}";
+    let text = metrics_reaching(gw.admin_port, name, 2);
+    assert_eq!(metric_value(&text, name), 2, "{text}");
+}

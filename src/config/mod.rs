@@ -427,6 +427,10 @@ pub struct LivenessConfig {
 pub struct UpstreamConfig {
     pub connect_timeout: Duration,
     pub headers_timeout: Duration,
+    /// Longest silence of a shard between two reads once its response head
+    /// came (nginx's `proxy_read_timeout`); also bounds a stalled write of
+    /// the request body to it.
+    pub read_timeout: Duration,
     pub liveness: Option<LivenessConfig>,
     /// How long an idle pooled upstream connection is kept.
     pub keepalive_timeout: Duration,

@@ -238,6 +238,7 @@ pub struct RawRetry {
 pub struct RawUpstream {
     pub connect_timeout_ms: Option<u64>,
     pub headers_timeout_ms: Option<u64>,
+    pub read_timeout_ms: Option<u64>,
     #[serde(default)]
     pub liveness: Switch<RawLiveness>,
     pub keepalive_timeout_ms: Option<u64>,

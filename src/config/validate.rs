@@ -1248,6 +1248,7 @@ fn check_upstream(c: &mut Checker<'_>, u: RawUpstream) -> UpstreamConfig {
     UpstreamConfig {
         connect_timeout: c.positive_ms("upstream.connect_timeout_ms", u.connect_timeout_ms, 2000),
         headers_timeout: c.positive_ms("upstream.headers_timeout_ms", u.headers_timeout_ms, 30_000),
+        read_timeout: c.positive_ms("upstream.read_timeout_ms", u.read_timeout_ms, 60_000),
         liveness,
         keepalive_timeout: c.positive_ms(
             "upstream.keepalive_timeout_ms",

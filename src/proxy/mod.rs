@@ -62,6 +62,7 @@ impl Gateway {
             retry: Arc::new(RetryPolicy::new(config.retry.clone())),
             watch: WatchSettings {
                 headers_timeout: config.upstream.headers_timeout,
+                read_timeout: config.upstream.read_timeout,
                 liveness: config.upstream.liveness,
             },
             probing: Arc::default(),

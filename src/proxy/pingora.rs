@@ -129,6 +129,15 @@ fn require_phases(ctx: &RequestCtx, needed: u8) -> Result<()> {
 /// The status of the final response head written to the client, if one
 /// was (a 100 Continue passed on from the shard is not: an answer may
 /// still follow it; a 101 is, the connection is a tunnel).
+/// A response that has no body to wait for.
+fn no_body(session: &Session, response: &ResponseHeader) -> bool {
+    let status = response.status.as_u16();
+    let length = response.headers.get(http::header::CONTENT_LENGTH);
+    session.req_header().method == http::Method::HEAD
+        || matches!(status, 204 | 304)
+        || length.is_some_and(|v| v.as_bytes() == b"0")
+}
+
 fn final_status(session: &Session) -> Option<u16> {
     let status = session.response_written()?.status;
     (!status.is_informational() || status == http::StatusCode::SWITCHING_PROTOCOLS)
@@ -437,7 +446,13 @@ impl ProxyHttp for Gateway {
             return Ok(());
         }
         if let Some(watch) = ctx.watch.take() {
-            ctx.verdict = watch.disarm();
+            // A body's reads are watched (`upstream.read_timeout_ms`); a
+            // tunnel keeps its own rules, and no body means no wait.
+            if status == 101 || no_body(session, upstream_response) {
+                ctx.verdict = watch.disarm();
+            } else {
+                (ctx.verdict, ctx.watch) = watch.body(self.watch_settings().read_timeout);
+            }
         }
         ctx.headers_received = true;
         strip_response_hop_by_hop(upstream_response);
@@ -456,6 +471,22 @@ impl ProxyHttp for Gateway {
         // The request's ID, over the shard's and the edit's.
         let id_header = self.control.config.request_id.header.clone();
         upstream_response.insert_header(id_header, ctx.request_id.as_str())
+    }
+
+    /// Response body bytes came: the shard is not silent. Its end drops
+    /// the watch before the connection can go back to the pool.
+    fn upstream_response_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<std::time::Duration>> {
+        match end_of_stream {
+            true => ctx.watch = None,
+            false => ctx.watch.iter().for_each(Watch::touch),
+        }
+        Ok(None)
     }
 
     /// The head the client gets. Pingora sends a body framed by the
@@ -519,6 +550,10 @@ impl ProxyHttp for Gateway {
             Some(watch) => watch.verdict(),
             None => ctx.verdict,
         };
+        if ctx.headers_received && verdict == Verdict::TimedOut {
+            // The shard fell silent during the body.
+            self.response_timed_out(ctx);
+        }
         let failure = match verdict {
             // Once the response head arrived (it may be on its way to the
             // client already) nothing is retried: another shard's response

@@ -80,7 +80,7 @@ pub(super) struct Outbound {
     moved: Instant,
     /// When request bytes last went to the shard, on the coarse clock (a
     /// few nanoseconds a read); `moved` catches up when a deadline is due.
-    progressed: Option<coarsetime::Instant>,
+    pub(super) progressed: Option<coarsetime::Instant>,
     /// Since when the client's body has been awaited, while it is.
     pub(super) awaiting_body: Option<Instant>,
     /// Body bytes were read from the client past what came with the head:
@@ -100,6 +100,11 @@ impl Outbound {
             awaiting_body: None,
             streamed: false,
         }
+    }
+
+    /// Request bytes wait for the shard to take them.
+    pub(super) fn blocked_on_shard(&self) -> bool {
+        !self.finished && !self.broken && (!self.bytes.is_empty() || self.unflushed)
     }
 
     /// Moves request bytes from the client to the shard until either has

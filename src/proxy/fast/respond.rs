@@ -68,6 +68,8 @@ impl FastPath {
         client.queue(first, done.then_some(&trailers[..]));
         let until_close = matches!(framing, Framing::UntilClose);
         let mut stalled: Option<Instant> = None;
+        let mut shard = ShardSilence::default();
+        let read_timeout = self.gateway.watch_settings().read_timeout;
         let mut sleep = None;
         let ended = poll_fn(|cx| loop {
             if client.sending() {
@@ -79,7 +81,10 @@ impl FastPath {
                     }
                 }
             }
-            if !client.sending() {
+            if client.sending() {
+                // Not reading the shard: its silence is not counted.
+                shard.reading = None;
+            } else {
                 if done {
                     return Poll::Ready(End::Whole);
                 }
@@ -94,6 +99,7 @@ impl FastPath {
                     // Cut short: the client must see it so.
                     Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(End::Cut),
                     Poll::Ready(Ok(_)) => {
+                        shard.reading = None;
                         let Ok(content) =
                             decode_body(&mut framing, &mut buf, &mut trailers, self.head_limit)
                         else {
@@ -105,7 +111,9 @@ impl FastPath {
                         client.queue(content, done.then_some(&trailers[..]));
                         continue;
                     }
-                    Poll::Pending => {}
+                    Poll::Pending => {
+                        shard.reading.get_or_insert_with(Instant::now);
+                    }
                 }
             }
             match out.poll(client, &mut conn, cx) {
@@ -117,12 +125,17 @@ impl FastPath {
                 }
                 _ => {}
             }
-            let mut due = stalled.map(|since| since + self.send_timeout);
-            if let Some(since) = out.awaiting_body {
-                let body = since + self.body_timeout;
-                due = Some(due.map_or(body, |d| d.min(body)));
-            }
-            return match poll_timer(&mut sleep, due, cx) {
+            shard.writes(&mut out);
+            let silent = shard.since().map(|since| since + read_timeout);
+            let due = [
+                stalled.map(|since| since + self.send_timeout),
+                out.awaiting_body.map(|since| since + self.body_timeout),
+                silent,
+            ];
+            return match poll_timer(&mut sleep, due.into_iter().flatten().min(), cx) {
+                Poll::Ready(()) if silent.is_some_and(|at| at <= Instant::now()) => {
+                    Poll::Ready(End::Silent)
+                }
                 Poll::Ready(()) => Poll::Ready(End::Cut),
                 Poll::Pending => Poll::Pending,
             };
@@ -137,6 +150,11 @@ impl FastPath {
                 // side: its body read whole (the shard may have answered
                 // before it took it all, then the connection is not pooled).
                 Exchanged::Done(status)
+            }
+            End::Silent => {
+                self.gateway.response_timed_out(ctx);
+                client.abort();
+                Exchanged::Closed(status)
             }
             End::Cut => {
                 client.abort();
@@ -181,6 +199,36 @@ enum End {
     /// Cut short: the client's connection closes (an HTTP/2 stream is
     /// reset) so that the client sees it.
     Cut,
+    /// Cut short because the shard fell silent (`upstream.read_timeout_ms`).
+    Silent,
+}
+
+/// Since when the shard has kept the response waiting: silent while it is
+/// read, or not taking the request body's bytes (nginx's
+/// `proxy_read_timeout` and `proxy_send_timeout`, one bound for both).
+/// Clocks are read only when a wait starts.
+#[derive(Default)]
+struct ShardSilence {
+    /// Since when a read from the shard has been pending.
+    reading: Option<Instant>,
+    /// Since when request bytes have waited for the shard to take them.
+    writing: Option<Instant>,
+}
+
+impl ShardSilence {
+    /// Notes the request's side after a poll: bytes that moved restart it.
+    fn writes(&mut self, out: &mut Outbound) {
+        if out.progressed.take().is_some() || !out.blocked_on_shard() {
+            self.writing = None;
+        } else {
+            self.writing.get_or_insert_with(Instant::now);
+        }
+    }
+
+    /// Since when the shard has been waited on in vain, if it is.
+    fn since(&self) -> Option<Instant> {
+        [self.reading, self.writing].into_iter().flatten().min()
+    }
 }
 
 /// Decodes the response body bytes at the front of `buf`, leaving there

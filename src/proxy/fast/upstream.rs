@@ -70,6 +70,7 @@ impl FastPath {
         let connect = async {
             let tcp = TcpStream::connect(peer.addr).await?;
             let _ = tcp.set_nodelay(true);
+            super::tunnel::keep_alive(&tcp);
             match &peer.key.tls {
                 None => Ok(Conn::Plain(tcp)),
                 Some(name) => self.tls.connect(name.clone(), tcp).await,

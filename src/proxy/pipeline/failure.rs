@@ -97,6 +97,15 @@ impl Gateway {
         }
     }
 
+    /// A shard fell silent for `upstream.read_timeout_ms` once its head
+    /// came (or stopped taking the request body for as long): the response
+    /// is cut, never retried (part of it may be with the client), counted
+    /// as `kind="timeout"` like a late head (slow or stuck, not known dead).
+    pub(crate) fn response_timed_out(&self, ctx: &mut RequestCtx) {
+        self.attempt_failed(ctx, UpstreamFailure::Timeout.as_str());
+        self.record_failure(ctx, UpstreamFailure::Timeout);
+    }
+
     /// Whether to try again after a failed attempt (taking a place in the
     /// retry budget if so).
     fn may_retry(

@@ -53,12 +53,15 @@ struct Shared {
 pub struct Watch {
     shared: Arc<Shared>,
     task: tokio::task::JoinHandle<()>,
+    socket: Socket,
 }
 
 /// What the watch needs to know.
 #[derive(Clone, Copy, Debug)]
 pub struct WatchSettings {
     pub headers_timeout: Duration,
+    /// Longest silence of a shard once its head came.
+    pub read_timeout: Duration,
     pub liveness: Option<LivenessConfig>,
 }
 
@@ -85,10 +88,42 @@ impl Watch {
             peer: addr,
         };
         let task = tokio::spawn(watch(Arc::clone(&shared), socket, settings));
-        Some(Watch { shared, task })
+        Some(Watch {
+            shared,
+            task,
+            socket,
+        })
     }
 
-    /// Request-body bytes went out: the deadline restarts from now.
+    /// The response head came: this watch is disarmed (its verdict if it
+    /// had concluded), and the body's reads are watched on the same socket:
+    /// a shard silent for `read_timeout` (no [`Watch::touch`] meanwhile)
+    /// is cut, with the verdict `TimedOut`. It must be dropped before the
+    /// connection can go back to the pool.
+    pub fn body(self, read_timeout: Duration) -> (Verdict, Option<Watch>) {
+        let verdict = self.disarm();
+        if verdict != Verdict::None {
+            return (verdict, None);
+        }
+        let shared = Arc::new(Shared {
+            state: AtomicU8::new(WAITING),
+            last_activity_ms: AtomicU64::new(0),
+            start: Instant::now(),
+        });
+        let task = tokio::spawn(watch_reads(Arc::clone(&shared), self.socket, read_timeout));
+        let socket = self.socket;
+        (
+            Verdict::None,
+            Some(Watch {
+                shared,
+                task,
+                socket,
+            }),
+        )
+    }
+
+    /// Bytes moved (request-body bytes went out, or response-body bytes
+    /// came in): the deadline restarts from now.
     pub fn touch(&self) {
         let ms = self.shared.start.elapsed().as_millis() as u64;
         self.shared.last_activity_ms.store(ms, Ordering::Relaxed);
@@ -132,6 +167,7 @@ fn verdict_of(state: u8) -> Verdict {
 }
 
 /// The watched connection: its descriptor number and its addresses.
+#[derive(Clone, Copy)]
 struct Socket {
     fd: RawFd,
     local: SocketAddr,
@@ -188,6 +224,22 @@ async fn watch(shared: Arc<Shared>, socket: Socket, settings: WatchSettings) {
             Verdict::None => {}
             Verdict::TimedOut => return conclude(&shared, &socket, TIMED_OUT),
             Verdict::Unreachable => return conclude(&shared, &socket, UNREACHABLE),
+        }
+    }
+}
+
+/// Watches a response body's reads: cut once `read_timeout` passed since
+/// the last touch.
+async fn watch_reads(shared: Arc<Shared>, socket: Socket, read_timeout: Duration) {
+    loop {
+        let activity = Duration::from_millis(shared.last_activity_ms.load(Ordering::Relaxed));
+        let deadline = shared.start + activity + read_timeout;
+        if Instant::now() >= deadline {
+            return conclude(&shared, &socket, TIMED_OUT);
+        }
+        tokio::time::sleep_until(deadline).await;
+        if shared.state.load(Ordering::Acquire) != WAITING {
+            return;
         }
     }
 }
