@@ -10,7 +10,7 @@
 use super::pipeline::fields::websocket_handshake;
 use super::pipeline::framing::Framing;
 use super::pipeline::message::{
-    check_authority, check_framing, check_handshake, check_request_line, Refused,
+    check_authority, check_framing, check_handshake, check_request_line, HeadEnd, Refused,
 };
 use bytes::BytesMut;
 use pingora::protocols::Stream;
@@ -295,20 +295,17 @@ fn parse(buf: &[u8], limits: &HeadLimits) -> Parsed {
 
 /// Where a head ends: just past its blank line (CRLF CRLF, or bare LFs).
 fn head_end(buf: &[u8]) -> Option<usize> {
-    Scan::default().end(buf)
+    HeadEnd::default().find(buf)
 }
 
-/// The search for the end of a head arriving in pieces, kept between
-/// reads: each byte is looked at once however many reads the head takes
-/// (re-parsing it whole on each read costs n²/2 for a head dribbled a
-/// byte per segment), and httparse runs only when it may answer.
+/// When to parse a head arriving in pieces: each byte is looked at once
+/// however many reads the head takes (re-parsing it whole on each read
+/// costs n²/2 for a head dribbled a byte per segment), and httparse runs
+/// only when it may answer.
 #[derive(Default)]
 struct Scan {
-    /// Where the request begins (past the empty lines RFC 9112 §2.2 lets
-    /// precede it), once a byte of it came.
-    start: Option<usize>,
-    /// Where the search resumes: no blank line begins before it.
-    next: usize,
+    /// The search for the head's blank line.
+    end: HeadEnd,
     /// The buffer's length when httparse last read it.
     parsed: usize,
 }
@@ -322,45 +319,11 @@ impl Scan {
     /// twice the bytes in parsing.
     fn due(&mut self, buf: &[u8], max: usize) -> bool {
         let due = !buf.is_empty()
-            && (self.end(buf).is_some() || buf.len() > max || buf.len() >= 2 * self.parsed);
+            && (self.end.find(buf).is_some() || buf.len() > max || buf.len() >= 2 * self.parsed);
         if due {
             self.parsed = buf.len();
         }
         due
-    }
-
-    /// Just past the blank line that ends the head in `buf`, if it came:
-    /// a line feed, then another one, maybe after a carriage return (as
-    /// httparse reads line ends).
-    fn end(&mut self, buf: &[u8]) -> Option<usize> {
-        let start = match self.start {
-            Some(start) => start,
-            None => {
-                let from = self.next.min(buf.len());
-                let Some(at) = buf[from..].iter().position(|b| *b != b'\r' && *b != b'\n') else {
-                    self.next = buf.len();
-                    return None;
-                };
-                *self.start.insert(from + at)
-            }
-        };
-        let from = self.next.max(start).min(buf.len());
-        let found = buf[from..]
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| **b == b'\n')
-            .find_map(|(i, _)| match &buf[from + i + 1..] {
-                [b'\n', ..] => Some(from + i + 2),
-                [b'\r', b'\n', ..] => Some(from + i + 3),
-                _ => None,
-            });
-        // A blank line may straddle the next read: its first two bytes
-        // are looked at again.
-        self.next = match found {
-            Some(end) => end,
-            None => buf.len().saturating_sub(2).max(start),
-        };
-        found
     }
 }
 
@@ -379,11 +342,15 @@ mod tests {
             "\n\nGET / HTTP/1.1\n\n",
         ] {
             let bytes = format!("{head}GET /next HTTP/1.1\r\n\r\n").into_bytes();
-            let mut scan = Scan::default();
+            let mut scan = HeadEnd::default();
             for n in 0..head.len() {
-                assert_eq!(scan.end(&bytes[..n]), None, "{head:?} at {n}");
+                assert_eq!(scan.find(&bytes[..n]), None, "{head:?} at {n}");
             }
-            assert_eq!(scan.end(&bytes[..head.len()]), Some(head.len()), "{head:?}");
+            assert_eq!(
+                scan.find(&bytes[..head.len()]),
+                Some(head.len()),
+                "{head:?}"
+            );
             assert_eq!(head_end(&bytes), Some(head.len()), "{head:?}");
         }
         assert_eq!(head_end(b"\r\n\r\n\r\n"), None, "empty lines are no head");

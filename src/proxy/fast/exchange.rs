@@ -18,6 +18,7 @@ use crate::proxy::ctx::RequestCtx;
 use crate::proxy::hooks::UpstreamFailure;
 use crate::proxy::pipeline::answer::Refusal;
 use crate::proxy::pipeline::failure::{AttemptFailure, Next};
+use crate::proxy::pipeline::message::HeadEnd;
 use crate::proxy::pipeline::watch::{Verdict, Waiting};
 use crate::trace::TraceContext;
 use bytes::{Buf, Bytes, BytesMut};
@@ -337,6 +338,9 @@ impl FastPath {
             None => out.moved + settings.headers_timeout,
         };
         let mut buf = BytesMut::with_capacity(8192);
+        // Parsed only when a head's blank line came: a head dribbled a
+        // byte per segment costs one scan, not one parse per read.
+        let mut head_end = HeadEnd::default();
         // Nothing came back on a pooled connection: maybe only stale.
         let broken = match reused {
             true => AttemptFailure::Stale,
@@ -359,7 +363,16 @@ impl FastPath {
                             return Poll::Ready(AttemptEvent::Failed(Failed::Shard(failure)));
                         }
                         Poll::Ready(Ok(_)) => {
-                            match parse_response(&buf, request.head_only, request.websocket) {
+                            // Every head whole in `buf` is parsed at once;
+                            // the search goes on past the first.
+                            let ended = head_end.find(&buf).inspect(|end| {
+                                head_end = HeadEnd::at(*end);
+                            });
+                            let parsed = match ended.is_some() || buf.len() > MAX_RESPONSE_HEAD {
+                                true => parse_response(&buf, request.head_only, request.websocket),
+                                false => Ok(None),
+                            };
+                            match parsed {
                                 Ok(Some(parsed)) => return Poll::Ready(AttemptEvent::Head(parsed)),
                                 Ok(None) if buf.len() <= MAX_RESPONSE_HEAD => {}
                                 _ => {

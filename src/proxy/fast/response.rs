@@ -20,6 +20,8 @@ use std::ops::Range;
 pub(super) const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 /// As Pingora's limit on header fields.
 const MAX_RESPONSE_HEADERS: usize = 256;
+/// Informational (1xx) heads before a final one; more is a 502.
+const MAX_INTERIM_HEADS: usize = 32;
 
 /// How an HTTP/1 client receives a response's body.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -235,7 +237,7 @@ pub(super) fn parse_response(
     head_only: bool,
     websocket: bool,
 ) -> Result<Option<ParsedResponse>, ()> {
-    let mut offset = 0;
+    let (mut offset, mut interim) = (0, 0);
     loop {
         // Not initialised: httparse writes the slots it fills, no more.
         let mut slots =
@@ -253,10 +255,21 @@ pub(super) fn parse_response(
         // the close, never chunked, and the connection is not reused.
         let http10 = resp.version == Some(0);
         let status = resp.code.ok_or(())?;
+        // httparse takes any three digits; no HTTP status is outside
+        // these, and an HTTP/2 client could not be sent one.
+        if !(100..600).contains(&status) {
+            return Err(());
+        }
         if unrequested_switch(status, websocket && !http10) {
             return Err(());
         }
         if (100..200).contains(&status) && status != 101 {
+            // Each is parsed again until the final head came: a few are
+            // an app's 100 and 103s, thousands are an attack on the CPU.
+            interim += 1;
+            if interim > MAX_INTERIM_HEADS {
+                return Err(());
+            }
             offset += len;
             continue;
         }
@@ -313,6 +326,28 @@ pub(super) fn parse_response(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_outside_100_to_599_and_endless_interim_heads_are_invalid() {
+        for head in [
+            "HTTP/1.1 000 X\r\n\r\n",
+            "HTTP/1.1 600 X\r\n\r\n",
+            "HTTP/1.1 099 X\r\n\r\n",
+        ] {
+            assert!(
+                parse_response(head.as_bytes(), false, false).is_err(),
+                "{head}"
+            );
+        }
+        let interim = "HTTP/1.1 103 Early Hints\r\n\r\n";
+        let last = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+        let heads = |n: usize| format!("{}{last}", interim.repeat(n));
+        assert!(matches!(
+            parse_response(heads(MAX_INTERIM_HEADS).as_bytes(), false, false),
+            Ok(Some(_))
+        ));
+        assert!(parse_response(heads(MAX_INTERIM_HEADS + 1).as_bytes(), false, false).is_err());
+    }
 
     #[test]
     fn response_heads_choose_their_framing() {

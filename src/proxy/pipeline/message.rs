@@ -115,6 +115,63 @@ pub fn check_authority<'a>(
     Ok(())
 }
 
+/// The search for the blank line that ends an HTTP/1 head (a request's or
+/// a shard's response's) arriving in pieces, kept between reads: each byte
+/// is looked at once however many reads the head takes. A line feed, then
+/// another, maybe after a carriage return, ends it (as httparse reads line
+/// ends); empty lines before the head (RFC 9112 §2.2) are no head.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HeadEnd {
+    /// Where the head begins, once a byte of it came.
+    start: Option<usize>,
+    /// Where the search resumes: no blank line begins before it.
+    next: usize,
+}
+
+impl HeadEnd {
+    /// A search for the head that starts at `at` (the one after a head
+    /// ending there).
+    pub fn at(at: usize) -> HeadEnd {
+        HeadEnd {
+            start: None,
+            next: at,
+        }
+    }
+
+    /// Just past the blank line that ends the head in `buf` (what it held
+    /// at the last call, and more), if it came.
+    pub fn find(&mut self, buf: &[u8]) -> Option<usize> {
+        let start = match self.start {
+            Some(start) => start,
+            None => {
+                let from = self.next.min(buf.len());
+                let Some(at) = buf[from..].iter().position(|b| *b != b'\r' && *b != b'\n') else {
+                    self.next = buf.len();
+                    return None;
+                };
+                *self.start.insert(from + at)
+            }
+        };
+        let from = self.next.max(start).min(buf.len());
+        let found = buf[from..]
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| **b == b'\n')
+            .find_map(|(i, _)| match &buf[from + i + 1..] {
+                [b'\n', ..] => Some(from + i + 2),
+                [b'\r', b'\n', ..] => Some(from + i + 3),
+                _ => None,
+            });
+        // A blank line may straddle the next read: its first two bytes
+        // are looked at again.
+        self.next = match found {
+            Some(end) => end,
+            None => buf.len().saturating_sub(2).max(start),
+        };
+        found
+    }
+}
+
 /// The longest host name (RFC 1035 §2.3.4: 255 bytes on the wire, 253 as
 /// text), and the longest label in one. Beyond them a name is no DNS name
 /// and no tenant: refused before any table sees it, so that what a table
