@@ -175,6 +175,30 @@ fn an_endless_chunk_size_line_is_refused() {
     assert_eq!(r.status, 200, "{}", r.text());
 }
 
+#[test]
+fn chunk_framing_that_outgrows_the_body_limit_is_refused_on_both_transports() {
+    let shard = Shard::start(ok);
+    let gw = gateway(&shard, "limits: { max_body_bytes: 8192 }\n");
+    let head = "POST /ext HTTP/1.1\r\nHost: acme.localhost\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let mut stream = TcpStream::connect(("127.0.0.1", gw.port)).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(20))).ok();
+    stream.write_all(head.as_bytes()).expect("head");
+    // A byte of data per size line of 4 000 bytes of extensions: 64 KiB
+    // of framing for 16 bytes of body, past 8 192 + one size line.
+    let chunk = format!("1;{}\r\na\r\n", "x".repeat(4000));
+    for _ in 0..16 {
+        if stream.write_all(chunk.as_bytes()).is_err() {
+            break; // refused and closed already
+        }
+    }
+    let _ = stream.write_all(b"0\r\n\r\n");
+    let status = read_response(&mut BufReader::new(stream)).map_or(0, |r| r.status);
+    assert!(
+        matches!(status, 0 | 400 | 413),
+        "framing past the budget answered {status}"
+    );
+}
+
 /// The shard's answers for the response framing tests, by target.
 fn framed(target: &str) -> Vec<u8> {
     let text: &str = match target {

@@ -14,7 +14,7 @@
 //! client closing. The fast transport watches the same way ([`poll_watch`])
 //! while it waits for a shard.
 
-use super::pipeline::framing::Framing;
+use super::pipeline::framing::{Framing, Part, MAX_SIZE_LINE};
 use bytes::BytesMut;
 use pingora::protocols::tls::TlsRef;
 use pingora::protocols::{
@@ -66,6 +66,10 @@ pub struct OneRequest {
     /// Read past the request: the start of the next one.
     ahead: BytesMut,
     limit: usize,
+    /// The framing bytes (size lines, extensions, CRLFs) a chunked body
+    /// may still spend: the fast transport's budget, the body limit and
+    /// one size line (`None`: unlimited).
+    framing_left: Option<u64>,
 }
 
 impl OneRequest {
@@ -73,12 +77,19 @@ impl OneRequest {
     /// request (its head and any body bytes already read are not read
     /// through here); `ahead`: bytes already read past it; `limit`: the
     /// most to keep (the head size limit).
-    pub fn new(inner: Stream, body: Framing, ahead: BytesMut, limit: usize) -> Self {
+    pub fn new(
+        inner: Stream,
+        body: Framing,
+        ahead: BytesMut,
+        limit: usize,
+        max_body: Option<u64>,
+    ) -> Self {
         OneRequest {
             inner,
             body,
             ahead,
             limit,
+            framing_left: max_body.map(|max| max.saturating_add(u64::from(MAX_SIZE_LINE))),
         }
     }
 
@@ -111,7 +122,24 @@ impl AsyncRead for OneRequest {
         let before = buf.filled().len();
         ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
         let new = &buf.filled()[before..];
-        match this.body.consume(new) {
+        let mut content = 0;
+        let decoded = this.body.decode(new, |part| {
+            if let Part::Data(range) | Part::Trailer(range) = part {
+                content += range.len();
+            }
+        });
+        // Framing that outgrows the body it frames (a byte of data per
+        // size line full of extensions): refused as the fast transport
+        // refuses it.
+        let framing = decoded.map_or(0, |used| (used - content) as u64);
+        let over = match &mut this.framing_left {
+            Some(left) => left.checked_sub(framing).map(|l| *left = l).is_none(),
+            None => false,
+        };
+        match decoded
+            .map_err(|_| ())
+            .and_then(|used| if over { Err(()) } else { Ok(used) })
+        {
             Ok(used) if used < new.len() => {
                 this.ahead.extend_from_slice(&new[used..]);
                 buf.set_filled(before + used);

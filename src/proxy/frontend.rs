@@ -328,6 +328,7 @@ where
                 body,
                 std::mem::take(&mut ahead),
                 limit,
+                self.limits.max_body_bytes,
             ));
             let mut session = ServerSession::new_http1(client);
             match settings.take() {
