@@ -585,6 +585,73 @@ fn a_shard_silent_mid_body_is_cut_at_the_read_timeout_and_frees_its_admission() 
     }
 }
 
+/// A streaming handler: it answers its head at once, then reads the whole
+/// upload (silent meanwhile), then sends its body.
+fn streaming_handler() -> (std::net::TcpListener, String) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    (listener, url)
+}
+
+#[test]
+fn a_shard_taking_an_upload_before_it_answers_is_not_silent() {
+    use std::io::{Read, Write};
+    let _serial = serial();
+    let (listener, url) = streaming_handler();
+    const BODY: usize = 9 * 1000;
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { return };
+            std::thread::spawn(move || stream_one(conn));
+        }
+    });
+    fn stream_one(mut conn: std::net::TcpStream) {
+        {
+            let mut seen = Vec::new();
+            let mut byte = [0u8; 4096];
+            while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut byte) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => seen.extend_from_slice(&byte[..n]),
+                }
+            }
+            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n");
+            let head_end = seen.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0) + 4;
+            let mut body = seen.len() - head_end;
+            while body < BODY {
+                match conn.read(&mut byte) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => body += n,
+                }
+            }
+            let _ = conn.write_all(b"ok");
+        }
+    }
+    let gw = Gateway::start(&config(
+        &[("streaming", url)],
+        "upstream: { read_timeout_ms: 1000 }\n",
+    ));
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", gw.port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let head = format!(
+        "POST /up HTTP/1.1\r\nHost: t.localhost\r\nContent-Length: {BODY}\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).expect("head");
+    // The upload takes 2.7 s, its shard silent all along: 2.7 times the
+    // read timeout, and never silent for it.
+    for _ in 0..9 {
+        std::thread::sleep(Duration::from_millis(300));
+        s.write_all(&[b'x'; 1000]).expect("body");
+    }
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    assert!(
+        answer.ends_with("\r\n\r\nok"),
+        "the body was cut: {answer:?}"
+    );
+}
+
 #[test]
 fn an_idle_websocket_outlives_the_read_timeout() {
     use futures_util::{SinkExt, StreamExt};

@@ -218,7 +218,13 @@ struct ShardSilence {
 impl ShardSilence {
     /// Notes the request's side after a poll: bytes that moved restart it.
     fn writes(&mut self, out: &mut Outbound) {
-        if out.progressed.take().is_some() || !out.blocked_on_shard() {
+        let took = out.progressed.take().is_some();
+        if took {
+            // A shard taking the upload is no silent shard, even while it
+            // answers nothing yet (a streaming handler reads on first).
+            self.reading = self.reading.map(|_| Instant::now());
+        }
+        if took || !out.blocked_on_shard() {
             self.writing = None;
         } else {
             self.writing.get_or_insert_with(Instant::now);
