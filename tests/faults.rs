@@ -653,6 +653,53 @@ fn a_shard_taking_an_upload_before_it_answers_is_not_silent() {
 }
 
 #[test]
+fn a_client_that_pauses_reading_is_no_silent_shard() {
+    use std::io::{Read, Write};
+    let _serial = serial();
+    const BODY: usize = 8 << 20;
+    let (listener, url) = streaming_handler();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            std::thread::spawn(move || {
+                let mut byte = [0u8; 4096];
+                let mut seen = Vec::new();
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut byte) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&byte[..n]),
+                    }
+                }
+                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {BODY}\r\n\r\n");
+                let _ = conn.write_all(head.as_bytes());
+                let _ = conn.write_all(&vec![b'x'; BODY]);
+            });
+        }
+    });
+    let gw = Gateway::start(&config(
+        &[("big", url)],
+        "upstream: { read_timeout_ms: 1000 }\nlimits: { send_timeout_ms: 20000 }\n",
+    ));
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", gw.port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20))).ok();
+    s.write_all(b"GET /big HTTP/1.1\r\nHost: t.localhost\r\nConnection: close\r\n\r\n")
+        .expect("request");
+    // The shard sent all it could at once; the client reads nothing for
+    // 2.5 read timeouts. The shard is not the one silent.
+    std::thread::sleep(Duration::from_millis(2500));
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    let head_end = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(0, |p| p + 4);
+    assert_eq!(answer.len() - head_end, BODY, "the response was cut");
+    let name = "shardgate_upstream_failures_total{shard=\"big\",kind=\"timeout\"}";
+    let text = metrics_text(gw.admin_port);
+    assert_eq!(metric_value(&text, name), 0, "{text}");
+}
+
+#[test]
 fn an_idle_websocket_outlives_the_read_timeout() {
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};

@@ -231,10 +231,19 @@ async fn watch(shared: Arc<Shared>, socket: Socket, settings: WatchSettings) {
 /// Watches a response body's reads: cut once `read_timeout` passed since
 /// the last touch.
 async fn watch_reads(shared: Arc<Shared>, socket: Socket, read_timeout: Duration) {
+    let mut postponed = None;
     loop {
         let activity = Duration::from_millis(shared.last_activity_ms.load(Ordering::Relaxed));
-        let deadline = shared.start + activity + read_timeout;
+        let deadline =
+            (shared.start + activity + read_timeout).max(postponed.unwrap_or(shared.start));
         if Instant::now() >= deadline {
+            // Bytes the shard sent wait unread: the gateway is the one not
+            // reading (its client stopped taking the response), and a slow
+            // client is the send timeout's, not the shard's.
+            if !quiet(socket.fd) {
+                postponed = Some(Instant::now() + read_timeout);
+                continue;
+            }
             return conclude(&shared, &socket, TIMED_OUT);
         }
         tokio::time::sleep_until(deadline).await;
