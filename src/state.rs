@@ -168,6 +168,7 @@ pub enum Loaded {
 /// Reads the state file at start and applies it. Never fails: a bad file
 /// is logged and moved to `<path>.corrupt-<unix seconds>`.
 pub fn load(control: &Control, path: &Path) -> Loaded {
+    remove_stale_temp_files(path);
     let text = match std::fs::read(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Loaded::Missing,
@@ -181,6 +182,44 @@ pub fn load(control: &Control, path: &Path) -> Loaded {
         }
         Ok(state) => move_aside(path, &format!("unknown version {}", state.version)),
         Err(e) => move_aside(path, &format!("invalid: {e}")),
+    }
+}
+
+/// Removes the temporary files a process that died mid-write left beside
+/// `path` ([`write_atomically`]'s `.<name>.tmp-<pid>-<n>`): those of a pid
+/// no process has, or this process's own (a container starts under the
+/// same pid every time, and a leftover would fail its exclusive create).
+/// A live process's (the old one of a graceful upgrade, still draining)
+/// are its to finish.
+fn remove_stale_temp_files(path: &Path) {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("state");
+    let prefix = format!(".{name}.tmp-");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file = entry.file_name();
+        let Some(pid) = (file.to_str())
+            .and_then(|f| f.strip_prefix(&prefix))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let alive = Path::new(&format!("/proc/{pid}")).exists();
+        if pid == std::process::id() || !alive {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => log::warn!(
+                    "removed {}, left by a write cut short",
+                    entry.path().display()
+                ),
+                Err(e) => log::warn!("cannot remove {}: {e}", entry.path().display()),
+            }
+        }
     }
 }
 
@@ -312,6 +351,22 @@ mod tests {
         assert!(d.deny_added.is_empty() && d.deny_removed.is_empty());
         d.undenied("cfg", true);
         assert_eq!(d.deny_removed, vec!["cfg".to_string()]);
+    }
+
+    #[test]
+    fn temp_files_of_a_dead_write_are_removed_at_start_not_a_live_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let tmp = |pid: u32| dir.path().join(format!(".state.json.tmp-{pid}-0"));
+        // pid_max is at most 2^22: no process has this one.
+        let (dead, own, live) = (tmp(u32::MAX), tmp(std::process::id()), tmp(1));
+        for file in [&dead, &own, &live] {
+            std::fs::write(file, b"{ cut sho").unwrap();
+        }
+        remove_stale_temp_files(&path);
+        assert!(!dead.exists() && !own.exists());
+        assert!(live.exists(), "pid 1 is alive: its write is its own");
+        write_atomically(&path, b"{}").unwrap();
     }
 
     #[test]

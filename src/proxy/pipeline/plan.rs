@@ -84,15 +84,18 @@ impl Gateway {
             }
         }
         // A declared length over the tenant's own limit (the head reader
-        // knew only the largest any tenant has): 413, no token spent.
-        let declared = content_length(req.values("content-length")).unwrap_or_default();
-        if let (Some(length), Some(max)) = (declared, ctx.max_body) {
-            if length > max {
-                ctx.tenant = Some(resolved.tenant);
-                return Err(Refusal::error(413, "body-too-large"));
-            }
-        }
+        // knew only the largest any tenant has): 413, no token spent. A
+        // length that is no length is 400 here too, for every protocol
+        // and transport (the h2 crate reads only an HTTP/2 request's
+        // first `Content-Length`, and Pingora's path reads none).
         ctx.tenant = Some(resolved.tenant);
+        match content_length(req.values("content-length")) {
+            Err(_) => return Err(Refusal::error(400, "invalid-content-length")),
+            Ok(Some(length)) if ctx.max_body.is_some_and(|max| length > max) => {
+                return Err(Refusal::error(413, "body-too-large"))
+            }
+            Ok(_) => {}
+        }
         ctx.route = self.routes.route_for(req.path);
         let mut channels = (self.control.config.routing.channel_header.as_ref())
             .map(|name| req.values(name.as_str()))
