@@ -122,3 +122,29 @@ pub fn request(bytes: &[u8]) {
         assert_eq!(count(gone), 0, "{gone} forwarded");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The `upstream` target's seed corpus replayed (each file as the
+    /// fuzzer's input: two flags, a split, then the bytes), so that a
+    /// change to the codecs meets the seeds in every test run, not only
+    /// when the fuzzer runs.
+    #[test]
+    fn the_upstream_seed_corpus_holds_the_targets_invariants() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/corpus/upstream");
+        let mut seeds = 0;
+        for entry in std::fs::read_dir(dir).expect("the seed corpus").flatten() {
+            let input = std::fs::read(entry.path()).expect("a seed");
+            let flag = |i: usize| input.get(i).is_some_and(|b| b & 1 == 1);
+            let split = u16::from_le_bytes([
+                input.get(2).copied().unwrap_or(0),
+                input.get(3).copied().unwrap_or(0),
+            ]);
+            let bytes = input.get(4..).unwrap_or_default();
+            super::response(bytes, flag(0), flag(1), usize::from(split));
+            super::request(bytes);
+            seeds += 1;
+        }
+        assert!(seeds > 100, "{seeds} seeds");
+    }
+}
