@@ -19,6 +19,7 @@ command -v h2load >/dev/null 2>&1 || missing+=(nghttp2-client) # HTTP/2 tests: h
 command -v curl >/dev/null 2>&1 || missing+=(curl)          # HTTP/2 tests: curl --http2
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # the operator's page in a real browser (tests/page.rs)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+command -v ss >/dev/null 2>&1 || missing+=(iproute2)       # tests/faults.rs: a shard socket's keep-alive timer
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)  # tests/cluster.rs: a node with a skewed clock
 [ "${#missing[@]}" -eq 0 ] && exit 0
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
