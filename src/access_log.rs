@@ -10,6 +10,7 @@
 //! blocks a request and never grows the process. SIGUSR1 reopens the file
 //! (nginx's `reopen`), so logrotate can move it away.
 
+use crate::capped::Capped;
 use crate::config::{AccessFormat, LogConfig};
 use crate::proxy::hooks::RequestSummary;
 use crate::proxy::pipeline::answer::escape_json;
@@ -439,52 +440,6 @@ fn json_str(out: &mut String, value: &str) {
 /// bounded in bytes whatever a client sends.
 pub const MAX_FIELD_BYTES: usize = 4096;
 
-/// What marks a value cut short.
-const CUT: &str = "…";
-
-/// A value shown with at most `.1` bytes of its text (cut on a character
-/// boundary), and [`CUT`] after it when cut: what a log line or a span
-/// keeps of a client's string.
-pub struct Capped<'a>(pub &'a dyn std::fmt::Display, pub usize);
-
-impl std::fmt::Display for Capped<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut bounded = Bounded {
-            out: &mut *f,
-            left: self.1,
-            cut: false,
-        };
-        write!(bounded, "{}", self.0)?;
-        match bounded.cut {
-            true => f.write_str(CUT),
-            false => Ok(()),
-        }
-    }
-}
-
-/// Passes at most `left` bytes on, whole characters only.
-struct Bounded<'a, 'f> {
-    out: &'a mut std::fmt::Formatter<'f>,
-    left: usize,
-    cut: bool,
-}
-
-impl std::fmt::Write for Bounded<'_, '_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        if s.len() <= self.left {
-            self.left -= s.len();
-            return self.out.write_str(s);
-        }
-        let mut end = self.left;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        self.left = 0;
-        self.cut = true;
-        self.out.write_str(&s[..end])
-    }
-}
-
 /// Writes into a JSON string's inside, escaping.
 struct Escaped<'a>(&'a mut String);
 
@@ -545,6 +500,7 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::capped::CUT;
     use crate::routing::{Decision, ShardId};
 
     #[test]

@@ -8,6 +8,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod capped;
 pub mod cluster;
 pub mod collector;
 pub mod config;

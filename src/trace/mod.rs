@@ -438,7 +438,7 @@ pub const MAX_ATTRIBUTE_BYTES: usize = 1024;
 
 /// `value`'s text, cut to [`MAX_ATTRIBUTE_BYTES`] (marked when cut).
 fn capped(value: &dyn std::fmt::Display) -> String {
-    crate::access_log::Capped(value, MAX_ATTRIBUTE_BYTES).to_string()
+    crate::capped::Capped(value, MAX_ATTRIBUTE_BYTES).to_string()
 }
 
 /// A span's name (OpenTelemetry's HTTP conventions): the method, or
