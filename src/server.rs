@@ -12,6 +12,7 @@ use crate::proxy::fast::FastPath;
 use crate::proxy::frontend::Frontend;
 use crate::proxy::head::HeadLimits;
 use crate::proxy::hooks::{DefaultHooks, GatewayHooks};
+use crate::proxy::listener::Listening;
 use crate::proxy::wrap::{GatewayWrapper, Wrapped};
 use crate::proxy::Gateway;
 use crate::state::{StateFile, StateWriter};
@@ -193,31 +194,34 @@ impl Builder {
         .with_fast_path(fast)
         .with_edge(Arc::new(roles), Arc::clone(&control.edge))
         .with_log(log_gateway);
-        let mut proxy = Service::new("shardgate".to_string(), proxy);
-        for listener in &control.config.listen {
-            // No read buffer under the client connection: the front end
-            // reads request heads into buffers of its own, and Pingora's
-            // default 64 KiB per connection was most of an idle
-            // WebSocket's memory. TLS listeners are plain TCP to Pingora:
-            // the front end runs the handshake (crate::tls).
-            // TCP keep-alive on every client socket: a client that
-            // vanished from an idle WebSocket frees its slot.
-            let mut options = pingora::listeners::TcpSocketOptions::default();
-            options.tcp_keepalive = Some(crate::proxy::fast::tunnel::keepalive());
-            // No write buffer either when the fast transport writes: it
-            // writes each answer whole, and the buffer only cost a copy.
-            // (Pingora's own codec writes a head and its body apart, and
-            // relies on it to send them together.)
-            let buffers = match fast_on {
-                true => L4BufferSettings::unbuffered(),
-                false => L4BufferSettings::default().read(0),
-            };
-            let endpoint = ListenerConfig::tcp(listener.addr.to_string())
-                .tcp_socket_options(options)
-                .l4_buffer(buffers);
-            proxy.add_listener(endpoint);
+        // TCP keep-alive on every client socket: a client that vanished
+        // from an idle WebSocket frees its slot.
+        let keepalive = crate::proxy::fast::tunnel::keepalive();
+        if fast_on {
+            // The fast transport's listeners accept on their own: Pingora's
+            // would hold a TLS handshake's room in every connection's task
+            // (crate::proxy::listener).
+            let addrs = control.config.listen.iter().map(|l| l.addr).collect();
+            server.add_service(Listening::new("shardgate", proxy, addrs, keepalive));
+        } else {
+            let mut proxy = Service::new("shardgate".to_string(), proxy);
+            for listener in &control.config.listen {
+                // No read buffer under the client connection: the front end
+                // reads request heads into buffers of its own, and Pingora's
+                // default 64 KiB per connection was most of an idle
+                // WebSocket's memory. TLS listeners are plain TCP to
+                // Pingora: the front end runs the handshake (crate::tls).
+                // Pingora's own codec writes a head and its body apart, and
+                // relies on the write buffer to send them together.
+                let mut options = pingora::listeners::TcpSocketOptions::default();
+                options.tcp_keepalive = Some(keepalive.clone());
+                let endpoint = ListenerConfig::tcp(listener.addr.to_string())
+                    .tcp_socket_options(options)
+                    .l4_buffer(L4BufferSettings::default().read(0));
+                proxy.add_listener(endpoint);
+            }
+            server.add_service(proxy);
         }
-        server.add_service(proxy);
         let mut admin = Service::new(
             "shardgate admin".to_string(),
             AdminApi::new(Arc::clone(&control)),

@@ -27,6 +27,7 @@ pub mod frontend;
 mod frontend_h2;
 pub mod head;
 pub mod hooks;
+pub mod listener;
 mod pingora;
 pub mod pipeline;
 pub mod wrap;
