@@ -198,21 +198,28 @@ where
         // A new connection's first request is read even while shutting
         // down (one accepted during a graceful upgrade is served); only
         // connections idle between requests close when shutdown starts.
+        let mut watch = None;
         let mut stream = stream;
-        let mut buf = BytesMut::new();
-        let head = match read_head(&mut stream, &mut buf, &self.limits, None).await {
-            Ok(Some(head)) => head,
-            Ok(None) => return None,
-            Err(e) => {
-                // Boxed, as the rest: its state (the answer's write, the
-                // lingering read) would sit in every silent connection's.
-                Box::pin(self.refuse(&mut stream, &buf, e)).await;
-                return None;
-            }
-        };
-        // Boxed once a request came: the rest of the connection's state
-        // (about 7 KiB) is not held by connections that send nothing.
-        Box::pin(self.serve_http1(stream, buf, head, tls, redirect, shutdown)).await
+        let mut next = Next::default();
+        loop {
+            let mut buf = std::mem::take(&mut next.ahead);
+            let head = match read_head(&mut stream, &mut buf, &self.limits, watch.as_mut()).await {
+                Ok(Some(head)) => head,
+                Ok(None) => return None,
+                Err(e) => {
+                    // Boxed, as the rest: its state (the answer's write, the
+                    // lingering read) would sit in every silent connection's.
+                    Box::pin(self.refuse(&mut stream, &buf, e)).await;
+                    return None;
+                }
+            };
+            // Boxed: a request's state (about 7 KiB) is held only while
+            // one is served, not by connections silent or idle between
+            // requests.
+            let served = self.serve_http1(stream, buf, head, next, tls, redirect, shutdown);
+            (stream, next) = Box::pin(served).await?;
+            watch.get_or_insert_with(|| shutdown.clone());
+        }
     }
 
     async fn cleanup(&self) {
@@ -224,125 +231,116 @@ impl<A> Frontend<A>
 where
     A: HttpServerApp + Send + Sync + 'static,
 {
-    /// An HTTP/1 connection's requests, from its first `head` (read into
-    /// `buf`) on.
+    /// One request of an HTTP/1 connection, from its `head` (read into
+    /// `buf`) on; the connection back if it serves another.
+    #[allow(clippy::too_many_arguments)]
     async fn serve_http1(
         self: &Arc<Self>,
         mut stream: Stream,
-        buf: BytesMut,
+        mut buf: BytesMut,
         head: Head,
+        next: Next,
         tls: bool,
         redirect: Option<u16>,
         shutdown: &ShutdownWatch,
-    ) -> Option<Stream> {
-        let mut settings = None;
-        let mut watch = shutdown.clone();
-        let mut first = Some((buf, head));
-        // What the client sent past the last request: the next one's start.
-        let mut ahead = BytesMut::new();
-        loop {
-            let (mut buf, head) = match first.take() {
-                Some(first) => first,
-                None => {
-                    // `read_head` makes room as it reads.
-                    let mut buf = std::mem::take(&mut ahead);
-                    match read_head(&mut stream, &mut buf, &self.limits, Some(&mut watch)).await {
-                        Ok(Some(head)) => (buf, head),
-                        Ok(None) => return None,
-                        Err(e) => {
-                            self.refuse(&mut stream, &buf, e).await;
-                            return None;
-                        }
-                    }
-                }
-            };
-            // Past the head: the body's start, then the next request's.
-            ahead = buf.split_off(head.len);
-            if let (false, Some((_, edge))) = (tls, &self.edge) {
-                if let Some(answer) = edge_answer(&buf, redirect, edge) {
-                    // A request with a body (or a protocol switch) is not
-                    // read on: the connection closes after the answer.
-                    let bodiless = matches!(head.body, Framing::Length(0));
-                    let more = bodiless && !answer.close && !*shutdown.borrow();
-                    let mut ctx = RequestCtx::default();
-                    let reply = self.identified(answer.answer, &ctx);
-                    let sent = async {
-                        stream
-                            .write_all(&reply.http1(answer.head_only, answer.close))
-                            .await?;
-                        stream.flush().await
-                    };
-                    let sent = tokio::time::timeout(self.limits.keepalive_timeout, sent).await;
-                    let sent = matches!(sent, Ok(Ok(())));
-                    let status = if sent { reply.status } else { 0 };
-                    if sent && !answer.head_only {
-                        ctx.bytes_out = reply.body.len() as u64;
-                    }
-                    self.log_head(&mut ctx, &stream, &buf, status);
-                    if sent && more {
-                        continue;
-                    }
-                    let _ = tokio::time::timeout(Duration::from_secs(1), stream.shutdown()).await;
-                    linger(&mut stream).await;
-                    return None;
-                }
-            }
-            // A broken chunked body whose start came with the head is
-            // refused before either transport connects to a shard.
-            if let Err(refused) = head.body.check_start(&ahead, self.limits.max_body_bytes) {
-                let failure = HeadFailure {
-                    error: HeadError::Refused(refused),
-                    began: std::time::Instant::now(),
+    ) -> Option<(Stream, Next)> {
+        let settings = next.settings;
+        // Past the head: the body's start, then the next request's.
+        let mut ahead = buf.split_off(head.len);
+        if let (false, Some((_, edge))) = (tls, &self.edge) {
+            if let Some(answer) = edge_answer(&buf, redirect, edge) {
+                // A request with a body (or a protocol switch) is not
+                // read on: the connection closes after the answer.
+                let bodiless = matches!(head.body, Framing::Length(0));
+                let more = bodiless && !answer.close && !*shutdown.borrow();
+                let mut ctx = RequestCtx::default();
+                let reply = self.identified(answer.answer, &ctx);
+                let sent = async {
+                    stream
+                        .write_all(&reply.http1(answer.head_only, answer.close))
+                        .await?;
+                    stream.flush().await
                 };
-                self.refuse(&mut stream, &buf, failure).await;
+                let sent = tokio::time::timeout(self.limits.keepalive_timeout, sent).await;
+                let sent = matches!(sent, Ok(Ok(())));
+                let status = if sent { reply.status } else { 0 };
+                if sent && !answer.head_only {
+                    ctx.bytes_out = reply.body.len() as u64;
+                }
+                self.log_head(&mut ctx, &stream, &buf, status);
+                if sent && more {
+                    return Some((stream, Next { ahead, settings }));
+                }
+                let _ = tokio::time::timeout(Duration::from_secs(1), stream.shutdown()).await;
+                linger(&mut stream).await;
                 return None;
             }
-            if let Some(fast) = &self.fast {
-                let closing = *shutdown.borrow();
-                match fast.serve(stream, buf, head, &mut ahead, closing).await {
-                    Some(next) => {
-                        stream = next;
-                        continue;
-                    }
-                    None => return None,
-                }
-            }
-            // Pingora's path: the head and the body bytes read with it are
-            // this request's; anything after them is the next one's.
-            let mut body = head.body;
-            let mut rest = ahead;
-            let used = body.consume(&rest).unwrap_or_else(|_| {
-                body = Framing::UntilClose;
-                rest.len()
-            });
-            ahead = rest.split_off(used);
-            buf.unsplit(rest);
-            if matches!(body, Framing::UntilClose) {
-                // A protocol switch: whatever the client sent past the head
-                // is Pingora's to see, in order.
-                buf.unsplit(std::mem::take(&mut ahead));
-            }
-            let limit = self.limits.max_header_bytes;
-            let client: Stream = Box::new(OneRequest::new(
-                stream,
-                body,
-                std::mem::take(&mut ahead),
-                limit,
-                self.limits.max_body_bytes,
-            ));
-            let mut session = ServerSession::new_http1(client);
-            match settings.take() {
-                Some(s) => pingora::apps::HttpPersistentSettings::apply_to_session(s, &mut session),
-                None => session.set_keepalive(Some(self.limits.keepalive_timeout.as_secs().max(1))),
-            }
-            if *shutdown.borrow() {
-                session.set_keepalive(None);
-            }
-            session.set_pipelined_prefix(buf);
-            let reused = self.inner.process_new_http(session, shutdown).await?;
-            let (next, persistent) = reused.consume();
-            (stream, ahead) = OneRequest::unwrap(next)?;
-            settings = persistent;
         }
+        // A broken chunked body whose start came with the head is
+        // refused before either transport connects to a shard.
+        if let Err(refused) = head.body.check_start(&ahead, self.limits.max_body_bytes) {
+            let failure = HeadFailure {
+                error: HeadError::Refused(refused),
+                began: std::time::Instant::now(),
+            };
+            self.refuse(&mut stream, &buf, failure).await;
+            return None;
+        }
+        if let Some(fast) = &self.fast {
+            let closing = *shutdown.borrow();
+            let stream = fast.serve(stream, buf, head, &mut ahead, closing).await?;
+            return Some((stream, Next { ahead, settings }));
+        }
+        // Pingora's path: the head and the body bytes read with it are
+        // this request's; anything after them is the next one's.
+        let mut body = head.body;
+        let mut rest = ahead;
+        let used = body.consume(&rest).unwrap_or_else(|_| {
+            body = Framing::UntilClose;
+            rest.len()
+        });
+        ahead = rest.split_off(used);
+        buf.unsplit(rest);
+        if matches!(body, Framing::UntilClose) {
+            // A protocol switch: whatever the client sent past the head
+            // is Pingora's to see, in order.
+            buf.unsplit(std::mem::take(&mut ahead));
+        }
+        let limit = self.limits.max_header_bytes;
+        let client: Stream = Box::new(OneRequest::new(
+            stream,
+            body,
+            std::mem::take(&mut ahead),
+            limit,
+            self.limits.max_body_bytes,
+        ));
+        let mut session = ServerSession::new_http1(client);
+        match settings {
+            Some(s) => pingora::apps::HttpPersistentSettings::apply_to_session(s, &mut session),
+            None => session.set_keepalive(Some(self.limits.keepalive_timeout.as_secs().max(1))),
+        }
+        if *shutdown.borrow() {
+            session.set_keepalive(None);
+        }
+        session.set_pipelined_prefix(buf);
+        let reused = self.inner.process_new_http(session, shutdown).await?;
+        let (next, persistent) = reused.consume();
+        let (stream, ahead) = OneRequest::unwrap(next)?;
+        Some((
+            stream,
+            Next {
+                ahead,
+                settings: persistent,
+            },
+        ))
     }
+}
+
+/// What an HTTP/1 connection carries from one request to the next.
+#[derive(Default)]
+struct Next {
+    /// What the client sent past the last request: the next one's start.
+    ahead: BytesMut,
+    /// Pingora's keep-alive settings of the last request (its path only).
+    settings: Option<pingora::apps::HttpPersistentSettings>,
 }
