@@ -296,7 +296,11 @@ fn silent_and_idle_connections_hold_little_memory() {
             assert!(n > 0, "closed before an answer");
             got.extend_from_slice(&chunk[..n]);
         }
-        assert!(got.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&got));
+        assert!(
+            got.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&got)
+        );
         // The body (Content-Length) with it or just after: let it land.
         std::thread::sleep(Duration::from_millis(1));
         let _ = s.set_nonblocking(true);
@@ -314,7 +318,8 @@ fn silent_and_idle_connections_hold_little_memory() {
         let mut sockets = Vec::new();
         for _ in 0..SOCKETS {
             let mut s = TcpStream::connect(("127.0.0.1", gw.port)).expect("connect");
-            s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+            s.set_read_timeout(Some(Duration::from_secs(10)))
+                .expect("timeout");
             if idle {
                 s.write_all(request).expect("send");
                 answered(&mut s);

@@ -5,6 +5,7 @@
 
 use super::client::Rewound;
 use super::ctx::RequestCtx;
+use super::fast::h2::Served;
 use super::fast::FastPath;
 use super::frontend::{peer, Frontend};
 use super::hooks::RequestLine;
@@ -46,33 +47,60 @@ impl Drop for Started {
 /// Serves a stream on the fast transport, counted in flight until done.
 /// Its future is boxed when taken, so a stream in flight holds only what
 /// it uses.
-async fn serve_stream(fast: &FastPath, session: Box<H2Session>, started: Started) {
-    Box::pin(fast.serve_h2(session)).await;
+async fn serve_stream(fast: &FastPath, session: Box<H2Session>, started: Started) -> Served {
+    let served = Box::pin(fast.serve_h2(session)).await;
     drop(started);
+    served
 }
 
 /// Serves a stream on Pingora's proxy (the fast transport off), counted in
-/// flight until done.
+/// flight until done. (Pingora's session does not tell whether its client
+/// reset it: only resets found at accept count there.)
 async fn serve_stream_on_pingora<A: HttpServerApp + Send + Sync + 'static>(
     app: Arc<A>,
     session: Box<H2Session>,
     shutdown: ShutdownWatch,
     started: Started,
-) {
+) -> Served {
     let session = pingora::protocols::http::ServerSession::new_http2(*session);
     Box::pin(app.process_new_http(session, &shutdown)).await;
     drop(started);
+    Served::Done
 }
 
 /// A client that sends more malformed streams than this on one HTTP/2
 /// connection loses it (Pingora's own budget).
 const MAX_MALFORMED_H2_STREAMS: usize = 32;
 
-/// A client whose streams are found reset when accepted more often than
-/// this, and more often than it let a stream be served, gets GOAWAY
-/// (`ENHANCE_YOUR_CALM`): a rapid reset. The h2 crate's own limit on reset
-/// streams awaiting accept (20) holds only while accepting lags behind.
-const MAX_EARLY_RESETS: usize = 32;
+/// A client that resets more streams than this, and more than it let be
+/// (or is letting be) served, gets GOAWAY (`ENHANCE_YOUR_CALM`): a rapid
+/// reset. Counted: streams found reset when accepted, and streams reset
+/// by the client while served (the shard already asked). The h2 crate's
+/// own limit on reset streams awaiting accept (20) holds only while
+/// accepting lags behind.
+const MAX_RESETS: usize = 32;
+
+/// The client's resets on one HTTP/2 connection, against its streams.
+#[derive(Default)]
+struct Resets {
+    /// Streams accepted and handed to a transport.
+    accepted: usize,
+    /// Streams reset by the client: before they were served, or while.
+    reset: usize,
+    /// Of those, the ones reset while served (also in `accepted`).
+    reset_served: usize,
+}
+
+impl Resets {
+    /// Counts a stream its client reset; whether the connection has now
+    /// seen a rapid reset.
+    fn reset(&mut self, served: bool) -> bool {
+        self.reset += 1;
+        self.reset_served += usize::from(served);
+        let kept = self.accepted - self.reset_served;
+        self.reset > MAX_RESETS && self.reset > kept
+    }
+}
 
 impl<A> Frontend<A>
 where
@@ -146,14 +174,14 @@ where
         let mut watch = shutdown.clone();
         let mut closing = false;
         let mut malformed = 0;
-        let (mut early_resets, mut served) = (0usize, 0usize);
+        let mut resets = Resets::default();
         // The streams in flight, driven by this task. A panic in one ends
         // that stream only, as it would in its own task (one inside the h2
         // crate, holding its lock, ends the connection either way).
         let mut local = FuturesUnordered::new();
         loop {
             // Until a first stream is served, the connection's deadline.
-            let first_at = (served == 0).then_some(first_by);
+            let first_at = (resets.accepted == 0).then_some(first_by);
             let idle = async {
                 while active.count.load(Ordering::Acquire) != 0 {
                     active.idle.notified().await;
@@ -171,7 +199,10 @@ where
                     continue;
                 }
                 Some(done) = local.next(), if !local.is_empty() => {
-                    report(done);
+                    if report(done) == Served::Reset && resets.reset(true) {
+                        self.calm(&mut conn, &resets).await;
+                        break;
+                    }
                     continue;
                 }
                 accepted = H2Session::from_h2_conn(&mut conn, Arc::clone(&digest)) => accepted,
@@ -207,23 +238,13 @@ where
                     };
                     self.log(&mut RequestCtx::default(), &line, 0);
                 }
-                early_resets += 1;
-                if early_resets > MAX_EARLY_RESETS && early_resets > served {
-                    log::warn!(
-                        "an HTTP/2 client reset {early_resets} streams before they were \
-                         served (rapid reset): GOAWAY"
-                    );
-                    conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
-                    // The GOAWAY goes out while the connection is driven:
-                    // a second at most (a client that stopped reading
-                    // does not hold the socket).
-                    let flushed = std::future::poll_fn(|cx| conn.poll_closed(cx));
-                    let _ = tokio::time::timeout(Duration::from_secs(1), flushed).await;
+                if resets.reset(false) {
+                    self.calm(&mut conn, &resets).await;
                     break;
                 }
                 continue;
             }
-            served += 1;
+            resets.accepted += 1;
             let started = InFlight::start(&active);
             let serve = match fast {
                 Some(fast) => Either::Left(serve_stream(fast, session, started)),
@@ -243,14 +264,59 @@ where
             report(done);
         }
     }
+
+    /// Ends a connection whose client resets streams faster than it lets
+    /// them be served: GOAWAY (`ENHANCE_YOUR_CALM`).
+    async fn calm(&self, conn: &mut h2::server::Connection<Stream, bytes::Bytes>, resets: &Resets) {
+        log::warn!(
+            "an HTTP/2 client reset {} streams ({} while served) of {} (rapid reset): GOAWAY",
+            resets.reset,
+            resets.reset_served,
+            resets.accepted + resets.reset - resets.reset_served,
+        );
+        conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
+        // The GOAWAY goes out while the connection is driven: a second at
+        // most (a client that stopped reading does not hold the socket).
+        let flushed = std::future::poll_fn(|cx| conn.poll_closed(cx));
+        let _ = tokio::time::timeout(Duration::from_secs(1), flushed).await;
+    }
 }
 
-/// Logs a stream that panicked (it was reset as it was dropped).
-fn report(done: std::thread::Result<()>) {
-    if let Err(panic) = done {
+/// How a stream's service ended; logs one that panicked (it was reset as
+/// it was dropped).
+fn report(done: std::thread::Result<Served>) -> Served {
+    done.unwrap_or_else(|panic| {
         let what = (panic.downcast_ref::<&str>().copied())
             .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
             .unwrap_or("?");
         log::error!("an HTTP/2 stream panicked ({what}); the stream was reset");
+        Served::Done
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Resets, MAX_RESETS};
+
+    #[test]
+    fn resets_past_the_bound_and_past_the_streams_kept_are_a_rapid_reset() {
+        // Every stream reset while served: the bound's next one trips.
+        let mut attack = Resets::default();
+        for n in 1..=MAX_RESETS + 1 {
+            attack.accepted += 1;
+            assert_eq!(attack.reset(true), n > MAX_RESETS, "reset {n}");
+        }
+        // Reset before accept, as many: the same.
+        let mut early = Resets::default();
+        let tripped = (0..=MAX_RESETS).map(|_| early.reset(false)).last();
+        assert_eq!(tripped, Some(true));
+        // A browser that opened 100 streams and cancels 40 of them.
+        let mut browser = Resets {
+            accepted: 100,
+            ..Resets::default()
+        };
+        assert!((0..40).all(|_| !browser.reset(true)));
+        // Past half of what it opened, it is one.
+        assert!((0..11).any(|_| browser.reset(true)));
     }
 }

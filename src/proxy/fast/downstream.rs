@@ -326,6 +326,8 @@ pub(super) struct H2Client {
     ended: bool,
     /// Body bytes queued for the client.
     bytes_out: u64,
+    /// The gateway reset the stream itself.
+    aborted: bool,
 }
 
 impl H2Client {
@@ -340,6 +342,27 @@ impl H2Client {
             end: None,
             ended: false,
             bytes_out: 0,
+            aborted: false,
+        }
+    }
+
+    /// Whether the client reset the stream (`RST_STREAM`) before both
+    /// ends closed it: what the rapid-reset guard counts once the stream
+    /// was accepted. A reset of the gateway's own does not count.
+    pub(super) fn reset_by_client(&mut self) -> bool {
+        use futures_util::FutureExt;
+        let reset = std::future::poll_fn(|cx| self.poll_reset(cx)).now_or_never();
+        !self.aborted && matches!(reset, Some(Ok(_)))
+    }
+
+    /// Ready with the reason once the stream was reset (by either end), or
+    /// with an error once the connection failed.
+    fn poll_reset(&mut self, cx: &mut Context<'_>) -> Poll<pingora::Result<h2::Reason>> {
+        match &mut self.writer {
+            Some(writer) => writer
+                .poll_reset(cx)
+                .map_err(|e| pingora::Error::because(pingora::ErrorType::H2Error, "reset", e)),
+            None => Pin::new(&mut self.session.idle()).poll(cx),
         }
     }
 }
@@ -392,11 +415,7 @@ impl Downstream for H2Client {
     }
 
     fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let reset = match &mut self.writer {
-            Some(writer) => writer.poll_reset(cx).map(|_| ()),
-            None => Pin::new(&mut self.session.idle()).poll(cx).map(|_| ()),
-        };
-        reset
+        self.poll_reset(cx).map(|_| ())
     }
 
     fn start(&mut self, head: ResponseStart<'_>) -> Result<(), ()> {
@@ -480,6 +499,7 @@ impl Downstream for H2Client {
             None => self.session.shutdown(),
         }
         self.ended = true;
+        self.aborted = true;
     }
 
     fn queue_answer(&mut self, refusal: &Refusal, _close: bool) {

@@ -21,7 +21,7 @@ use pingora::protocols::http::v2::server::HttpSession as H2Stream;
 
 impl FastPath {
     /// Serves one HTTP/2 stream.
-    pub async fn serve_h2(&self, mut stream: Box<H2Stream>) {
+    pub async fn serve_h2(&self, mut stream: Box<H2Stream>) -> Served {
         stream.set_write_timeout(Some(self.send_timeout));
         let gw = &self.gateway;
         let mut ctx = RequestCtx::default();
@@ -98,8 +98,22 @@ impl FastPath {
         // already released, so that the stream ends cleanly. (Reset at
         // once, some clients throw the answer away with it: curl 7.88
         // does, for a `NO_ERROR` reset after a whole response.)
+        let reset = client.reset_by_client();
         client.drain().await;
+        match reset {
+            true => Served::Reset,
+            false => Served::Done,
+        }
     }
+}
+
+/// How an HTTP/2 stream's service ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Served {
+    /// Answered, or ended by the gateway or the connection.
+    Done,
+    /// Reset by its client before both ends closed it.
+    Reset,
 }
 
 /// How the stream's body goes to the shard: by its `Content-Length` (read
