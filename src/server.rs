@@ -202,7 +202,7 @@ impl Builder {
             // would hold a TLS handshake's room in every connection's task
             // (crate::proxy::listener).
             let addrs = control.config.listen.iter().map(|l| l.addr).collect();
-            server.add_service(Listening::new("shardgate", proxy, addrs, keepalive));
+            server.add_service(Listening::new("shardgate", proxy, addrs, keepalive.clone()));
         } else {
             let mut proxy = Service::new("shardgate".to_string(), proxy);
             for listener in &control.config.listen {
@@ -222,11 +222,20 @@ impl Builder {
             }
             server.add_service(proxy);
         }
-        let mut admin = Service::new(
-            "shardgate admin".to_string(),
-            AdminApi::new(Arc::clone(&control)),
-        );
-        admin.add_tcp(&control.config.admin.addr.to_string());
+        // The admin API behind the same head reader as the gateway's
+        // listeners (its deadlines, size bounds and lingering close), on a
+        // listener with a bound of its own.
+        let admin_limits = HeadLimits {
+            header_timeout: limits.header_timeout,
+            max_header_bytes: limits.max_header_bytes,
+            max_headers: limits.max_headers,
+            keepalive_timeout: limits.keepalive_timeout,
+            max_body_bytes: Some(crate::admin::MAX_BODY as u64),
+        };
+        let admin = Frontend::new(AdminApi::new(Arc::clone(&control)), admin_limits);
+        let admin_addr = vec![control.config.admin.addr];
+        let admin = Listening::new("shardgate admin", admin, admin_addr, keepalive.clone())
+            .with_cap(ADMIN_CONNECTIONS);
         server.add_service(admin);
         server.add_service(background_service(
             "shardgate health",
@@ -325,13 +334,17 @@ impl Shardgate {
         } = self;
         server.run(RunArgs::default());
         if let Some(state) = &state {
-            state.save_last();
+            state.save_last_within(crate::state::LAST_SAVE_DEADLINE);
         }
         control.access_log.flush();
         control.tracer.shutdown(std::time::Duration::from_secs(2));
         std::process::exit(0)
     }
 }
+
+/// The admin API's connections open at once, at most: a client that opens
+/// and holds connections cannot take the process's file descriptors.
+const ADMIN_CONNECTIONS: usize = 256;
 
 /// shardgate's command line, for the binary and for an embedder's own:
 /// `-c FILE` runs the server `build` makes from the builder; `-t -c FILE`

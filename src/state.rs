@@ -293,6 +293,41 @@ impl StateFile {
             *closed = true;
         }
     }
+
+    /// [`StateFile::save_last`], waited for `deadline` at most: a disk
+    /// that hangs (a stalled network mount) does not keep the process
+    /// from exiting. The file is then the last whole save (every write
+    /// goes through a temporary file, renamed once synced); the
+    /// temporary file left behind is removed at the next start.
+    pub fn save_last_within(self: &Arc<Self>, deadline: Duration) -> bool {
+        let file = Arc::clone(self);
+        let done = within(deadline, move || file.save_last());
+        if !done {
+            log::error!(
+                "the last state save did not finish in {} s: exiting without it ({} holds \
+                 the last whole save)",
+                deadline.as_secs(),
+                self.path.display()
+            );
+        }
+        done
+    }
+}
+
+/// How long the last save at shutdown may take.
+pub const LAST_SAVE_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Runs `f` on a thread of its own; whether it finished within `deadline`
+/// (if not, it runs on, and is abandoned when the process exits).
+fn within(deadline: Duration, f: impl FnOnce() + Send + 'static) -> bool {
+    let (done, finished) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("state-save".into())
+        .spawn(move || {
+            f();
+            let _ = done.send(());
+        });
+    spawned.is_ok() && finished.recv_timeout(deadline).is_ok()
 }
 
 /// The background service writing the state every interval and once more
@@ -331,6 +366,16 @@ impl StateWriter {
 mod tests {
     use super::*;
     use crate::routing::{Shard, ShardId};
+
+    #[test]
+    fn a_save_that_hangs_is_abandoned_at_its_deadline() {
+        let started = std::time::Instant::now();
+        assert!(!within(Duration::from_millis(100), || {
+            std::thread::sleep(Duration::from_secs(5))
+        }));
+        assert!(started.elapsed() < Duration::from_secs(4));
+        assert!(within(Duration::from_secs(5), || ()));
+    }
 
     #[test]
     fn diff_records_net_changes() {

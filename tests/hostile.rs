@@ -803,3 +803,45 @@ fn an_early_answer_reaches_a_client_still_uploading() {
     }
     assert!(backend.seen().is_empty());
 }
+
+#[test]
+fn the_admin_api_has_the_head_deadline_and_a_connection_bound() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    let backend = RawBackend::start();
+    let gw = gateway(&backend, "limits: { header_timeout_ms: 600 }\n");
+    // A head dribbled to the admin port: 408 within the deadline, as on
+    // the gateway's own listeners.
+    let (text, took) = dribble(
+        gw.admin_port,
+        b"",
+        b"GET /v1/shards HTTP/1.1\r\nHost: localhost\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n",
+    );
+    assert!(text.starts_with("HTTP/1.1 408"), "{text:?}");
+    assert!(took < Duration::from_millis(1800), "closed after {took:?}");
+    // 256 silent connections held open: the next is closed at once...
+    let held: Vec<TcpStream> = (0..256)
+        .map(|_| TcpStream::connect(("127.0.0.1", gw.admin_port)).expect("connect"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut over = TcpStream::connect(("127.0.0.1", gw.admin_port)).expect("connect");
+    over.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let _ = over.write_all(b"GET /v1/shards HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    let mut got = Vec::new();
+    let _ = over.read_to_end(&mut got);
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    // ...and served again once they are gone (the deadline closes them).
+    drop(held);
+    let served = eventually(Duration::from_secs(3), || {
+        let mut s = TcpStream::connect(("127.0.0.1", gw.admin_port)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        let _ =
+            s.write_all(b"GET /v1/shards HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        got.starts_with(b"HTTP/1.1 200")
+    });
+    assert!(served, "the admin API did not serve again");
+}

@@ -23,6 +23,7 @@ use pingora::server::{ListenFds, ShutdownWatch};
 use pingora::services::Service;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpSocket};
@@ -40,6 +41,9 @@ pub struct Listening<A> {
     app: Option<A>,
     addrs: Vec<SocketAddr>,
     keepalive: TcpKeepalive,
+    /// Connections open at once, at most (the others are closed as soon
+    /// as accepted); `None`: no bound of the listener's own.
+    cap: Option<usize>,
 }
 
 impl<A> Listening<A> {
@@ -51,7 +55,15 @@ impl<A> Listening<A> {
             app: Some(app),
             addrs,
             keepalive,
+            cap: None,
         }
+    }
+
+    /// At most `cap` connections open at once: the next ones are closed as
+    /// soon as they are accepted.
+    pub fn with_cap(mut self, cap: usize) -> Self {
+        self.cap = Some(cap);
+        self
     }
 }
 
@@ -68,6 +80,11 @@ impl<A: ServerApp + Send + Sync + 'static> Service for Listening<A> {
             return;
         };
         let app = Arc::new(app);
+        let open = Arc::new(Open {
+            count: AtomicUsize::new(0),
+            cap: self.cap.unwrap_or(usize::MAX),
+            warned: Default::default(),
+        });
         let mut loops = Vec::new();
         for addr in &self.addrs {
             let listener = match listen(*addr, fds.as_ref()).await {
@@ -84,6 +101,8 @@ impl<A: ServerApp + Send + Sync + 'static> Service for Listening<A> {
                     listener: Arc::clone(&listener),
                     app: Arc::clone(&app),
                     keepalive: self.keepalive.clone(),
+                    open: Arc::clone(&open),
+                    name: self.name.clone(),
                 };
                 loops.push(tokio::spawn(accepting.run(shutdown.clone())));
             }
@@ -149,6 +168,46 @@ struct Accepting<A> {
     listener: Arc<TcpListener>,
     app: Arc<A>,
     keepalive: TcpKeepalive,
+    open: Arc<Open>,
+    name: String,
+}
+
+/// The connections a service has open, and its bound.
+struct Open {
+    count: AtomicUsize,
+    cap: usize,
+    /// The second (since the epoch) of the last warning of the bound.
+    warned: std::sync::atomic::AtomicU64,
+}
+
+/// One open connection, counted until dropped.
+struct Counted(Arc<Open>);
+
+impl Open {
+    /// Counts one more connection, unless the bound is reached.
+    fn admit(this: &Arc<Open>) -> Option<Counted> {
+        let admitted = this
+            .count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < this.cap).then_some(n + 1)
+            })
+            .is_ok();
+        admitted.then(|| Counted(Arc::clone(this)))
+    }
+
+    /// Whether to warn of the bound now: once a second at most.
+    fn warn_now(&self) -> bool {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.warned.swap(now, Ordering::Relaxed) != now
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.count.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl<A: ServerApp + Send + Sync + 'static> Accepting<A> {
@@ -163,9 +222,20 @@ impl<A: ServerApp + Send + Sync + 'static> Accepting<A> {
             };
             match accepted {
                 Ok((socket, peer)) => {
+                    let Some(counted) = Open::admit(&self.open) else {
+                        if self.open.warn_now() {
+                            log::warn!(
+                                "{}: {} connections open, the most allowed: new ones are \
+                                 closed ({peer} the latest)",
+                                self.name,
+                                self.open.cap
+                            );
+                        }
+                        continue;
+                    };
                     let stream = self.stream(socket, peer);
                     let app = Arc::clone(&self.app);
-                    tokio::spawn(serve(app, stream, shutdown.clone()));
+                    tokio::spawn(serve(app, stream, shutdown.clone(), counted));
                 }
                 Err(e) => {
                     log::error!("accept() failed: {e}");
@@ -207,9 +277,11 @@ async fn serve<A: ServerApp>(
     app: Arc<A>,
     stream: pingora::protocols::Stream,
     shutdown: ShutdownWatch,
+    counted: Counted,
 ) {
     let mut next = Some(stream);
     while let Some(stream) = next {
         next = app.process_new(stream, &shutdown).await;
     }
+    drop(counted);
 }
