@@ -213,8 +213,9 @@ impl Control {
 
     /// Registers a shard at runtime; `Ok(false)` if the id exists. Its
     /// host name (if it has one) is resolved with a blocking lookup: for
-    /// the start's replay of the state file; the admin API's
-    /// [`Control::add_shard_resolved`] does not block.
+    /// the start's replay of the state file, before anything is served
+    /// (as nginx resolves its upstreams at start); the admin API's and the
+    /// cluster's [`Control::add_shard_resolved`] does not block.
     pub fn add_shard(&self, shard: Shard) -> Result<bool, String> {
         let peer = build_peer(&self.config, &shard)?;
         self.add_shard_at(shard, peer)
@@ -360,8 +361,9 @@ impl Control {
 
     /// Applies a runtime change another node made (cluster mode): one field
     /// of the shared state, as `publish` wrote it. Unknown fields are
-    /// logged and skipped (a newer node's).
-    pub fn apply_shared(&self, field: &str, value: &str) {
+    /// logged and skipped (a newer node's). A shard's host name is resolved
+    /// without blocking the cluster's thread, within the lookup deadline.
+    pub async fn apply_shared(&self, field: &str, value: &str) {
         let Some((kind, key)) = field.split_once(':') else {
             log::warn!("cluster: unknown state field `{field}`");
             return;
@@ -373,7 +375,7 @@ impl Control {
             }
             "shard" => match serde_json::from_str::<Shard>(value) {
                 Ok(shard) if self.router.shard_set().get(shard.id.as_str()).is_none() => {
-                    if let Err(e) = self.add_shard(shard) {
+                    if let Err(e) = self.add_shard_resolved(shard).await {
                         log::warn!("cluster: cannot add shard `{key}`: {e}");
                     }
                 }

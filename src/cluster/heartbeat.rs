@@ -17,15 +17,26 @@ use std::time::Duration;
 const HEARTBEAT: Duration = Duration::from_millis(250);
 
 /// Stamps this node (ARGV[1]) with Redis' time in the nodes set
-/// (KEYS[1]), drops nodes silent for a minute, and returns Redis' time
-/// and every node with its stamp.
+/// (KEYS[1]), drops nodes silent for a minute and stamps over a minute in
+/// the future (Redis' clock stepped back, as after a failover to a host
+/// behind: a dead node's stamp would stay ahead for as long), and returns
+/// Redis' time and every node with its stamp.
 const HEARTBEAT_LUA: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - 60000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '(' .. (now + 60000), '+inf')
 return {tostring(now), redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')}
 ";
+
+/// Whether a node stamped at `stamp` is alive at `now` (Redis' clock): a
+/// stamp within the node TTL either way. One far ahead is no proof of
+/// life: Redis' clock went back, and a live node stamps again within a
+/// beat.
+fn stamped_alive(now: u64, stamp: u64) -> bool {
+    now.abs_diff(stamp) <= NODE_TTL_MS
+}
 
 pub(super) struct Heartbeat {
     link: Link,
@@ -104,7 +115,7 @@ impl Heartbeat {
             .collect();
         let alive: Vec<String> = nodes
             .iter()
-            .filter(|n| now.saturating_sub(n.last_seen_ms) <= NODE_TTL_MS)
+            .filter(|n| stamped_alive(now, n.last_seen_ms))
             .map(|n| n.id.clone())
             .collect();
         let count = alive.len();
@@ -113,5 +124,20 @@ impl Heartbeat {
             log::info!("cluster: Redis reachable; {count} node(s) alive");
             shared.set_redis_up(true);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{stamped_alive, NODE_TTL_MS};
+
+    #[test]
+    fn a_stamp_far_ahead_of_redis_clock_is_not_alive() {
+        let now = 1_000_000_000;
+        assert!(stamped_alive(now, now));
+        assert!(stamped_alive(now, now - NODE_TTL_MS));
+        assert!(!stamped_alive(now, now - NODE_TTL_MS - 1));
+        assert!(stamped_alive(now, now + NODE_TTL_MS));
+        assert!(!stamped_alive(now, now + 3_600_000));
     }
 }

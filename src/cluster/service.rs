@@ -943,7 +943,7 @@ impl Syncer {
             return;
         };
         for (field, value) in self.shared().news(text_pairs(all).collect()) {
-            self.control.apply_shared(&field, &value);
+            self.control.apply_shared(&field, &value).await;
         }
         self.state_version = Some(v);
     }

@@ -381,8 +381,11 @@ impl Shared {
     pub(crate) fn republish_known(&self) {
         let known = self.known.lock();
         let mut pending = self.pending.lock();
+        // A set of what is queued: one pass, not one scan per field.
+        let queued: std::collections::HashSet<String> =
+            pending.iter().map(|(f, _)| f.clone()).collect();
         for (f, v) in known.iter() {
-            if !pending.iter().any(|(p, _)| p == f) {
+            if !queued.contains(f) {
                 pending.push((f.clone(), v.clone()));
             }
         }
