@@ -682,6 +682,13 @@ impl AdminApi {
 #[async_trait::async_trait]
 impl ServeHttp for AdminApi {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        // The gateway's own deadlines for a body, a client that does not
+        // read its answer, and the body read off after it: no connection
+        // holds one of the listener's places longer.
+        let limits = &self.control.config.limits;
+        session.set_read_timeout(Some(limits.body_timeout));
+        session.set_write_timeout(Some(limits.send_timeout));
+        session.set_total_drain_timeout(Some(limits.body_timeout));
         let req = session.req_header();
         let method = req.method.clone();
         let path = req.uri.path().to_string();

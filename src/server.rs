@@ -235,7 +235,8 @@ impl Builder {
         let admin = Frontend::new(AdminApi::new(Arc::clone(&control)), admin_limits);
         let admin_addr = vec![control.config.admin.addr];
         let admin = Listening::new("shardgate admin", admin, admin_addr, keepalive.clone())
-            .with_cap(ADMIN_CONNECTIONS);
+            .with_cap(ADMIN_CONNECTIONS)
+            .optional();
         server.add_service(admin);
         server.add_service(background_service(
             "shardgate health",
@@ -342,8 +343,9 @@ impl Shardgate {
     }
 }
 
-/// The admin API's connections open at once, at most: a client that opens
-/// and holds connections cannot take the process's file descriptors.
+/// The admin API's connections open at once, at most (16 of them kept for
+/// loopback clients): a client that opens and holds connections cannot
+/// take the process's file descriptors.
 const ADMIN_CONNECTIONS: usize = 256;
 
 /// shardgate's command line, for the binary and for an embedder's own:

@@ -319,15 +319,28 @@ pub const LAST_SAVE_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Runs `f` on a thread of its own; whether it finished within `deadline`
 /// (if not, it runs on, and is abandoned when the process exits).
+/// (No thread to be had: it runs here, with no deadline.)
 fn within(deadline: Duration, f: impl FnOnce() + Send + 'static) -> bool {
     let (done, finished) = std::sync::mpsc::channel();
+    let job = Arc::new(Mutex::new(Some(f)));
+    let queued = Arc::clone(&job);
     let spawned = std::thread::Builder::new()
         .name("state-save".into())
         .spawn(move || {
-            f();
+            let f = queued.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(f) = f {
+                f();
+            }
             let _ = done.send(());
         });
-    spawned.is_ok() && finished.recv_timeout(deadline).is_ok()
+    if spawned.is_err() {
+        let f = job.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(f) = f {
+            f();
+        }
+        return true;
+    }
+    finished.recv_timeout(deadline).is_ok()
 }
 
 /// The background service writing the state every interval and once more

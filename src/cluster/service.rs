@@ -942,7 +942,15 @@ impl Syncer {
         let Some(all) = self.query::<Raw>("state", &read).await else {
             return;
         };
-        for (field, value) in self.shared().news(text_pairs(all).collect()) {
+        // Shards first (what else refers to them), their names resolved
+        // side by side: one slow name delays the others by nothing.
+        let (shards, rest): (Vec<_>, Vec<_>) = (self.shared().news(text_pairs(all).collect()))
+            .into_iter()
+            .partition(|(field, _)| field.starts_with("shard:"));
+        let control = &self.control;
+        let added = shards.iter().map(|(f, v)| control.apply_shared(f, v));
+        futures_util::future::join_all(added).await;
+        for (field, value) in rest {
             self.control.apply_shared(&field, &value).await;
         }
         self.state_version = Some(v);

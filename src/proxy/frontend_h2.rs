@@ -48,9 +48,14 @@ impl Drop for Started {
 /// Its future is boxed when taken, so a stream in flight holds only what
 /// it uses.
 async fn serve_stream(fast: &FastPath, session: Box<H2Session>, started: Started) -> Served {
+    let begun = std::time::Instant::now();
     let served = Box::pin(fast.serve_h2(session)).await;
     drop(started);
-    served
+    match served {
+        // Served a while before its reset: not what the guard counts.
+        Served::Reset if begun.elapsed() >= PREMATURE => Served::Done,
+        served => served,
+    }
 }
 
 /// Serves a stream on Pingora's proxy (the fast transport off), counted in
@@ -72,33 +77,47 @@ async fn serve_stream_on_pingora<A: HttpServerApp + Send + Sync + 'static>(
 /// connection loses it (Pingora's own budget).
 const MAX_MALFORMED_H2_STREAMS: usize = 32;
 
-/// A client that resets more streams than this, and more than it let be
-/// (or is letting be) served, gets GOAWAY (`ENHANCE_YOUR_CALM`): a rapid
-/// reset. Counted: streams found reset when accepted, and streams reset
-/// by the client while served (the shard already asked). The h2 crate's
-/// own limit on reset streams awaiting accept (20) holds only while
-/// accepting lags behind.
-const MAX_RESETS: usize = 32;
+/// A client that resets more streams than this before they are served
+/// (found reset when accepted), and more streams than it let be (or is
+/// letting be) served, gets GOAWAY (`ENHANCE_YOUR_CALM`): a rapid reset.
+/// The h2 crate's own limit on reset streams awaiting accept (20) holds
+/// only while accepting lags behind.
+const MAX_EARLY_RESETS: usize = 32;
+
+/// A stream its client resets while it is served (the shard already
+/// asked) counts as a reset when it lived less than this (Envoy's
+/// `premature_reset_min_stream_lifetime_seconds`): a gRPC call cancelled
+/// at its deadline behind a slow shard is not an attack.
+const PREMATURE: Duration = Duration::from_secs(1);
+
+/// Resets while served trip the guard only once the connection has had
+/// this many streams (Envoy's `premature_reset_total_stream_count`):
+/// browsers cancel in bursts, and a served stream has spent its token.
+const RESET_SAMPLE: usize = 500;
 
 /// The client's resets on one HTTP/2 connection, against its streams.
 #[derive(Default)]
 struct Resets {
     /// Streams accepted and handed to a transport.
     accepted: usize,
-    /// Streams reset by the client: before they were served, or while.
-    reset: usize,
-    /// Of those, the ones reset while served (also in `accepted`).
-    reset_served: usize,
+    /// Streams found reset when accepted (never served).
+    early: usize,
+    /// Streams reset by the client while served, within [`PREMATURE`]
+    /// (also in `accepted`).
+    late: usize,
 }
 
 impl Resets {
-    /// Counts a stream its client reset; whether the connection has now
-    /// seen a rapid reset.
+    /// Counts a stream its client reset, before it was served or while;
+    /// whether the connection has now seen a rapid reset.
     fn reset(&mut self, served: bool) -> bool {
-        self.reset += 1;
-        self.reset_served += usize::from(served);
-        let kept = self.accepted - self.reset_served;
-        self.reset > MAX_RESETS && self.reset > kept
+        match served {
+            true => self.late += 1,
+            false => self.early += 1,
+        }
+        let kept = self.accepted - self.late;
+        let enough = self.early > MAX_EARLY_RESETS || self.accepted + self.early >= RESET_SAMPLE;
+        enough && self.early + self.late > kept
     }
 }
 
@@ -269,10 +288,11 @@ where
     /// them be served: GOAWAY (`ENHANCE_YOUR_CALM`).
     async fn calm(&self, conn: &mut h2::server::Connection<Stream, bytes::Bytes>, resets: &Resets) {
         log::warn!(
-            "an HTTP/2 client reset {} streams ({} while served) of {} (rapid reset): GOAWAY",
-            resets.reset,
-            resets.reset_served,
-            resets.accepted + resets.reset - resets.reset_served,
+            "an HTTP/2 client reset {} streams before they were served and {} while served, \
+             of {} (rapid reset): GOAWAY",
+            resets.early,
+            resets.late,
+            resets.accepted + resets.early,
         );
         conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
         // The GOAWAY goes out while the connection is driven: a second at
@@ -296,27 +316,30 @@ fn report(done: std::thread::Result<Served>) -> Served {
 
 #[cfg(test)]
 mod tests {
-    use super::{Resets, MAX_RESETS};
+    use super::{Resets, MAX_EARLY_RESETS, RESET_SAMPLE};
 
     #[test]
     fn resets_past_the_bound_and_past_the_streams_kept_are_a_rapid_reset() {
-        // Every stream reset while served: the bound's next one trips.
-        let mut attack = Resets::default();
-        for n in 1..=MAX_RESETS + 1 {
-            attack.accepted += 1;
-            assert_eq!(attack.reset(true), n > MAX_RESETS, "reset {n}");
-        }
-        // Reset before accept, as many: the same.
+        // Reset before accept: the bound's next one trips.
         let mut early = Resets::default();
-        let tripped = (0..=MAX_RESETS).map(|_| early.reset(false)).last();
-        assert_eq!(tripped, Some(true));
-        // A browser that opened 100 streams and cancels 40 of them.
+        let tripped: Vec<bool> = (0..=MAX_EARLY_RESETS).map(|_| early.reset(false)).collect();
+        assert_eq!(tripped.iter().filter(|t| **t).count(), 1);
+        assert_eq!(tripped.last(), Some(&true));
+        // Every stream reset while served: only once the sample is in.
+        let mut late = Resets::default();
+        for n in 1..RESET_SAMPLE {
+            late.accepted += 1;
+            assert!(!late.reset(true), "reset {n}");
+        }
+        late.accepted += 1;
+        assert!(late.reset(true));
+        // A browser that opened 600 streams and cancels 250 of them.
         let mut browser = Resets {
-            accepted: 100,
+            accepted: 600,
             ..Resets::default()
         };
-        assert!((0..40).all(|_| !browser.reset(true)));
+        assert!((0..250).all(|_| !browser.reset(true)));
         // Past half of what it opened, it is one.
-        assert!((0..11).any(|_| browser.reset(true)));
+        assert!((0..60).any(|_| browser.reset(true)));
     }
 }

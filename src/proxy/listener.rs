@@ -8,12 +8,18 @@
 //! heaptrack — most of what a silent socket cost. Here a connection's
 //! task holds the front end's boxed future and little else.
 //!
-//! Everything else is as Pingora's: the listening socket is taken from
-//! the table a graceful upgrade hands over (or bound and put in it, under
-//! the address as configured), `SO_REUSEADDR`, a backlog of 65 535,
+//! The rest is as Pingora's: the listening socket is taken from the table
+//! a graceful upgrade hands over (or bound and put in it, under the
+//! address as configured), `SO_REUSEADDR`, a backlog of 65 535,
 //! `TCP_NODELAY` and TCP keep-alive on each accepted socket, the peer's
 //! address in the socket digest, `listeners_per_fd` accept loops per
-//! socket, and accepting stops when shutdown starts.
+//! socket, each connection spawned on a thread Pingora's runtime picks
+//! (with `work_stealing: false`, a random one of the service's threads),
+//! and accepting stops when shutdown starts. Where it differs: a socket
+//! option that cannot be set is logged, not a reason to drop the
+//! connection; a listener that cannot bind stops the process when it is
+//! `required` (Pingora's panic is caught by its task, and the process ran
+//! on without the listener), else it is logged and the others serve.
 
 use pingora::apps::ServerApp;
 use pingora::protocols::l4::ext::TcpKeepalive;
@@ -31,6 +37,9 @@ use tokio::net::{TcpListener, TcpSocket};
 /// Pingora's backlog for its listeners.
 const BACKLOG: u32 = 65_535;
 
+/// Places of a bounded listener kept for clients on a loopback address.
+pub const LOOPBACK_RESERVE: usize = 16;
+
 /// How long the accept loop rests when the process is out of file
 /// descriptors (accept would fail again at once).
 const OUT_OF_FDS_PAUSE: Duration = Duration::from_millis(100);
@@ -44,6 +53,8 @@ pub struct Listening<A> {
     /// Connections open at once, at most (the others are closed as soon
     /// as accepted); `None`: no bound of the listener's own.
     cap: Option<usize>,
+    /// A listener that cannot bind stops the process.
+    required: bool,
 }
 
 impl<A> Listening<A> {
@@ -56,13 +67,24 @@ impl<A> Listening<A> {
             addrs,
             keepalive,
             cap: None,
+            required: true,
         }
     }
 
     /// At most `cap` connections open at once: the next ones are closed as
-    /// soon as they are accepted.
+    /// soon as they are accepted. The last [`LOOPBACK_RESERVE`] places are
+    /// kept for clients on a loopback address (a local probe or operator
+    /// still gets in when others hold the rest).
     pub fn with_cap(mut self, cap: usize) -> Self {
         self.cap = Some(cap);
+        self
+    }
+
+    /// A listener that cannot bind is logged and left out; the others
+    /// serve (the admin API's: the gateway must not stop for it, e.g. in
+    /// an upgrade whose new admin address is still taken).
+    pub fn optional(mut self) -> Self {
+        self.required = false;
         self
     }
 }
@@ -89,11 +111,14 @@ impl<A: ServerApp + Send + Sync + 'static> Service for Listening<A> {
         for addr in &self.addrs {
             let listener = match listen(*addr, fds.as_ref()).await {
                 Ok(listener) => Arc::new(listener),
-                Err(e) => {
-                    // Pingora's listening service panics here too: a
-                    // gateway that cannot listen must not seem to run.
-                    log::error!("{}: cannot listen on {addr}: {e}", self.name);
+                Err(e) if self.required => {
+                    // A gateway that cannot listen must not seem to run.
+                    log::error!("{}: cannot listen on {addr}: {e}; exiting", self.name);
                     std::process::exit(1);
+                }
+                Err(e) => {
+                    log::error!("{}: cannot listen on {addr}: {e}", self.name);
+                    continue;
                 }
             };
             for _ in 0..listeners_per_fd.max(1) {
@@ -104,7 +129,8 @@ impl<A: ServerApp + Send + Sync + 'static> Service for Listening<A> {
                     open: Arc::clone(&open),
                     name: self.name.clone(),
                 };
-                loops.push(tokio::spawn(accepting.run(shutdown.clone())));
+                loops
+                    .push(pingora_runtime::current_handle().spawn(accepting.run(shutdown.clone())));
             }
         }
         futures_util::future::join_all(loops).await;
@@ -184,12 +210,17 @@ struct Open {
 struct Counted(Arc<Open>);
 
 impl Open {
-    /// Counts one more connection, unless the bound is reached.
-    fn admit(this: &Arc<Open>) -> Option<Counted> {
+    /// Counts one more connection, unless the bound is reached (for a
+    /// client on a loopback address, the bound with its reserve).
+    fn admit(this: &Arc<Open>, loopback: bool) -> Option<Counted> {
+        let bound = match loopback {
+            true => this.cap,
+            false => this.cap.saturating_sub(LOOPBACK_RESERVE),
+        };
         let admitted = this
             .count
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < this.cap).then_some(n + 1)
+                (n < bound).then_some(n + 1)
             })
             .is_ok();
         admitted.then(|| Counted(Arc::clone(this)))
@@ -222,7 +253,7 @@ impl<A: ServerApp + Send + Sync + 'static> Accepting<A> {
             };
             match accepted {
                 Ok((socket, peer)) => {
-                    let Some(counted) = Open::admit(&self.open) else {
+                    let Some(counted) = Open::admit(&self.open, peer.ip().is_loopback()) else {
                         if self.open.warn_now() {
                             log::warn!(
                                 "{}: {} connections open, the most allowed: new ones are \
@@ -235,10 +266,13 @@ impl<A: ServerApp + Send + Sync + 'static> Accepting<A> {
                     };
                     let stream = self.stream(socket, peer);
                     let app = Arc::clone(&self.app);
-                    tokio::spawn(serve(app, stream, shutdown.clone(), counted));
+                    let connection = serve(app, stream, shutdown.clone(), counted);
+                    pingora_runtime::current_handle().spawn(connection);
                 }
                 Err(e) => {
-                    log::error!("accept() failed: {e}");
+                    if self.open.warn_now() {
+                        log::error!("{}: accept() failed: {e}", self.name);
+                    }
                     // EMFILE, ENFILE: fails again at once until one closes.
                     if matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE)) {
                         tokio::time::sleep(OUT_OF_FDS_PAUSE).await;

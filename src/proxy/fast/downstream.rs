@@ -494,12 +494,16 @@ impl Downstream for H2Client {
         if self.ended {
             return;
         }
+        // A stream its client reset already (the usual reason a response
+        // is cut) stays the client's reset: the rapid-reset guard counts it.
+        let reset = std::future::poll_fn(|cx| self.poll_reset(cx));
+        let by_client = futures_util::FutureExt::now_or_never(reset).is_some();
         match &mut self.writer {
             Some(writer) => writer.send_reset(h2::Reason::INTERNAL_ERROR),
             None => self.session.shutdown(),
         }
         self.ended = true;
-        self.aborted = true;
+        self.aborted = !by_client;
     }
 
     fn queue_answer(&mut self, refusal: &Refusal, _close: bool) {
