@@ -10,7 +10,10 @@ use std::process::Command;
 /// The configuration a fragment is merged into: one line per top-level key.
 const MINIMAL: [(&str, &str); 3] = [
     ("listen", "listen: [{ addr: \"127.0.0.1:8080\" }]"),
-    ("shards", "shards: [{ id: a, url: \"http://127.0.0.1:3001\" }]"),
+    (
+        "shards",
+        "shards: [{ id: a, url: \"http://127.0.0.1:3001\" }]",
+    ),
     ("domains", "domains: {}"),
 ];
 
@@ -65,9 +68,10 @@ fn whole(block: &str) -> String {
         return block.to_string();
     }
     let defines = |key: &str| {
-        block
-            .lines()
-            .any(|l| l.strip_prefix(key).is_some_and(|rest| rest.starts_with(':')))
+        block.lines().any(|l| {
+            l.strip_prefix(key)
+                .is_some_and(|rest| rest.starts_with(':'))
+        })
     };
     let mut config: String = MINIMAL
         .iter()
