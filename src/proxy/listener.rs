@@ -319,3 +319,28 @@ async fn serve<A: ServerApp>(
     }
     drop(counted);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Open, LOOPBACK_RESERVE};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    #[test]
+    fn a_bounded_listener_keeps_its_last_places_for_loopback_clients() {
+        let open = Arc::new(Open {
+            count: AtomicUsize::new(0),
+            cap: 20,
+            warned: Default::default(),
+        });
+        let remote: Vec<_> = std::iter::from_fn(|| Open::admit(&open, false)).collect();
+        assert_eq!(remote.len(), 20 - LOOPBACK_RESERVE);
+        let local: Vec<_> = std::iter::from_fn(|| Open::admit(&open, true)).collect();
+        assert_eq!(local.len(), LOOPBACK_RESERVE);
+        assert!(Open::admit(&open, true).is_none());
+        // A connection that ends gives its place back.
+        drop(remote);
+        assert_eq!(open.count.load(Ordering::Acquire), LOOPBACK_RESERVE);
+        assert!(Open::admit(&open, false).is_some());
+    }
+}
