@@ -35,10 +35,20 @@ def modules():
 
 def code(text):
     """`text` without comments and string literals (a path in a string or
-    a doc comment is no import)."""
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    text = re.sub(r"//[^\n]*", "", text)
-    return re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
+    a doc comment is no import). One pass, so that a `//` inside a string,
+    a quote in a character literal or a string over several lines is read
+    as the compiler reads it."""
+    token = re.compile(
+        r'//[^\n]*|/\*.*?\*/|r(#*)".*?"\1|"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])\'',
+        re.S,
+    )
+
+    def blank(m):
+        if m.group(0).startswith("/"):
+            return " "
+        return '""' if m.group(0).startswith(("\"", "r")) else "' '"
+
+    return token.sub(blank, text)
 
 
 def named(text):
