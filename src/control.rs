@@ -5,7 +5,7 @@
 
 use crate::cluster::Shared;
 use crate::config::{Config, HashKind, LoadKind};
-use crate::limits::{Limits, RateRule};
+use crate::limits::{Ledger, Limits, RateRule};
 use crate::metrics::GatewayMetrics;
 use crate::proxy::hooks::GatewayHooks;
 use crate::routing::{
@@ -93,7 +93,7 @@ impl Control {
         let limits_of = |cap, rate, routes: &[(String, RateRule)]| {
             let limits = Limits::over_union(cap, rate, routes, &union);
             match &cluster {
-                Some(shared) => limits.with_shared(Arc::clone(shared)),
+                Some(shared) => limits.with_shared(Arc::clone(shared) as Arc<dyn Ledger>),
                 None => limits,
             }
         };

@@ -13,6 +13,7 @@ pub mod cluster;
 pub mod collector;
 pub mod config;
 pub mod control;
+pub mod counters;
 pub mod dns;
 pub mod health;
 pub mod limits;

@@ -30,8 +30,9 @@ mod seal;
 mod service;
 mod shared;
 
+pub use crate::limits::{Mode, SharedSlot};
 pub use service::ClusterService;
-pub use shared::{Mode, NodeSeen, Shared, SharedRegions, SharedSlot};
+pub use shared::{NodeSeen, Shared, SharedRegions};
 
 /// A node not heard from for this long is gone: its admissions and leases
 /// stop counting.

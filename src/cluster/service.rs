@@ -9,10 +9,10 @@
 use super::conn::{text_pairs, Raw};
 use super::heartbeat::Heartbeat;
 use super::link::Link;
-use super::shared::{share_of, Shared};
+use super::shared::Shared;
 use super::NODE_TTL_MS;
 use crate::control::Control;
-use crate::limits::TenantState;
+use crate::limits::{share_of, TenantState};
 use compact_str::CompactString;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
