@@ -5,9 +5,9 @@
 
 use crate::cluster::Shared;
 use crate::config::{Config, HashKind, LoadKind};
+use crate::hooks::GatewayHooks;
 use crate::limits::{Ledger, Limits, RateRule};
 use crate::metrics::GatewayMetrics;
-use crate::proxy::hooks::GatewayHooks;
 use crate::routing::{
     AllowHook, DomainMap, Fallback, HashStrategy, Load, LoadHook, RegionDirectory, Router,
     RouterOptions, Shard, ShardId,

@@ -171,7 +171,7 @@ impl<R: Resolve + 'static> BackgroundService for ShardResolver<R> {
 mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::proxy::hooks::DefaultHooks;
+    use crate::hooks::DefaultHooks;
     use parking_lot::Mutex;
 
     /// A resolver whose answers the test sets.

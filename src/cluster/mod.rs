@@ -42,7 +42,7 @@ pub const NODE_TTL_MS: u64 = 1500;
 mod tests {
     use crate::config::Config;
     use crate::control::Control;
-    use crate::proxy::hooks::DefaultHooks;
+    use crate::hooks::DefaultHooks;
     use std::sync::Arc;
     use std::time::Instant;
 
