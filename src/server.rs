@@ -196,7 +196,7 @@ impl Builder {
         .with_log(log_gateway);
         // TCP keep-alive on every client socket: a client that vanished
         // from an idle WebSocket frees its slot.
-        let keepalive = crate::proxy::fast::tunnel::keepalive();
+        let keepalive = crate::control::keepalive();
         if fast_on {
             // The fast transport's listeners accept on their own: Pingora's
             // would hold a TLS handshake's room in every connection's task
