@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod routing;
 pub mod server;
+pub mod services;
 pub mod state;
 pub mod summary;
 pub mod tls;
