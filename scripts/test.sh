@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 bash scripts/prereqs.sh
 # Lints first: a warning fails the run, as it would in review.
 cargo clippy --locked --all-targets -- -D warnings
+# Every import points down the layers, none in a circle (issue 36).
+python3 scripts/imports.py
 cargo test --locked "$@"
 # The gateway suites once more with the fast path off: Pingora's path must
 # hold to the same tests for the requests the fast path usually takes.

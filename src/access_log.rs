@@ -11,10 +11,9 @@
 //! (nginx's `reopen`), so logrotate can move it away.
 
 use crate::capped::Capped;
-use crate::config::{AccessFormat, LogConfig};
-use crate::proxy::hooks::RequestSummary;
-use crate::proxy::pipeline::answer::escape_json;
-use crate::proxy::pipeline::fields::IpText;
+use crate::summary::RequestSummary;
+use crate::wire::text::escape_json;
+use crate::wire::text::IpText;
 use parking_lot::{Condvar, Mutex};
 use pingora::protocols::l4::socket::SocketAddr;
 use std::cell::Cell;
@@ -35,6 +34,25 @@ pub const MAX_PENDING: usize = 8 * 1024 * 1024;
 
 /// Set by SIGUSR1; the writer reopens its file on its next round.
 static REOPEN: AtomicBool = AtomicBool::new(false);
+
+/// `log` (DESIGN §7): the access log's part of the configuration.
+#[derive(Clone, Debug)]
+pub struct LogConfig {
+    /// Level of the per-request access log line; `None` = off.
+    pub access: Option<log::Level>,
+    pub access_format: AccessFormat,
+    /// The access log's own file; `None`: the process log.
+    pub access_path: Option<PathBuf>,
+}
+
+/// How an access log line reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccessFormat {
+    /// One line of `key=value` fields after the client and request line.
+    Text,
+    /// One JSON object per request (DESIGN §7).
+    Json,
+}
 
 /// Where the access log goes, and how it reads.
 pub struct AccessLog {
@@ -498,7 +516,7 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     use crate::capped::CUT;
     use crate::routing::{Decision, ShardId};
@@ -593,28 +611,6 @@ pub(crate) mod tests {
         }
     }
 
-    /// A summary whose every client-chosen string is `long`.
-    pub(crate) fn client_strings(long: &String) -> RequestSummary<'_> {
-        RequestSummary {
-            request_id: long,
-            client: &"127.0.0.1:5000",
-            method: long,
-            target: long,
-            host: Some(long),
-            tenant: Some(long),
-            shard: None,
-            decision: None,
-            status: 200,
-            duration: Duration::ZERO,
-            attempts: 1,
-            failure: None,
-            bytes_in: 0,
-            bytes_out: 0,
-            protocol: "HTTP/1.1",
-            trace_id: None,
-        }
-    }
-
     #[test]
     fn what_a_client_sent_is_kept_up_to_a_bound() {
         let long = format!("/{}", "é".repeat(20_000));
@@ -623,7 +619,7 @@ pub(crate) mod tests {
         assert!(shown.ends_with(CUT) && long.starts_with(&shown[..shown.len() - CUT.len()]));
         assert_eq!(Capped(&"/short", 1024).to_string(), "/short");
         assert_eq!(Capped(&"/exact", 6).to_string(), "/exact");
-        let summary = client_strings(&long);
+        let summary = crate::summary::tests::client_strings(&long);
         let mut line = String::new();
         json_line(&mut line, &summary, None, UNIX_EPOCH);
         let v: serde_json::Value = serde_json::from_str(&line).expect(&line);

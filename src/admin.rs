@@ -9,8 +9,8 @@
 
 use crate::config::{redact, AdminToken};
 use crate::control::{Control, PlanChangeError};
-use crate::limits::top;
 use crate::proxy::pipeline::routes::RoutePrefixes;
+use crate::routing::top;
 use crate::routing::{RouteRequest, Shard, ShardId};
 use crate::state::{self, StateSnapshot};
 use http::{Method, Response, StatusCode};
@@ -456,7 +456,7 @@ impl AdminApi {
     }
 
     /// `GET /v1/tenants/top?by=refused&n=10`: the tenants refused most over
-    /// the last minute (`limits::top`); `n` is 1–[`top::CAPACITY`].
+    /// the last minute (`routing::top`); `n` is 1–[`top::CAPACITY`].
     fn top_tenants(&self, query: Option<&str>) -> Reply {
         let params = query_params(query);
         let get = |name: &str| param(&params, name);

@@ -4,7 +4,7 @@
 //! and the health state; [`crate::collector`] reads them all at scrape
 //! time.
 
-use crate::routing::counters::{HistogramView, StripedCounter, StripedHistogram};
+use crate::counters::{HistogramView, StripedCounter, StripedHistogram};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::Arc;

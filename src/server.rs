@@ -196,7 +196,7 @@ impl Builder {
         .with_log(log_gateway);
         // TCP keep-alive on every client socket: a client that vanished
         // from an idle WebSocket frees its slot.
-        let keepalive = crate::proxy::fast::tunnel::keepalive();
+        let keepalive = crate::control::keepalive();
         if fast_on {
             // The fast transport's listeners accept on their own: Pingora's
             // would hold a TLS handshake's room in every connection's task
@@ -244,7 +244,7 @@ impl Builder {
         ));
         server.add_service(background_service(
             "shardgate dns",
-            crate::dns::ShardResolver::new(Arc::clone(&control)),
+            crate::services::dns::ShardResolver::new(Arc::clone(&control)),
         ));
         let state = control.config.state.as_ref().map(|state| {
             let file = Arc::new(StateFile::new(Arc::clone(&control), state.path.clone()));
@@ -285,7 +285,7 @@ impl Builder {
         if control.cluster.is_some() {
             server.add_service(background_service(
                 "shardgate cluster",
-                crate::cluster::ClusterService::new(Arc::clone(&control)),
+                crate::services::cluster::ClusterService::new(Arc::clone(&control)),
             ));
         }
         server.add_service(background_service("shardgate memory", MemoryReturn));

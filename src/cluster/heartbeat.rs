@@ -38,7 +38,7 @@ fn stamped_alive(now: u64, stamp: u64) -> bool {
     now.abs_diff(stamp) <= NODE_TTL_MS
 }
 
-pub(super) struct Heartbeat {
+pub(crate) struct Heartbeat {
     link: Link,
     script: Script,
     nodes_key: String,

@@ -31,7 +31,7 @@ where
     futures_util::future::join_all(calls).await
 }
 
-pub(super) struct Link {
+pub(crate) struct Link {
     pub shared: Arc<Shared>,
     conn: Option<Conn>,
     retry_at: Instant,

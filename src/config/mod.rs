@@ -15,6 +15,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use crate::access_log::{AccessFormat, LogConfig};
+pub use crate::trace::TracingConfig;
 pub use validate::parse_shard_url;
 
 /// The validated configuration.
@@ -457,24 +459,6 @@ pub struct StateConfig {
     pub interval: Duration,
 }
 
-#[derive(Clone, Debug)]
-pub struct LogConfig {
-    /// Level of the per-request access log line; `None` = off.
-    pub access: Option<log::Level>,
-    pub access_format: AccessFormat,
-    /// The access log's own file; `None`: the process log.
-    pub access_path: Option<PathBuf>,
-}
-
-/// How an access log line reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AccessFormat {
-    /// One line of `key=value` fields after the client and request line.
-    Text,
-    /// One JSON object per request (DESIGN §7).
-    Json,
-}
-
 /// `request_id` (DESIGN §7).
 #[derive(Clone, Debug)]
 pub struct RequestIdConfig {
@@ -482,18 +466,6 @@ pub struct RequestIdConfig {
     pub header: HeaderName,
     /// Keep a client's well-formed value instead of making one.
     pub trust_incoming: bool,
-}
-
-/// `tracing` (DESIGN §7).
-#[derive(Clone, Debug)]
-pub struct TracingConfig {
-    /// Where spans are POSTed: `otlp_endpoint` + `/v1/traces`.
-    pub traces_url: String,
-    /// The share of new traces recorded (0–1); a continued trace follows
-    /// its caller's sampled flag.
-    pub sample_ratio: f64,
-    /// The `service.name` of the spans' resource.
-    pub service_name: String,
 }
 
 /// One problem with a configuration file.

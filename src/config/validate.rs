@@ -166,7 +166,7 @@ fn check(c: &mut Checker<'_>, raw: RawConfig) -> Config {
         .unwrap_or(HeaderName::from_static("x-tenant-id"));
     if ["traceparent", "tracestate"]
         .iter()
-        .any(|t| crate::proxy::pipeline::fields::same_field(tenant_header.as_str(), t))
+        .any(|t| crate::wire::fields::same_field(tenant_header.as_str(), t))
     {
         c.error(
             "tenant_header",
@@ -363,7 +363,7 @@ fn check_request_id(
 /// means (its framing, its content, a handshake, a cache's or a browser's
 /// reading of it).
 fn has_a_meaning(name: &HeaderName, tenant_header: &HeaderName) -> bool {
-    use crate::proxy::pipeline::fields::{is_hop_by_hop, same_field, Owned};
+    use crate::wire::fields::{is_hop_by_hop, same_field, Owned};
     const TAKEN: [&str; 40] = [
         "baggage",
         "b3",

@@ -3,7 +3,7 @@
 //! releases both, exactly once, never below zero.
 
 use super::tenants::TenantEntry;
-use crate::routing::counters::{Gauge, GaugeCell};
+use crate::counters::{Gauge, GaugeCell};
 use std::fmt;
 use std::sync::Arc;
 

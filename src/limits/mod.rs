@@ -6,21 +6,20 @@
 mod admission;
 mod bucket;
 mod deny;
+mod lease;
 pub mod plans;
 mod tenants;
-pub mod top;
 
 pub use admission::AdmissionGuard;
 pub use bucket::{RateRule, TokenBucket};
 pub use deny::DenyList;
+pub use lease::{share_of, Ledger, Mode, SharedSlot};
 pub use plans::PlanSet;
 pub use tenants::{
     TenantBuckets, TenantEntry, TenantState, TenantTable, DEFAULT_MAX_TRACKED, FORGETTABLE_BOUND,
     SWEEP_FLOOR,
 };
-pub use top::{TopRefused, TopTenant};
 
-use crate::cluster::{Mode, Shared, SharedSlot};
 use compact_str::CompactString;
 use std::fmt;
 use std::sync::atomic::Ordering;
@@ -98,7 +97,7 @@ pub struct Limits {
     /// prefix covering it; `None`: no bucket, unlimited.
     held_by: Vec<Option<u16>>,
     /// Cluster mode: buckets and caps shared through Redis.
-    shared: Option<Arc<Shared>>,
+    shared: Option<Arc<dyn Ledger>>,
 }
 
 impl Default for Limits {
@@ -165,12 +164,12 @@ impl Limits {
     }
 
     /// The same limits, enforced across the cluster (DESIGN §4).
-    pub fn with_shared(mut self, shared: Arc<Shared>) -> Self {
+    pub fn with_shared(mut self, shared: Arc<dyn Ledger>) -> Self {
         self.shared = Some(shared);
         self
     }
 
-    pub fn shared(&self) -> Option<&Arc<Shared>> {
+    pub fn shared(&self) -> Option<&Arc<dyn Ledger>> {
         self.shared.as_ref()
     }
 
@@ -298,7 +297,7 @@ impl Limits {
         spend: Spend,
     ) -> Verdict<'_> {
         if let Some(shared) = &self.shared {
-            return self.check_shared(shared, entry, state, route, now, spend);
+            return self.check_shared(shared.as_ref(), entry, state, route, now, spend);
         }
         let active = entry.active();
         if spend == Spend::Nothing {
@@ -328,7 +327,7 @@ impl Limits {
     /// alive), charged to the shared bucket at the next settle.
     fn check_shared(
         &self,
-        shared: &Shared,
+        shared: &dyn Ledger,
         entry: &TenantEntry,
         state: &mut TenantState,
         route: Option<u16>,
@@ -343,7 +342,7 @@ impl Limits {
             Mode::Deny if self.any() => {
                 return Verdict::RateLimited {
                     bucket: Bucket::Tenant,
-                    retry_after_secs: Some(shared.config.sync_interval.as_secs_f64().max(1.0)),
+                    retry_after_secs: Some(shared.sync_interval().as_secs_f64().max(1.0)),
                 }
             }
             Mode::Deny | Mode::Shared => {}

@@ -64,8 +64,8 @@ pub struct TenantState {
     /// the generation is current.
     pub placement: Option<(u64, u32)>,
     /// Cluster mode only: the node's lease on this tenant (see
-    /// `cluster::SharedSlot`); `None` = no lease yet.
-    pub shared: Option<Box<crate::cluster::SharedSlot>>,
+    /// [`super::SharedSlot`]); `None` = no lease yet.
+    pub shared: Option<Box<super::SharedSlot>>,
     /// The tenant's plan as last looked up.
     pub plan: super::plans::PlanCache,
 }

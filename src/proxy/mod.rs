@@ -26,12 +26,15 @@ pub mod fast;
 pub mod frontend;
 mod frontend_h2;
 pub mod head;
-pub mod hooks;
 pub mod listener;
 mod pingora;
 pub mod pipeline;
 pub mod wrap;
 
+/// The hooks an embedder implements, at the path embedders name
+/// (`shardgate::proxy::hooks`); they live below the proxy, where `control`
+/// can hold them.
+pub use crate::hooks;
 pub use pipeline::answer::Refusal;
 
 use crate::control::Control;

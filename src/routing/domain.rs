@@ -4,7 +4,7 @@
 //! Readers see an immutable table; edits publish a new one.
 
 use super::clock::{Clock, MonotonicClock};
-use super::counters::StripedCounter;
+use crate::counters::StripedCounter;
 use arc_swap::ArcSwap;
 use compact_str::CompactString;
 use indexmap::IndexMap;

@@ -5,7 +5,6 @@
 
 pub mod balance;
 pub mod clock;
-pub mod counters;
 mod decision;
 pub mod domain;
 pub mod hash;
@@ -13,6 +12,9 @@ pub mod region;
 mod router;
 mod shard;
 mod snapshot;
+pub mod top;
+
+pub use crate::counters;
 
 pub use balance::Balance;
 pub use clock::{Clock, ManualClock, MonotonicClock};
@@ -23,3 +25,4 @@ pub use region::{Region, RegionDirectory, RegionError};
 pub use router::{AllowHook, HashStrategy, Load, LoadHook, Router, RouterMetrics, RouterOptions};
 pub use shard::{Shard, ShardEntry, ShardId, ShardSet, ShardStatus};
 pub use snapshot::{RouteBucketSnapshot, RouterSnapshot, ShardSnapshot, TenantSnapshot, Tokens};
+pub use top::{TopRefused, TopTenant};

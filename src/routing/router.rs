@@ -8,7 +8,6 @@
 
 use super::balance::{least_connections, round_robin, Balance, Cursors};
 use super::clock::{Clock, MonotonicClock};
-use super::counters::{LastDuration, StripedCounter};
 use super::decision::{Decision, RouteRequest, RouteResult};
 use super::hash::{
     clamp_index, clamp_load, hrw_pick, jump_hash, jump_key, rendezvous_pick, Contestant,
@@ -16,9 +15,11 @@ use super::hash::{
 };
 use super::shard::{Membership, Shard, ShardEntry, ShardId, ShardSet, ShardStatus};
 use super::snapshot::{RouteBucketSnapshot, RouterSnapshot, ShardSnapshot, TenantSnapshot, Tokens};
+use super::top::{TopRefused, TopTenant};
+use crate::counters::{LastDuration, StripedCounter};
 use crate::limits::{
     AdmissionGuard, DenyList, Limits, PlanSet, Spend, TenantBuckets, TenantEntry, TenantState,
-    TenantTable, TokenBucket, TopRefused, TopTenant, Verdict,
+    TenantTable, TokenBucket, Verdict,
 };
 use arc_swap::ArcSwap;
 use compact_str::CompactString;

@@ -3,8 +3,8 @@
 //! immutable [`ShardSet`]; the request path only ever reads the published
 //! set, so health flaps never block routing.
 
-use super::counters::{Gauge, StripedCounter};
 use super::hash::hrw_shard_hash;
+use crate::counters::{Gauge, StripedCounter};
 use crate::limits::DenyList;
 use serde::{Deserialize, Serialize};
 use std::borrow::Borrow;

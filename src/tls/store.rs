@@ -11,7 +11,7 @@
 //! its certificate, or whose other half is missing is logged, listed among
 //! the errors and skipped; the rest keep serving.
 
-use crate::proxy::pipeline::message::check_host;
+use crate::wire::host::check_host;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use rustls::pki_types::pem::PemObject;

@@ -7,7 +7,7 @@
 //! a blocking HTTP/1.1 POST on that thread, every step within
 //! [`EXPORT_TIMEOUT`]; nothing else waits on it.
 
-use crate::config::TracingConfig;
+use super::TracingConfig;
 use opentelemetry::InstrumentationScope;
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};

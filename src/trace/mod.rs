@@ -15,9 +15,8 @@
 
 pub mod export;
 
-use crate::config::TracingConfig;
-use crate::proxy::hooks::RequestSummary;
 use crate::routing::ShardId;
+use crate::summary::RequestSummary;
 use export::Exporting;
 use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
@@ -184,6 +183,18 @@ pub(crate) struct AttemptSpan {
     pub failure: Option<&'static str>,
     /// The status the shard answered with.
     pub status: Option<u16>,
+}
+
+/// `tracing` (DESIGN §7).
+#[derive(Clone, Debug)]
+pub struct TracingConfig {
+    /// Where spans are POSTed: `otlp_endpoint` + `/v1/traces`.
+    pub traces_url: String,
+    /// The share of new traces recorded (0–1); a continued trace follows
+    /// its caller's sampled flag.
+    pub sample_ratio: f64,
+    /// The `service.name` of the spans' resource.
+    pub service_name: String,
 }
 
 /// The gateway's tracing: off (nothing is parsed, `traceparent` passes
@@ -462,7 +473,7 @@ fn protocol_version(protocol: &'static str) -> &'static str {
 /// authority of an absolute-form target (the head reader's rule; a target
 /// it does not read is cut at its query only).
 fn path_of(target: &str) -> String {
-    match crate::proxy::pipeline::message::request_target(target) {
+    match crate::wire::target::request_target(target) {
         Some(t) => t.path().to_string(),
         None => target.split('?').next().unwrap_or(target).to_string(),
     }
@@ -576,7 +587,7 @@ mod tests {
     #[test]
     fn a_span_keeps_a_bounded_part_of_what_a_client_sent() {
         let long = format!("/{}", "a".repeat(30_000));
-        let summary = crate::access_log::tests::client_strings(&long);
+        let summary = crate::summary::tests::client_strings(&long);
         let trace = Tracer::new(None).start(std::iter::empty());
         assert!(trace.is_none(), "off: no context");
         let trace = TraceContext {

@@ -4,10 +4,10 @@
 //! `server.ca_file` (else the system's roots) unless
 //! `upstream.tls_verify: false`.
 
+pub use crate::control::UpstreamKey;
 use crate::proxy::pipeline::watch::quiet;
 use pingora::tls::{ClientTlsStream, RootCertStore, ServerName, TlsConnector};
 use std::io;
-use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -145,15 +145,6 @@ impl AsyncWrite for Conn {
             Conn::Tls(tls) => Pin::new(&mut **tls).poll_shutdown(cx),
         }
     }
-}
-
-/// Which pooled connections may serve a shard: the same address, and for
-/// TLS the same verified name.
-#[derive(Clone, Debug, Hash, PartialEq, Eq)]
-pub struct UpstreamKey {
-    pub addr: SocketAddr,
-    /// The name TLS verifies and sends as SNI; `None` for plain HTTP.
-    pub tls: Option<ServerName<'static>>,
 }
 
 /// The client side of upstream TLS, built once.

@@ -15,6 +15,7 @@ use super::conn::Conn;
 use super::exchange::Upstream;
 use super::response::{response_head, Encoding, Persist};
 use super::FastPath;
+use crate::control::keepalive;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::hooks::RequestLine;
 use crate::proxy::Gateway;
@@ -48,17 +49,6 @@ const HALF_OPEN_IDLE: Duration = Duration::from_secs(5);
 /// a client that closes at once cannot keep a tunnel fed by its shard
 /// past the connection cap.
 const HALF_OPEN_MAX: Duration = Duration::from_secs(30);
-
-/// TCP keep-alive on a tunnel's sockets (clients get it from the
-/// listener, TLS or not): a peer that vanished
-/// without a FIN (a host powered off, a NAT entry expired) is found out
-/// within about two minutes of silence, and its admission freed; an idle
-/// tunnel has no timer of its own. The same bound holds bytes sent and
-/// never acknowledged (`TCP_USER_TIMEOUT`), which keep-alive probes do
-/// not cover.
-const TUNNEL_KEEPALIVE: (Duration, Duration, usize) =
-    (Duration::from_secs(60), Duration::from_secs(10), 6);
-const TUNNEL_USER_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What the access log line of a tunnel says when it ends.
 pub(super) struct TunnelLog {
@@ -233,20 +223,6 @@ impl Drop for Finish {
             protocol: "HTTP/1.1",
         };
         self.gateway.finish(&mut ctx, &line, 101);
-    }
-}
-
-/// The keep-alive of every client socket (set by the listener, see
-/// `server.rs`) and of every shard socket (a shard host that vanishes
-/// without a FIN frees what waits on it).
-pub(crate) fn keepalive() -> pingora::protocols::l4::ext::TcpKeepalive {
-    let (idle, interval, count) = TUNNEL_KEEPALIVE;
-    pingora::protocols::l4::ext::TcpKeepalive {
-        idle,
-        interval,
-        count,
-        #[cfg(target_os = "linux")]
-        user_timeout: TUNNEL_USER_TIMEOUT,
     }
 }
 

@@ -6,12 +6,12 @@
 
 use super::request_id::RequestId;
 use crate::routing::Decision;
+pub use crate::wire::text::escape_json;
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 use pingora::protocols::http::date::get_cached_date;
 use pingora_proxy::Session;
-use std::fmt::Write as _;
 
 /// A refusal to proxy, with everything needed to answer it.
 #[derive(Clone, Debug, PartialEq)]
@@ -239,32 +239,6 @@ pub fn json_string(s: &str) -> String {
     escape_json(&mut out, s);
     out.push('"');
     out
-}
-
-/// `value` as the inside of a JSON string: quotes, backslashes and
-/// control characters escaped (shardgate's answers and the access log).
-pub fn escape_json(out: &mut String, value: &str) {
-    // The common case: nothing to escape, one copy.
-    if !value
-        .bytes()
-        .any(|b| b < 0x20 || b == b'"' || b == b'\\' || b == 0x7f)
-    {
-        out.push_str(value);
-        return;
-    }
-    for c in value.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
 }
 
 #[cfg(test)]

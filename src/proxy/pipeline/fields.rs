@@ -1,11 +1,13 @@
 //! The fields a request and a response carry past shardgate, for both
-//! transports: the hop-by-hop table (both directions), the fields shardgate
-//! owns upstream and never takes from a client, WebSocket detection, and
-//! the check for a switch of protocols nobody asked for. Pingora's path
-//! applies them to header maps, the fast path to raw heads; the rules are
-//! these.
+//! transports: the hop-by-hop table and the fields shardgate owns upstream
+//! applied (the rules themselves are `wire::fields`, which configuration
+//! validation checks names against too), the forwarding fields, WebSocket
+//! detection, and the check for a switch of protocols nobody asked for.
+//! Pingora's path applies them to header maps, the fast path to raw heads.
 
 use crate::trace::TraceParent;
+pub use crate::wire::fields::{is_hop_by_hop, is_hop_by_hop_name, same_field, Owned, HOP_BY_HOP};
+pub(crate) use crate::wire::text::IpText;
 use http::header::{HeaderName, CONNECTION};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
@@ -16,41 +18,27 @@ pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
-/// Hop-by-hop fields (RFC 9110 §7.6.1), removed in both directions;
-/// `Connection` and `Upgrade` survive only a WebSocket handshake, and
-/// `Transfer-Encoding` is re-framed by the transport that writes the body.
-pub const HOP_BY_HOP: [&str; 10] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "http2-settings",
-];
+/// How the pipeline fills [`Owned`] in: from the configuration, and per
+/// request from its trace.
+impl<'a> Owned<'a> {
+    /// The fields `config` makes shardgate's.
+    pub fn of(config: &'a crate::config::Config) -> Self {
+        Owned {
+            tenant_header: config.tenant_header.as_str(),
+            request_id_header: config.request_id.header.as_str(),
+            trust_forwarded_for: config.trust_forwarded_for,
+            traceparent: config.tracing.is_some(),
+            tracestate: false,
+        }
+    }
 
-/// Whether `name` is a hop-by-hop field of [`HOP_BY_HOP`].
-pub fn is_hop_by_hop(name: &str) -> bool {
-    is_hop_by_hop_name(name.as_bytes())
-}
-
-/// [`is_hop_by_hop`] for a name as bytes: the table, looked up by length
-/// first (every request and response field is asked).
-pub fn is_hop_by_hop_name(name: &[u8]) -> bool {
-    let is = |field: &str| name.eq_ignore_ascii_case(field.as_bytes());
-    match name.len() {
-        2 => is("te"),
-        7 => is("trailer") || is("upgrade"),
-        10 => is("connection") || is("keep-alive"),
-        14 => is("http2-settings"),
-        16 => is("proxy-connection"),
-        17 => is("transfer-encoding"),
-        18 => is("proxy-authenticate"),
-        19 => is("proxy-authorization"),
-        _ => false,
+    /// The fields owned for a request in `trace`: its `tracestate` too
+    /// when the trace starts here.
+    pub fn for_trace(self, trace: Option<&crate::trace::TraceContext>) -> Self {
+        Owned {
+            tracestate: trace.is_some_and(|t| t.parent_id == 0),
+            ..self
+        }
     }
 }
 
@@ -137,91 +125,6 @@ pub(crate) fn is_framing(name: &[u8]) -> bool {
 /// retry — the shard is reachable and the request was delivered).
 pub fn unrequested_switch(status: u16, websocket_asked: bool) -> bool {
     status == 101 && !websocket_asked
-}
-
-/// The client-address fields frameworks trust that shardgate neither sets
-/// nor forwards (DESIGN §3).
-const CLIENT_ADDRESS_FIELDS: [&str; 5] = [
-    "x-client-ip",
-    "true-client-ip",
-    "cf-connecting-ip",
-    "fastly-client-ip",
-    "x-cluster-client-ip",
-];
-
-/// The request fields shardgate owns upstream, as configured.
-#[derive(Clone, Copy, Debug)]
-pub struct Owned<'a> {
-    pub tenant_header: &'a str,
-    /// `request_id.header`.
-    pub request_id_header: &'a str,
-    /// Whether a client's `Forwarded` (and `X-Forwarded-For`) is trusted.
-    pub trust_forwarded_for: bool,
-    /// `traceparent`, when tracing is on (off, the client's passes).
-    pub traceparent: bool,
-    /// `tracestate`, when tracing started a new trace for the request (the
-    /// caller's state belongs to a trace the shard does not see; W3C Trace
-    /// Context §4.3). Per request: [`Owned::of`] leaves it false.
-    pub tracestate: bool,
-}
-
-impl<'a> Owned<'a> {
-    /// The fields `config` makes shardgate's.
-    pub fn of(config: &'a crate::config::Config) -> Self {
-        Owned {
-            tenant_header: config.tenant_header.as_str(),
-            request_id_header: config.request_id.header.as_str(),
-            trust_forwarded_for: config.trust_forwarded_for,
-            traceparent: config.tracing.is_some(),
-            tracestate: false,
-        }
-    }
-
-    /// The fields owned for a request in `trace`: its `tracestate` too
-    /// when the trace starts here.
-    pub fn for_trace(self, trace: Option<&crate::trace::TraceContext>) -> Self {
-        Owned {
-            tracestate: trace.is_some_and(|t| t.parent_id == 0),
-            ..self
-        }
-    }
-
-    /// Whether a request field is one shardgate owns upstream — the
-    /// forwarding fields, `X-Real-IP`, the tenant header, the request ID's
-    /// field, the client-address fields frameworks trust, RFC 7239's
-    /// `Forwarded` unless `trust_forwarded_for`, and the framing fields —
-    /// under its own name or a look-alike with `_` for `-` (CGI-style
-    /// backends read `X_Tenant_Id` as `X-Tenant-Id`; nginx drops such fields
-    /// by default for this reason). The client's value never reaches the
-    /// shard. (The real `Content-Length` and `Transfer-Encoding` are the
-    /// transports' to frame; only their look-alikes are caught here.)
-    pub fn owns(&self, name: &str) -> bool {
-        let same = |wanted: &str| same_field(name, wanted);
-        let look_alike = |wanted: &str| name.contains('_') && same(wanted);
-        same("x-forwarded-for")
-            || same("x-forwarded-host")
-            || same("x-forwarded-proto")
-            || same("x-real-ip")
-            || same(self.tenant_header)
-            || same(self.request_id_header)
-            || (!self.trust_forwarded_for && same("forwarded"))
-            || (self.traceparent && same("traceparent"))
-            || (self.tracestate && same("tracestate"))
-            || CLIENT_ADDRESS_FIELDS.iter().any(|f| same(f))
-            || look_alike("content-length")
-            || look_alike("transfer-encoding")
-    }
-}
-
-/// Whether two field names are the same field to a backend: equal but for
-/// case and `_` for `-` (CGI-style backends read `X_User` as `X-User`).
-pub fn same_field(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes().zip(b.bytes()).all(|(a, b)| {
-            let a = if a == b'_' { b'-' } else { a };
-            let b = if b == b'_' { b'-' } else { b };
-            a.eq_ignore_ascii_case(&b)
-        })
 }
 
 /// What the forwarding fields say about the client (DESIGN §2 "Forward").
@@ -332,55 +235,6 @@ impl Forwarding<'_> {
             }
         });
         applied
-    }
-}
-
-/// An IP address as text, on the stack (an IPv6 address is at most 45
-/// characters).
-pub(crate) struct IpText {
-    bytes: [u8; 48],
-    len: usize,
-}
-
-impl IpText {
-    pub(crate) fn of(ip: IpAddr) -> IpText {
-        let mut text = IpText {
-            bytes: [0; 48],
-            len: 0,
-        };
-        match ip {
-            // The common case, digit by digit (no formatter).
-            IpAddr::V4(v4) => {
-                for (i, octet) in v4.octets().into_iter().enumerate() {
-                    if i > 0 {
-                        text.push(b'.');
-                    }
-                    if octet >= 100 {
-                        text.push(b'0' + octet / 100);
-                    }
-                    if octet >= 10 {
-                        text.push(b'0' + octet / 10 % 10);
-                    }
-                    text.push(b'0' + octet % 10);
-                }
-            }
-            IpAddr::V6(_) => {
-                let mut cursor = std::io::Cursor::new(&mut text.bytes[..]);
-                let _ = std::io::Write::write_fmt(&mut cursor, format_args!("{ip}"));
-                text.len = cursor.position() as usize;
-            }
-        }
-        text
-    }
-
-    fn push(&mut self, byte: u8) {
-        self.bytes[self.len] = byte;
-        self.len += 1;
-    }
-
-    pub(crate) fn as_str(&self) -> &str {
-        // An address's digits, dots and colons: ASCII.
-        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
     }
 }
 
@@ -532,24 +386,6 @@ mod tests {
         let mut req = request();
         forward(&mut req, true, Some("10.1.1.1".parse().unwrap()));
         assert_eq!(req.headers["x-forwarded-for"], "1.2.3.4, 5.6.7.8, 10.1.1.1");
-    }
-
-    #[test]
-    fn the_hop_by_hop_lookup_is_the_table() {
-        for field in HOP_BY_HOP {
-            assert!(is_hop_by_hop(field) && is_hop_by_hop(&field.to_uppercase()));
-        }
-        for other in ["host", "te2", "tee", "upgrades", "connections", "x-upgrade"] {
-            assert!(!is_hop_by_hop(other), "{other}");
-        }
-    }
-
-    #[test]
-    fn addresses_are_written_as_display_writes_them() {
-        for ip in ["0.0.0.0", "127.0.0.1", "10.20.255.9", "::1", "2001:db8::5"] {
-            let ip: IpAddr = ip.parse().unwrap();
-            assert_eq!(IpText::of(ip).as_str(), ip.to_string());
-        }
     }
 
     #[test]

@@ -29,6 +29,8 @@
 
 use super::fields::tokens;
 use super::framing::Framing;
+pub use crate::wire::host::{check_host, host_name, MAX_HOST_LABEL, MAX_HOST_NAME};
+pub use crate::wire::target::{request_target, Target};
 use smallvec::SmallVec;
 
 /// A head refused before any transport saw it.
@@ -170,64 +172,6 @@ impl HeadEnd {
         };
         found
     }
-}
-
-/// The longest host name (RFC 1035 §2.3.4: 255 bytes on the wire, 253 as
-/// text), and the longest label in one. Beyond them a name is no DNS name
-/// and no tenant: refused before any table sees it, so that what a table
-/// holds per name is bounded in bytes.
-pub const MAX_HOST_NAME: usize = 253;
-pub const MAX_HOST_LABEL: usize = 63;
-
-/// The host rule, the one every transport and protocol asks (a `Host`, an
-/// absolute-form target's authority, an HTTP/2 `:authority`, the edge's
-/// redirect, SNI): a valid authority (no spaces, no user info, no path),
-/// its name at most [`MAX_HOST_NAME`] bytes (a final dot aside, port
-/// excluded) with no label over [`MAX_HOST_LABEL`]. Returns the host as
-/// given, or the refusal's code.
-pub fn check_host(host: &str) -> Result<&str, &'static str> {
-    let name = host_name(host);
-    let name = name.strip_suffix('.').unwrap_or(name);
-    if name.len() > MAX_HOST_NAME || name.split('.').any(|l| l.len() > MAX_HOST_LABEL) {
-        return Err("invalid-host");
-    }
-    // A name of letters, digits, `.` and `-`, with a port of digits or
-    // none (nearly every host), is one without parsing it as a URI.
-    let (plain, port) = match host.rsplit_once(':') {
-        Some((plain, port)) => (plain, Some(port)),
-        None => (host, None),
-    };
-    let plain_name = !plain.is_empty()
-        && plain
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-');
-    let plain_port = port.is_none_or(|p| {
-        !p.is_empty()
-            && p.len() <= 5
-            && p.bytes().all(|b| b.is_ascii_digit())
-            && p.parse::<u16>().is_ok()
-    });
-    if plain_name && plain_port {
-        return Ok(host);
-    }
-    match http::uri::Authority::try_from(host) {
-        Ok(a) if !a.as_str().contains('@') => Ok(host),
-        _ => Err("invalid-host"),
-    }
-}
-
-/// The name of an authority, without its port: `a.example:8080` →
-/// `a.example`, `[::1]:80` → `[::1]` (as `http::uri::Authority::host`).
-pub fn host_name(authority: &str) -> &str {
-    if authority.starts_with('[') {
-        return match authority.find(']') {
-            Some(end) => &authority[..=end],
-            None => authority,
-        };
-    }
-    authority
-        .rsplit_once(':')
-        .map_or(authority, |(name, _)| name)
 }
 
 /// The one reading of `Content-Length` (RFC 9110 §8.6), for requests and
@@ -385,57 +329,6 @@ pub fn check_handshake(body: Framing) -> Result<Framing, Refused> {
     }
 }
 
-/// A request target as RFC 9112 §3.2 reads it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Target<'a> {
-    /// An absolute-form target's authority (`http://a.example/x` →
-    /// `a.example`): the request's host, whatever `Host` says.
-    pub authority: Option<&'a str>,
-    /// The path and query the shard receives, in origin form: an absolute
-    /// form's (`/` before a query if it has no path), or the target as
-    /// sent (origin form, or `*`).
-    pub origin: std::borrow::Cow<'a, str>,
-}
-
-impl Target<'_> {
-    /// The path, without the query.
-    pub fn path(&self) -> &str {
-        self.origin.split('?').next().unwrap_or_default()
-    }
-}
-
-/// Reads a request target: origin form (`/x?y`), asterisk form (`*`), or
-/// absolute form with an `http` or `https` scheme (case-insensitive).
-/// Anything else (an authority form, another scheme) is `None`.
-pub fn request_target(target: &str) -> Option<Target<'_>> {
-    use std::borrow::Cow;
-    if target.starts_with('/') || target == "*" {
-        return Some(Target {
-            authority: None,
-            origin: Cow::Borrowed(target),
-        });
-    }
-    let scheme = target.get(..8).unwrap_or(target).to_ascii_lowercase();
-    let rest = if scheme.starts_with("http://") {
-        &target[7..]
-    } else if scheme.starts_with("https://") {
-        &target[8..]
-    } else {
-        return None;
-    };
-    let at = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, origin) = rest.split_at(at);
-    let origin = match origin.as_bytes().first() {
-        Some(b'/') => Cow::Borrowed(origin),
-        Some(_) => Cow::Owned(format!("/{origin}")),
-        None => Cow::Borrowed("/"),
-    };
-    Some(Target {
-        authority: Some(authority),
-        origin,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -471,38 +364,6 @@ mod tests {
             ("/", &[]),
         ] {
             assert_eq!(check("GET", target, hosts), Ok(()), "{target}");
-        }
-    }
-
-    #[test]
-    fn plain_hosts_are_taken_as_the_uri_parser_takes_them() {
-        for host in [
-            "a.example",
-            "A-1.example:8080",
-            "127.0.0.1",
-            "x:0",
-            "x:65535",
-            "x:65536",
-            "x:080",
-            "x:",
-            ":80",
-            "a b",
-            "a@b",
-            "[::1]:80",
-            "a/b",
-            "a%20b",
-            "a_b.example",
-            "a..b",
-            "-a",
-            "a:b",
-            "a:8080:1",
-            "\u{e9}.example",
-        ] {
-            let parsed = http::uri::Authority::try_from(host)
-                .ok()
-                .filter(|a| !a.as_str().contains('@'))
-                .map(|_| host);
-            assert_eq!(check_host(host).ok(), parsed, "{host:?}");
         }
     }
 
@@ -601,30 +462,6 @@ mod tests {
         ] {
             assert_eq!(line(unsupported), Err(505), "{unsupported:?}");
         }
-    }
-
-    #[test]
-    fn targets_are_origin_asterisk_or_absolute_form() {
-        let t = |text| request_target(text).map(|t| (t.authority, t.origin.into_owned()));
-        assert_eq!(t("/a?b"), Some((None, "/a?b".into())));
-        assert_eq!(t("*"), Some((None, "*".into())));
-        assert_eq!(
-            t("http://a.example/p?q=1"),
-            Some((Some("a.example"), "/p?q=1".into()))
-        );
-        assert_eq!(
-            t("HTTPS://a.example:8443"),
-            Some((Some("a.example:8443"), "/".into()))
-        );
-        assert_eq!(
-            t("http://a.example?q"),
-            Some((Some("a.example"), "/?q".into()))
-        );
-        assert_eq!(t("http://"), Some((Some(""), "/".into())));
-        for other in ["a.example:443", "ftp://a/x", "x", ""] {
-            assert_eq!(t(other), None, "{other:?}");
-        }
-        assert_eq!(request_target("http://a/p/q?x").unwrap().path(), "/p/q");
     }
 
     fn framing(fields: &[(&str, &str)], http10: bool) -> Result<(), u16> {

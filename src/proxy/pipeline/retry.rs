@@ -7,7 +7,7 @@
 //! `budget_min_per_second` retries per second.
 
 use crate::config::RetryConfig;
-use crate::routing::counters::{Gauge, GaugeTicket};
+use crate::counters::{Gauge, GaugeTicket};
 use http::Method;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;

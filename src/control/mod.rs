@@ -1,13 +1,18 @@
 //! The gateway's shared state, built once from the configuration: the
 //! router, the domain map, the region directory and each shard's upstream
-//! peer. The proxy reads it on every request; the admin API, the health
-//! checker and the state file change it at runtime.
+//! peer (`peer.rs`). The proxy reads it on every request; the admin API,
+//! the health checker, the state file and the cluster and DNS services
+//! change it at runtime.
+
+mod peer;
+
+pub use peer::{build_peer, keepalive, peer_at, ShardPeer, UpstreamKey};
 
 use crate::cluster::Shared;
 use crate::config::{Config, HashKind, LoadKind};
-use crate::limits::{Limits, RateRule};
+use crate::hooks::GatewayHooks;
+use crate::limits::{Ledger, Limits, RateRule};
 use crate::metrics::GatewayMetrics;
-use crate::proxy::hooks::GatewayHooks;
 use crate::routing::{
     AllowHook, DomainMap, Fallback, HashStrategy, Load, LoadHook, RegionDirectory, Router,
     RouterOptions, Shard, ShardId,
@@ -15,22 +20,9 @@ use crate::routing::{
 use arc_swap::ArcSwap;
 use compact_str::CompactString;
 use parking_lot::Mutex;
-use pingora::upstreams::peer::{HttpPeer, ALPN};
 use std::collections::HashMap;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::sync::Arc;
-
-/// Where and how to reach one shard.
-#[derive(Clone, Debug)]
-pub struct ShardPeer {
-    /// The resolved address (also what liveness and health probes dial).
-    pub addr: SocketAddr,
-    /// The fast transport's endpoint: the address, and for an `https`
-    /// shard the name its certificate is verified for (sent as SNI).
-    pub key: crate::proxy::fast::UpstreamKey,
-    /// The Pingora peer template, cloned per request.
-    pub peer: HttpPeer,
-}
 
 pub struct Control {
     pub config: Arc<Config>,
@@ -93,7 +85,7 @@ impl Control {
         let limits_of = |cap, rate, routes: &[(String, RateRule)]| {
             let limits = Limits::over_union(cap, rate, routes, &union);
             match &cluster {
-                Some(shared) => limits.with_shared(Arc::clone(shared)),
+                Some(shared) => limits.with_shared(Arc::clone(shared) as Arc<dyn Ledger>),
                 None => limits,
             }
         };
@@ -174,7 +166,7 @@ impl Control {
 
     /// Every shard's endpoint for the fast transport (its pools keep idle
     /// connections to these only).
-    pub fn peer_keys(&self) -> std::collections::HashSet<crate::proxy::fast::UpstreamKey> {
+    pub fn peer_keys(&self) -> std::collections::HashSet<UpstreamKey> {
         self.peers.load().values().map(|p| p.key.clone()).collect()
     }
 
@@ -529,53 +521,6 @@ const REMOVED: &str = "-";
 
 fn domain_field(host: &str) -> String {
     format!("domain:{}", crate::routing::domain::normalize(host))
-}
-
-/// Resolves a shard's URL into a Pingora peer.
-pub fn build_peer(config: &Config, shard: &Shard) -> Result<ShardPeer, String> {
-    let (_, host, port) = crate::config::parse_shard_url(&shard.url)?;
-    let addr = (host.as_str(), port)
-        .to_socket_addrs()
-        .map_err(|e| format!("shard `{}`: cannot resolve `{host}`: {e}", shard.id))?
-        .next()
-        .ok_or_else(|| format!("shard `{}`: `{host}` has no address", shard.id))?;
-    peer_at(config, shard, addr)
-}
-
-/// The peer of `shard` at the address `addr` (its host resolved).
-pub fn peer_at(config: &Config, shard: &Shard, addr: SocketAddr) -> Result<ShardPeer, String> {
-    let (tls, host, _) = crate::config::parse_shard_url(&shard.url)?;
-    let name = match tls {
-        true => {
-            // An IP literal in brackets is verified as that address.
-            let bare = host.trim_start_matches('[').trim_end_matches(']');
-            let name = pingora::tls::ServerName::try_from(bare.to_string())
-                .map_err(|e| format!("shard `{}`: `{host}` is no TLS name: {e}", shard.id))?;
-            Some(name)
-        }
-        false => None,
-    };
-    let mut peer = HttpPeer::new(addr, tls, host);
-    let options = &mut peer.options;
-    options.connection_timeout = Some(config.upstream.connect_timeout);
-    // The handshake fits in the connect timeout with the TCP connect.
-    options.total_connection_timeout = Some(config.upstream.connect_timeout);
-    options.verify_cert = config.upstream.tls_verify;
-    options.verify_hostname = config.upstream.tls_verify;
-    // Response headers are watched by our own deadline, a body's silence
-    // by the same watch (`upstream.read_timeout_ms`), which a WebSocket
-    // tunnel skips; Pingora's per-read timeout would cut tunnels and slow
-    // uploads alike.
-    options.read_timeout = None;
-    options.idle_timeout = Some(config.upstream.keepalive_timeout);
-    // As on the fast transport's shard sockets.
-    options.tcp_keepalive = Some(crate::proxy::fast::tunnel::keepalive());
-    options.alpn = ALPN::H1;
-    Ok(ShardPeer {
-        addr,
-        key: crate::proxy::fast::UpstreamKey { addr, tls: name },
-        peer,
-    })
 }
 
 /// Runtime changes relative to the configuration (the admin API's; the

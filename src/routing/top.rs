@@ -15,7 +15,7 @@
 //! id and four counters. Refusals only: an admitted request never comes
 //! here.
 
-use crate::routing::Decision;
+use super::Decision;
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::collections::HashMap;

@@ -6,13 +6,12 @@
 //! (`heartbeat.rs`) runs beside it on its own task. Requests never wait on
 //! it: while Redis is down they run on what the node last knew (DESIGN §4).
 
-use super::conn::{text_pairs, Raw};
-use super::heartbeat::Heartbeat;
-use super::link::Link;
-use super::shared::{share_of, Shared};
-use super::NODE_TTL_MS;
+use crate::cluster::conn::{text_pairs, Raw};
+use crate::cluster::heartbeat::Heartbeat;
+use crate::cluster::link::Link;
+use crate::cluster::{Shared, NODE_TTL_MS};
 use crate::control::Control;
-use crate::limits::TenantState;
+use crate::limits::{share_of, TenantState};
 use compact_str::CompactString;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
@@ -748,7 +747,7 @@ impl Syncer {
     /// Redis is down and `local-share` applies: each lease refills at
     /// `1/N` of its rule up to its share of the capacity ([`share_of`]).
     fn refill_locally(&mut self, elapsed: Duration) {
-        if self.shared().mode() != super::Mode::Shared {
+        if self.shared().mode() != crate::cluster::Mode::Shared {
             return;
         }
         let n = self.shared().nodes_alive();

@@ -8,9 +8,9 @@
 //! for the others to adopt. Once the lists agree again, entries equal to
 //! the common pick are pruned, here and in Redis.
 
-use super::conn::{text_pairs, Raw};
 use super::service::Syncer;
-use super::shared::Peers;
+use crate::cluster::conn::{text_pairs, Raw};
+use crate::cluster::Peers;
 use crate::routing::region::RegionList;
 use crate::routing::RegionDirectory;
 use compact_str::CompactString;

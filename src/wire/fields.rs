@@ -1,0 +1,124 @@
+//! Which request and response fields are whose: the hop-by-hop table
+//! (both directions), the fields shardgate owns upstream and never takes
+//! from a client, and when two field names are one field to a backend.
+//! Configuration validation checks the configured names against them;
+//! the pipeline (`proxy::pipeline::fields`) applies them on both
+//! transports.
+
+/// Hop-by-hop fields (RFC 9110 §7.6.1), removed in both directions;
+/// `Connection` and `Upgrade` survive only a WebSocket handshake, and
+/// `Transfer-Encoding` is re-framed by the transport that writes the body.
+pub const HOP_BY_HOP: [&str; 10] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "http2-settings",
+];
+
+/// Whether `name` is a hop-by-hop field of [`HOP_BY_HOP`].
+pub fn is_hop_by_hop(name: &str) -> bool {
+    is_hop_by_hop_name(name.as_bytes())
+}
+
+/// [`is_hop_by_hop`] for a name as bytes: the table, looked up by length
+/// first (every request and response field is asked).
+pub fn is_hop_by_hop_name(name: &[u8]) -> bool {
+    let is = |field: &str| name.eq_ignore_ascii_case(field.as_bytes());
+    match name.len() {
+        2 => is("te"),
+        7 => is("trailer") || is("upgrade"),
+        10 => is("connection") || is("keep-alive"),
+        14 => is("http2-settings"),
+        16 => is("proxy-connection"),
+        17 => is("transfer-encoding"),
+        18 => is("proxy-authenticate"),
+        19 => is("proxy-authorization"),
+        _ => false,
+    }
+}
+
+/// Whether two field names are the same field to a backend: equal but for
+/// case and `_` for `-` (CGI-style backends read `X_User` as `X-User`).
+pub fn same_field(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes().zip(b.bytes()).all(|(a, b)| {
+            let a = if a == b'_' { b'-' } else { a };
+            let b = if b == b'_' { b'-' } else { b };
+            a.eq_ignore_ascii_case(&b)
+        })
+}
+
+/// The client-address fields frameworks trust that shardgate neither sets
+/// nor forwards (DESIGN §3).
+const CLIENT_ADDRESS_FIELDS: [&str; 5] = [
+    "x-client-ip",
+    "true-client-ip",
+    "cf-connecting-ip",
+    "fastly-client-ip",
+    "x-cluster-client-ip",
+];
+
+/// The request fields shardgate owns upstream, as configured.
+#[derive(Clone, Copy, Debug)]
+pub struct Owned<'a> {
+    pub tenant_header: &'a str,
+    /// `request_id.header`.
+    pub request_id_header: &'a str,
+    /// Whether a client's `Forwarded` (and `X-Forwarded-For`) is trusted.
+    pub trust_forwarded_for: bool,
+    /// `traceparent`, when tracing is on (off, the client's passes).
+    pub traceparent: bool,
+    /// `tracestate`, when tracing started a new trace for the request (the
+    /// caller's state belongs to a trace the shard does not see; W3C Trace
+    /// Context §4.3). Per request: [`Owned::of`] leaves it false.
+    pub tracestate: bool,
+}
+
+impl Owned<'_> {
+    /// Whether a request field is one shardgate owns upstream — the
+    /// forwarding fields, `X-Real-IP`, the tenant header, the request ID's
+    /// field, the client-address fields frameworks trust, RFC 7239's
+    /// `Forwarded` unless `trust_forwarded_for`, and the framing fields —
+    /// under its own name or a look-alike with `_` for `-` (CGI-style
+    /// backends read `X_Tenant_Id` as `X-Tenant-Id`; nginx drops such fields
+    /// by default for this reason). The client's value never reaches the
+    /// shard. (The real `Content-Length` and `Transfer-Encoding` are the
+    /// transports' to frame; only their look-alikes are caught here.)
+    pub fn owns(&self, name: &str) -> bool {
+        let same = |wanted: &str| same_field(name, wanted);
+        let look_alike = |wanted: &str| name.contains('_') && same(wanted);
+        same("x-forwarded-for")
+            || same("x-forwarded-host")
+            || same("x-forwarded-proto")
+            || same("x-real-ip")
+            || same(self.tenant_header)
+            || same(self.request_id_header)
+            || (!self.trust_forwarded_for && same("forwarded"))
+            || (self.traceparent && same("traceparent"))
+            || (self.tracestate && same("tracestate"))
+            || CLIENT_ADDRESS_FIELDS.iter().any(|f| same(f))
+            || look_alike("content-length")
+            || look_alike("transfer-encoding")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hop_by_hop_lookup_is_the_table() {
+        for field in HOP_BY_HOP {
+            assert!(is_hop_by_hop(field) && is_hop_by_hop(&field.to_uppercase()));
+        }
+        for other in ["host", "te2", "tee", "upgrades", "connections", "x-upgrade"] {
+            assert!(!is_hop_by_hop(other), "{other}");
+        }
+    }
+}
