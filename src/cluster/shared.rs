@@ -1,8 +1,8 @@
 //! What the request path and the admin API see of cluster mode, without any
 //! Redis: the mode limits run in, the number of nodes a share is divided
 //! by, the other nodes' admissions, the tenants to settle, and the state
-//! changes waiting to be published. The cluster service (`service.rs`)
-//! fills it from Redis in the background; nothing here ever waits on it.
+//! changes waiting to be published. The cluster service
+//! (`services/cluster/service.rs`) fills it from Redis in the background; nothing here ever waits on it.
 
 use crate::config::{ClusterConfig, OnRedisDown};
 use crate::limits::{Ledger, Mode};

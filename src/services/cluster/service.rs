@@ -3,7 +3,7 @@
 //! up, their credit charged) and publishes this node's live admissions per
 //! capped tenant while reading the others'; every 200 ms it exchanges
 //! runtime state (`regions.rs` for the region assignments). The heartbeat
-//! (`heartbeat.rs`) runs beside it on its own task. Requests never wait on
+//! (`cluster/heartbeat.rs`) runs beside it on its own thread. Requests never wait on
 //! it: while Redis is down they run on what the node last knew (DESIGN §4).
 
 use crate::cluster::conn::{text_pairs, Raw};
