@@ -411,51 +411,69 @@ fn goaway_code(frames: &[u8]) -> Option<u32> {
     goaway
 }
 
-/// Opens `count` streams on a new HTTP/2 connection to `port` (each a GET
-/// with END_STREAM), resetting each (`CANCEL`) `reset_after` after it was
-/// sent (zero: in the same write, one TLS record), one every 2 ms; then
-/// what the server sent until it closed (10 s at most).
-fn h2_resets(port: u16, count: u32, reset_after: Duration) -> Vec<u8> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// A TLS connection to `port` with ALPN `h2`, its client preface and
+/// empty settings sent.
+fn h2_client(port: u16) -> impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin {
+    use tokio::io::AsyncWriteExt;
     let h = handshake(port, Some("shop.apps.test"), &[b"h2"]).expect("handshake");
     assert_eq!(h.alpn.as_deref(), Some(&b"h2"[..]));
-    let block = h2_get_block("shop.apps.test");
     let mut stream = h.stream;
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend(h2_frame(4, 0, 0, &[]));
+    runtime()
+        .block_on(stream.write_all(&hello))
+        .expect("preface");
+    stream
+}
+
+/// A client's `RST_STREAM(CANCEL)` of stream `id`.
+fn h2_cancel(id: u32) -> Vec<u8> {
+    h2_frame(3, 0, id, &8u32.to_be_bytes())
+}
+
+/// What the server sends on `stream` until it closes it, or until
+/// `within` ran out; whether it closed.
+async fn h2_read_until_closed(
+    stream: &mut (impl tokio::io::AsyncRead + Unpin),
+    within: Duration,
+) -> (Vec<u8>, bool) {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let read = tokio::time::timeout(within, async {
+        while let Ok(n) = stream.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+    });
+    let closed = read.await.is_ok();
+    (out, closed)
+}
+
+/// Opens `count` streams on a new HTTP/2 connection to `port` (each a GET
+/// with END_STREAM), each reset (`CANCEL`) in the same write (one TLS
+/// record: the gateway sees both or neither), one every 2 ms; then what
+/// the server sent until it closed (10 s at most).
+fn h2_resets(port: u16, count: u32) -> Vec<u8> {
+    use tokio::io::AsyncWriteExt;
+    let block = h2_get_block("shop.apps.test");
+    let mut stream = h2_client(port);
     runtime().block_on(async move {
-        let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-        hello.extend(h2_frame(4, 0, 0, &[]));
-        stream.write_all(&hello).await.expect("preface");
         // Paced, so that each is accepted before the next comes (a burst
         // trips the h2 crate's own limit on reset streams awaiting accept).
         for i in 0..count {
             let id = 1 + 2 * i;
             let mut frames = h2_frame(1, 0x5, id, &block);
-            let reset = h2_frame(3, 0, id, &8u32.to_be_bytes());
-            if reset_after.is_zero() {
-                frames.extend(reset);
-            } else {
-                if stream.write_all(&frames).await.is_err() {
-                    break;
-                }
-                tokio::time::sleep(reset_after).await;
-                frames = reset;
-            }
+            frames.extend(h2_cancel(id));
             if stream.write_all(&frames).await.is_err() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        let mut out = Vec::new();
-        let read = tokio::time::timeout(Duration::from_secs(10), async {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = stream.read(&mut buf).await {
-                if n == 0 {
-                    break;
-                }
-                out.extend_from_slice(&buf[..n]);
-            }
-        });
-        assert!(read.await.is_ok(), "the connection stayed open");
+        let (out, closed) = h2_read_until_closed(&mut stream, Duration::from_secs(10)).await;
+        assert!(closed, "the connection stayed open");
         out
     })
 }
@@ -475,7 +493,7 @@ fn http2_rapid_resets_get_goaway_and_neither_spend_a_token_nor_reach_a_shard() {
     );
     // Each stream opened and cancelled in one write: the gateway sees
     // both or neither.
-    let frames = h2_resets(gw.port, 200, Duration::ZERO);
+    let frames = h2_resets(gw.port, 200);
     assert_eq!(goaway_code(&frames), Some(0xb), "GOAWAY(ENHANCE_YOUR_CALM)");
     assert!(
         backend.requests().is_empty(),
@@ -518,14 +536,10 @@ fn http2_streams_reset_while_served_count_as_rapid_resets() {
     // a rapid reset. (Pingora's session does not say whether its client
     // reset it: its path counts resets found at accept only.)
     if common::fast_path_on() {
-        let h = handshake(gw.port, Some("shop.apps.test"), &[b"h2"]).expect("handshake");
+        let block = h2_get_block("shop.apps.test");
+        let mut stream = h2_client(gw.port);
         let frames = runtime().block_on(async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let mut stream = h.stream;
-            let block = h2_get_block("shop.apps.test");
-            let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-            hello.extend(h2_frame(4, 0, 0, &[]));
-            stream.write_all(&hello).await.expect("preface");
+            use tokio::io::AsyncWriteExt;
             'batches: for batch in 0..12u32 {
                 let ids: Vec<u32> = (0..50).map(|i| 1 + 2 * (batch * 50 + i)).collect();
                 let opened: Vec<u8> = ids
@@ -536,24 +550,14 @@ fn http2_streams_reset_while_served_count_as_rapid_resets() {
                     break 'batches;
                 }
                 tokio::time::sleep(Duration::from_millis(30)).await;
-                let reset = |id: &u32| h2_frame(3, 0, *id, &8u32.to_be_bytes());
-                let resets: Vec<u8> = ids.iter().flat_map(reset).collect();
+                let resets: Vec<u8> = ids.iter().flat_map(|id| h2_cancel(*id)).collect();
                 if stream.write_all(&resets).await.is_err() {
                     break 'batches;
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            let mut out = Vec::new();
-            let mut buf = [0u8; 4096];
-            let read = tokio::time::timeout(Duration::from_secs(10), async {
-                while let Ok(n) = stream.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                    out.extend_from_slice(&buf[..n]);
-                }
-            });
-            assert!(read.await.is_ok(), "the connection stayed open");
+            let (out, closed) = h2_read_until_closed(&mut stream, Duration::from_secs(10)).await;
+            assert!(closed, "the connection stayed open");
             out
         });
         assert_eq!(goaway_code(&frames), Some(0xb), "GOAWAY(ENHANCE_YOUR_CALM)");
@@ -567,35 +571,24 @@ fn http2_streams_reset_while_served_count_as_rapid_resets() {
     }
     // A connection that lets its streams be served is not cut: 40 of 100
     // streams cancelled while 60 stay in flight.
-    let h = handshake(gw.port, Some("shop.apps.test"), &[b"h2"]).expect("handshake");
+    let block = h2_get_block("shop.apps.test");
+    let mut stream = h2_client(gw.port);
     let frames = runtime().block_on(async {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut stream = h.stream;
-        let block = h2_get_block("shop.apps.test");
-        let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-        hello.extend(h2_frame(4, 0, 0, &[]));
-        stream.write_all(&hello).await.expect("preface");
+        use tokio::io::AsyncWriteExt;
         for i in 0..100u32 {
             let frames = h2_frame(1, 0x5, 1 + 2 * i, &block);
             stream.write_all(&frames).await.expect("stream");
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
         for i in 0..40u32 {
-            let reset = h2_frame(3, 0, 1 + 2 * i, &8u32.to_be_bytes());
-            stream.write_all(&reset).await.expect("reset");
+            stream
+                .write_all(&h2_cancel(1 + 2 * i))
+                .await
+                .expect("reset");
         }
-        let mut out = Vec::new();
-        let mut buf = [0u8; 4096];
-        let _ = tokio::time::timeout(Duration::from_secs(1), async {
-            while let Ok(n) = stream.read(&mut buf).await {
-                if n == 0 {
-                    break;
-                }
-                out.extend_from_slice(&buf[..n]);
-            }
-        })
-        .await;
-        out
+        h2_read_until_closed(&mut stream, Duration::from_secs(1))
+            .await
+            .0
     });
     assert_eq!(
         goaway_code(&frames),
