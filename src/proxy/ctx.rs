@@ -68,7 +68,7 @@ pub struct RequestCtx {
     pub(crate) body_phase: Option<crate::proxy::pipeline::body::BodyPhase>,
     pub(crate) body_seen: u64,
     /// The phases of `Gateway` that ran (Pingora's path), one bit each: a
-    /// wrapper that did not forward one is caught (`pingora.rs`).
+    /// wrapper that did not forward one is caught (`pingora/phases.rs`).
     pub(crate) phases: u8,
     /// Body bytes read from the client and sent to it (set by the
     /// transport before the request's end).

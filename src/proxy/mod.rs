@@ -1,7 +1,7 @@
 //! The gateway: one request pipeline ([`pipeline`]) and two transports
 //! that move its bytes — shardgate's own forwarding ([`fast`]), which
 //! carries every request of the binary, and Pingora's proxy (`Gateway` as
-//! a [`pingora_proxy::ProxyHttp`], in `pingora.rs`) for
+//! a [`pingora_proxy::ProxyHttp`], in `pingora/`) for
 //! `server.fast_path: false` and for embedders who wrap `Gateway` in
 //! their own `ProxyHttp`. [`frontend::Frontend`] is each client
 //! connection's front end: the TLS handshake, every HTTP/1 request head

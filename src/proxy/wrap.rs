@@ -9,7 +9,7 @@
 //! `connected_to_upstream`, `upstream_response_filter`: the request fails,
 //! 500, and the log names the phase) and named in the log for
 //! `request_body_filter` and `response_filter`; not for `fail_to_connect`,
-//! `error_while_proxy`, `fail_to_proxy` and `logging` (see `pingora.rs`).
+//! `error_while_proxy`, `fail_to_proxy` and `logging` (see `pingora/`).
 //! The front end's own answers (the head reader's refusals, the edge's,
 //! reset HTTP/2 streams) are logged by shardgate and the hooks' logging
 //! phase, not through a wrapper's `logging`.
@@ -381,7 +381,7 @@ mod tests {
     /// a default that calls something else, fails this test.
     #[test]
     fn every_phase_of_gateway_is_forwarded_by_default() {
-        let gateway = fns_in(include_str!("pingora.rs"), "impl ProxyHttp for Gateway {");
+        let gateway = fns_in(include_str!("pingora/mod.rs"), "impl ProxyHttp for Gateway {");
         let here = include_str!("wrap.rs");
         let wrapper = fns_in(here, "pub trait GatewayWrapper");
         let wrapped = fns_in(here, "impl<W: GatewayWrapper> ProxyHttp for Wrapped<W> {");

@@ -10,13 +10,15 @@
 //! decide what follows; `fail_to_proxy` writes shardgate's own answer;
 //! `logging` ends the request.
 
+mod phases;
+mod session;
+
 use super::ctx::RequestCtx;
 use super::hooks::{RequestLine, RequestView, ResponseEdit, UpstreamFailure};
 use super::pipeline::answer::Refusal;
-use super::pipeline::failure::{AttemptFailure, Next};
+use super::pipeline::failure::AttemptFailure;
 use super::pipeline::fields::{
-    joined_cookie, strip_response_hop_by_hop, unrequested_switch, websocket_handshake, Forwarding,
-    Owned,
+    joined_cookie, strip_response_hop_by_hop, unrequested_switch, Forwarding, Owned,
 };
 use super::pipeline::message::{content_length, declared_framing, length_allowed};
 use super::pipeline::plan::host_from;
@@ -24,132 +26,14 @@ use super::pipeline::watch::{quiet, Verdict, Watch};
 use super::Gateway;
 use async_trait::async_trait;
 use http::header::HOST;
+use phases::{missing_phases, phase, report_unforwarded, require_phases};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::protocols::Digest;
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{ErrorSource, ErrorType};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
-
-/// Whether the session is a WebSocket handshake (the pipeline's one rule).
-fn is_websocket(session: &Session) -> bool {
-    let req = session.req_header();
-    let values = |name| req.headers.get_all(name).into_iter().map(|v| v.as_bytes());
-    websocket_handshake(
-        req.method.as_str(),
-        req.version == http::Version::HTTP_11,
-        values(http::header::CONNECTION),
-        values(http::header::UPGRADE),
-    )
-}
-
-impl Gateway {
-    /// Applies the pipeline's verdict on a failed attempt to Pingora's
-    /// error: retry (or resend) it, or keep the answer for `fail_to_proxy`.
-    fn follow(&self, session: &Session, ctx: &mut RequestCtx, failure: AttemptFailure) -> bool {
-        let replayable = !session.as_ref().retry_buffer_truncated();
-        match self.after_failure(failure, &session.req_header().method, replayable, ctx) {
-            Next::Resend => {
-                // To the same shard, still admitted: not routed again; and
-                // on a fresh connection (the pool may hold more stale ones).
-                ctx.shard_chosen = true;
-                ctx.fresh_connection = true;
-                true
-            }
-            Next::Retry => true,
-            Next::Answer(refusal) => {
-                ctx.refusal = Some(refusal);
-                false
-            }
-        }
-    }
-}
-
-/// The phases of `Gateway` whose rules nothing else holds, as bits of
-/// `RequestCtx::phases` (each phase sets its own). A `ProxyHttp` wrapping
-/// `Gateway` that does not forward one is caught where a later phase
-/// depends on it: the request fails (500) and the log names the phase,
-/// instead of its rule (the headers deadline, the forwarding fields, the
-/// hop-by-hop table, the 413, the JSON refusals, HTTP/1.0 framing)
-/// silently disappearing.
-mod phase {
-    pub const REQUEST_FILTER: u8 = 1;
-    pub const UPSTREAM_PEER: u8 = 1 << 1;
-    pub const CONNECTED_TO_UPSTREAM: u8 = 1 << 2;
-    pub const REQUEST_BODY_FILTER: u8 = 1 << 3;
-    pub const UPSTREAM_RESPONSE_FILTER: u8 = 1 << 4;
-    pub const RESPONSE_FILTER: u8 = 1 << 5;
-    pub const NAMES: [(u8, &str); 6] = [
-        (REQUEST_FILTER, "request_filter"),
-        (UPSTREAM_PEER, "upstream_peer"),
-        (CONNECTED_TO_UPSTREAM, "connected_to_upstream"),
-        (REQUEST_BODY_FILTER, "request_body_filter"),
-        (UPSTREAM_RESPONSE_FILTER, "upstream_response_filter"),
-        (RESPONSE_FILTER, "response_filter"),
-    ];
-}
-
-/// The phases in `needed` that did not run for this request, named.
-fn missing_phases(ctx: &RequestCtx, needed: u8) -> Option<String> {
-    let missing = needed & !ctx.phases;
-    (missing != 0).then(|| {
-        let names: Vec<&str> = (phase::NAMES.iter())
-            .filter(|(bit, _)| missing & bit != 0)
-            .map(|(_, name)| *name)
-            .collect();
-        names.join(", ")
-    })
-}
-
-/// Logs (once per process) that a wrapper does not forward `names`.
-fn report_unforwarded(names: &str) {
-    static REPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !REPORTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        log::error!(
-            "the ProxyHttp wrapping shardgate's Gateway does not forward {names} to it: \
-             requests that need it fail (every phase Gateway implements must be forwarded)"
-        );
-    }
-}
-
-/// Fails the request unless the phases in `needed` ran.
-fn require_phases(ctx: &RequestCtx, needed: u8) -> Result<()> {
-    match missing_phases(ctx, needed) {
-        None => Ok(()),
-        Some(names) => {
-            report_unforwarded(&names);
-            Err(Error::explain(
-                ErrorType::InternalError,
-                format!("Gateway's {names} was not forwarded by its wrapper"),
-            ))
-        }
-    }
-}
-
-/// The status of the final response head written to the client, if one
-/// was (a 100 Continue passed on from the shard is not: an answer may
-/// still follow it; a 101 is, the connection is a tunnel).
-/// A response that has no body to wait for.
-fn no_body(session: &Session, response: &ResponseHeader) -> bool {
-    let status = response.status.as_u16();
-    let length = response.headers.get(http::header::CONTENT_LENGTH);
-    session.req_header().method == http::Method::HEAD
-        || matches!(status, 204 | 304)
-        || length.is_some_and(|v| v.as_bytes() == b"0")
-}
-
-fn final_status(session: &Session) -> Option<u16> {
-    let status = session.response_written()?.status;
-    (!status.is_informational() || status == http::StatusCode::SWITCHING_PROTOCOLS)
-        .then_some(status.as_u16())
-}
-
-/// Whether `e` is the client's chunked body refused by the front end's
-/// reader (an `InvalidData` read error; a client gone is another kind).
-fn broken_body(e: &Error) -> bool {
-    let cause = e.root_cause().downcast_ref::<std::io::Error>();
-    cause.is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData)
-}
+use session::{final_status, is_websocket, no_body, refusal_for};
 
 #[async_trait]
 impl ProxyHttp for Gateway {
@@ -587,35 +471,7 @@ impl ProxyHttp for Gateway {
         e: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
-        let refusal = ctx.refusal.take().or_else(|| match e.etype() {
-            ErrorType::HTTPStatus(code) if *code >= 400 => Some(Refusal::error(
-                *code,
-                if *code < 500 {
-                    "bad-request"
-                } else {
-                    "upstream-error"
-                },
-            )),
-            ErrorType::InvalidHTTPHeader if *e.esource() == ErrorSource::Upstream => {
-                Some(Refusal::error(502, "upstream-invalid-response"))
-            }
-            _ => match e.esource() {
-                ErrorSource::Upstream => Some(Refusal::error(502, "upstream-unreachable")),
-                ErrorSource::Downstream => match e.etype() {
-                    ErrorType::ReadTimedout => Some(Refusal::error(408, "request-timeout")),
-                    // The front end's reader refused a chunked body that
-                    // breaks its framing (`client::OneRequest`).
-                    ErrorType::ReadError if broken_body(e) => {
-                        Some(Refusal::error(400, "invalid-chunked-body"))
-                    }
-                    ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => {
-                        None
-                    }
-                    _ => Some(Refusal::error(400, "bad-request")),
-                },
-                _ => Some(Refusal::error(500, "internal-error")),
-            },
-        });
+        let refusal = ctx.refusal.take().or_else(|| refusal_for(e));
         let mut code = 0;
         if let Some(refusal) = refusal {
             // The connection closes after it, and the answer says so.
