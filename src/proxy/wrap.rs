@@ -381,7 +381,10 @@ mod tests {
     /// a default that calls something else, fails this test.
     #[test]
     fn every_phase_of_gateway_is_forwarded_by_default() {
-        let gateway = fns_in(include_str!("pingora/mod.rs"), "impl ProxyHttp for Gateway {");
+        let gateway = fns_in(
+            include_str!("pingora/mod.rs"),
+            "impl ProxyHttp for Gateway {",
+        );
         let here = include_str!("wrap.rs");
         let wrapper = fns_in(here, "pub trait GatewayWrapper");
         let wrapped = fns_in(here, "impl<W: GatewayWrapper> ProxyHttp for Wrapped<W> {");

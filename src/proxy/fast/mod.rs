@@ -27,6 +27,7 @@ mod conn;
 mod downstream;
 mod exchange;
 pub(crate) mod h2;
+mod http1;
 mod request;
 mod respond;
 mod response;
@@ -39,21 +40,12 @@ pub use conn::UpstreamKey;
 #[doc(hidden)]
 pub mod fuzzing;
 
-use super::client::linger;
 use super::ctx::RequestCtx;
-use super::head::Head;
-use super::hooks::{RequestLine, RequestView, ResponseEdit};
-use super::pipeline::answer::Refusal;
+use super::hooks::ResponseEdit;
 use super::pipeline::fields::{Forwarding, Owned};
-use super::pipeline::message::request_target;
 use super::Gateway;
-use body::{BodyLimits, H1Body};
-use bytes::{Bytes, BytesMut};
-use downstream::{Downstream, H1Client, H1Request};
-use exchange::{Exchanged, Request};
-use http::Method;
-use pingora::protocols::Stream;
-use request::{head_in, UpstreamHead};
+use body::BodyLimits;
+use bytes::BytesMut;
 use std::fmt;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -135,193 +127,6 @@ impl FastPath {
             sweeping: std::sync::Once::new(),
             pool_per_shard: upstream.pool_per_shard,
         })
-    }
-
-    /// Serves the HTTP/1 request whose whole head is `head` (read under
-    /// the head limits and the message rules by the front end; its body
-    /// framed by `body`). `ahead` holds what the client sent past the
-    /// head: the body's start, then the next request's, and it keeps
-    /// what is read past this request. `closing`: the server is shutting
-    /// down, so the connection closes after this request. The client
-    /// connection, if it may carry another request.
-    pub async fn serve(
-        &self,
-        mut client: Stream,
-        head: BytesMut,
-        read: Head,
-        ahead: &mut BytesMut,
-        closing: bool,
-    ) -> Option<Stream> {
-        let body = read.body;
-        let gw = &self.gateway;
-        let mut ctx = RequestCtx::default();
-        let client_addr = client
-            .get_socket_digest()
-            .and_then(|d| d.peer_addr().cloned());
-        let Some(parsed) = head_in(&head, &read.layout) else {
-            let refusal = gw.identified(Refusal::error(400, "bad-request"), &ctx);
-            ctx.bytes_out = refusal.body.len() as u64;
-            let _ = self
-                .send_all(&mut client, &refusal.http1(false, true))
-                .await;
-            let line = RequestLine {
-                client: client_addr.as_ref(),
-                method: "-",
-                target: &"-",
-                host: None,
-                protocol: "HTTP/1.1",
-            };
-            gw.log_request(&mut ctx, &line, 400);
-            return None;
-        };
-        let log_target = parsed.target;
-        let log_host = parsed.values("host").next();
-        let log_host = log_host.and_then(|h| std::str::from_utf8(h).ok());
-        let finish = |ctx: &mut RequestCtx, status| {
-            let line = RequestLine {
-                client: client_addr.as_ref(),
-                method: parsed.method,
-                target: &log_target,
-                host: log_host,
-                protocol: match parsed.http10 {
-                    true => "HTTP/1.0",
-                    false => "HTTP/1.1",
-                },
-            };
-            gw.finish(ctx, &line, status);
-        };
-        let announced_length = parsed.values("content-length").next().is_some();
-        let mut h1_body = H1Body::new(body, self.body_limits);
-        let outgoing = h1_body.outgoing(announced_length);
-        let whole =
-            !h1_body.is_done() && ahead.len() <= WHOLE_BODY_WITH_HEAD && h1_body.completes(ahead);
-        let mut request = H1Request {
-            http10: parsed.http10,
-            head_only: parsed.head_only(),
-            close: parsed.close || closing,
-            // RFC 9110 §10.1.1: an HTTP/1.0 client is never sent a 100.
-            expect_continue: parsed.expect_continue && !whole && !parsed.http10,
-            head_limit: self.head_limit,
-        };
-        let method = Method::from_bytes(parsed.method.as_bytes()).unwrap_or(Method::GET);
-        let (target, host) = match (method == Method::CONNECT, request_target(parsed.target)) {
-            (false, Some(target)) => {
-                let host = target.authority;
-                (target, host)
-            }
-            (connect, _) => {
-                let refusal = match connect {
-                    true => Refusal::error(405, "method-not-allowed"),
-                    false => Refusal::error(400, "invalid-target"),
-                };
-                let mut c = H1Client::new(&mut client, ahead, h1_body, request);
-                let status = self.answer(&mut c, &mut ctx, refusal, true).await;
-                (ctx.bytes_in, ctx.bytes_out) = c.counts();
-                finish(&mut ctx, status);
-                return None;
-            }
-        };
-        let view =
-            RequestView::from_raw(parsed.method, parsed.target, target.path(), &parsed.headers)
-                .with_authority(host);
-        let mut planned = gw.plan(&view, &mut ctx);
-        if planned.is_ok() {
-            h1_body.planned(gw.body_phase(&ctx), &ctx.upstream_edit, ctx.max_body);
-        }
-        // A body that came whole with its head goes with it (through the
-        // body phase and the edit, once planned), and stays sendable again.
-        let mut whole_body = None;
-        if whole {
-            match h1_body.take(ahead) {
-                Ok(bytes) => whole_body = Some(bytes),
-                // Refused (by its limits or the body phase), answered as
-                // any refusal; the connection closes after it (what is left
-                // of the body is not read as a request). A plan's refusal
-                // stands.
-                Err(e) => {
-                    request.close = true;
-                    if planned.is_ok() {
-                        let refusal = e.answer();
-                        planned =
-                            Err(refusal.unwrap_or_else(|| Refusal::error(400, "bad-request")));
-                    }
-                }
-            }
-        }
-        let mut c = H1Client::new(&mut client, ahead, h1_body, request);
-        let exchanged = match planned {
-            Err(refusal) => {
-                // The client's connection goes on only if its body was
-                // read whole (it came with the head).
-                let close = !c.body_done();
-                match self.answered(&mut c, &mut ctx, refusal, close).await {
-                    (status, true) => Exchanged::Done(status),
-                    (status, false) => Exchanged::Closed(status),
-                }
-            }
-            Ok(host_seen) => {
-                let tls = c.stream().get_ssl_digest().is_some();
-                let forwarding = self.forwarding(host_seen, tls, client_addr.as_ref(), &ctx);
-                let mut bytes = UpstreamHead {
-                    method: parsed.method,
-                    origin: &target.origin,
-                    host,
-                    fields: &parsed.headers,
-                    websocket: parsed.websocket,
-                    body: outgoing,
-                }
-                .write(&forwarding, &ctx.upstream_edit);
-                if let Some(whole) = &whole_body {
-                    bytes.extend_from_slice(whole);
-                }
-                let request = Request {
-                    method: &method,
-                    head_only: parsed.head_only(),
-                    websocket: parsed.websocket,
-                    bytes: Bytes::from(bytes),
-                };
-                self.exchange(&mut c, &request, &mut ctx).await
-            }
-        };
-        (ctx.bytes_in, ctx.bytes_out) = c.counts();
-        let unread = !c.body_done();
-        let keep = !c.close && !unread;
-        let status = match exchanged {
-            Exchanged::Done(status) if keep => {
-                finish(&mut ctx, status);
-                return Some(client);
-            }
-            Exchanged::Done(status) | Exchanged::Closed(status) => {
-                finish(&mut ctx, status);
-                if unread {
-                    // The client may still be sending its body: read it
-                    // off a while (its admission already released), so
-                    // that closing does not reset the answer away.
-                    linger(&mut client).await;
-                }
-                return None;
-            }
-            Exchanged::Upgraded(upstream) => {
-                // A tunnel may stay open for hours: of the head, only the
-                // target is kept (for the log).
-                let target = parsed.target.to_owned();
-                drop(c);
-                match self.open_tunnel(&mut client, ahead, upstream, &ctx).await {
-                    Some(upstream) => {
-                        let log = tunnel::TunnelLog {
-                            client: client_addr,
-                            target,
-                            host: log_host.map(str::to_owned),
-                        };
-                        self.spawn_tunnel(client, upstream, ctx, log);
-                        return None;
-                    }
-                    None => 101,
-                }
-            }
-        };
-        finish(&mut ctx, status);
-        None
     }
 
     /// The forwarding fields of a request from `client` for `host`.

@@ -1,0 +1,280 @@
+//! An HTTP/1 request on the fast transport, from its head to its answer:
+//! the head checked and planned, a body that came whole with it taken
+//! along, the exchange with the shard, and what becomes of the client's
+//! connection after it (kept, closed, or a tunnel).
+
+use super::body::H1Body;
+use super::downstream::{Downstream, H1Client, H1Request};
+use super::exchange::{Exchanged, Request};
+use super::request::{head_in, RequestHead, UpstreamHead};
+use super::{tunnel, FastPath, WHOLE_BODY_WITH_HEAD};
+use crate::proxy::client::linger;
+use crate::proxy::ctx::RequestCtx;
+use crate::proxy::head::Head;
+use crate::proxy::hooks::{RequestLine, RequestView};
+use crate::proxy::pipeline::answer::Refusal;
+use crate::proxy::pipeline::message::request_target;
+use bytes::{Bytes, BytesMut};
+use http::Method;
+use pingora::protocols::l4::socket::SocketAddr;
+use pingora::protocols::Stream;
+
+/// What the access log keeps of a request's head.
+struct Logged<'h> {
+    client: Option<&'h SocketAddr>,
+    method: &'h str,
+    target: &'h str,
+    host: Option<&'h str>,
+    http10: bool,
+}
+
+impl<'h> Logged<'h> {
+    fn of(head: &RequestHead<'h>, client: Option<&'h SocketAddr>) -> Self {
+        let host = head.values("host").next();
+        Logged {
+            client,
+            method: head.method,
+            target: head.target,
+            host: host.and_then(|h| std::str::from_utf8(h).ok()),
+            http10: head.http10,
+        }
+    }
+
+    fn line(&self) -> RequestLine<'_> {
+        RequestLine {
+            client: self.client,
+            method: self.method,
+            target: &self.target,
+            host: self.host,
+            protocol: match self.http10 {
+                true => "HTTP/1.0",
+                false => "HTTP/1.1",
+            },
+        }
+    }
+}
+
+impl FastPath {
+    /// Serves the HTTP/1 request whose whole head is `head` (read under
+    /// the head limits and the message rules by the front end; its body
+    /// framed by `body`). `ahead` holds what the client sent past the
+    /// head: the body's start, then the next request's, and it keeps
+    /// what is read past this request. `closing`: the server is shutting
+    /// down, so the connection closes after this request. The client
+    /// connection, if it may carry another request.
+    pub async fn serve(
+        &self,
+        mut client: Stream,
+        head: BytesMut,
+        read: Head,
+        ahead: &mut BytesMut,
+        closing: bool,
+    ) -> Option<Stream> {
+        let gw = &self.gateway;
+        let mut ctx = RequestCtx::default();
+        let client_addr = client
+            .get_socket_digest()
+            .and_then(|d| d.peer_addr().cloned());
+        let Some(parsed) = head_in(&head, &read.layout) else {
+            self.refuse_unparsable(&mut client, &mut ctx, client_addr.as_ref())
+                .await;
+            return None;
+        };
+        let logged = Logged::of(&parsed, client_addr.as_ref());
+        let announced_length = parsed.values("content-length").next().is_some();
+        let mut h1_body = H1Body::new(read.body, self.body_limits);
+        let outgoing = h1_body.outgoing(announced_length);
+        let whole =
+            !h1_body.is_done() && ahead.len() <= WHOLE_BODY_WITH_HEAD && h1_body.completes(ahead);
+        let mut request = H1Request {
+            http10: parsed.http10,
+            head_only: parsed.head_only(),
+            close: parsed.close || closing,
+            // RFC 9110 §10.1.1: an HTTP/1.0 client is never sent a 100.
+            expect_continue: parsed.expect_continue && !whole && !parsed.http10,
+            head_limit: self.head_limit,
+        };
+        let method = Method::from_bytes(parsed.method.as_bytes()).unwrap_or(Method::GET);
+        let target = match (method == Method::CONNECT, request_target(parsed.target)) {
+            (false, Some(target)) => target,
+            (connect, _) => {
+                let refusal = match connect {
+                    true => Refusal::error(405, "method-not-allowed"),
+                    false => Refusal::error(400, "invalid-target"),
+                };
+                let mut c = H1Client::new(&mut client, ahead, h1_body, request);
+                let status = self.answer(&mut c, &mut ctx, refusal, true).await;
+                (ctx.bytes_in, ctx.bytes_out) = c.counts();
+                gw.finish(&mut ctx, &logged.line(), status);
+                return None;
+            }
+        };
+        let host = target.authority;
+        let view =
+            RequestView::from_raw(parsed.method, parsed.target, target.path(), &parsed.headers)
+                .with_authority(host);
+        let mut planned = gw.plan(&view, &mut ctx);
+        if planned.is_ok() {
+            h1_body.planned(gw.body_phase(&ctx), &ctx.upstream_edit, ctx.max_body);
+        }
+        let whole_body = match whole {
+            true => take_whole_body(&mut h1_body, ahead, &mut request, &mut planned),
+            false => None,
+        };
+        let mut c = H1Client::new(&mut client, ahead, h1_body, request);
+        let exchanged = match planned {
+            Err(refusal) => self.refused(&mut c, &mut ctx, refusal).await,
+            Ok(host_seen) => {
+                let tls = c.stream().get_ssl_digest().is_some();
+                let forwarding = self.forwarding(host_seen, tls, client_addr.as_ref(), &ctx);
+                let mut bytes = UpstreamHead {
+                    method: parsed.method,
+                    origin: &target.origin,
+                    host,
+                    fields: &parsed.headers,
+                    websocket: parsed.websocket,
+                    body: outgoing,
+                }
+                .write(&forwarding, &ctx.upstream_edit);
+                if let Some(whole) = &whole_body {
+                    bytes.extend_from_slice(whole);
+                }
+                let request = Request {
+                    method: &method,
+                    head_only: parsed.head_only(),
+                    websocket: parsed.websocket,
+                    bytes: Bytes::from(bytes),
+                };
+                self.exchange(&mut c, &request, &mut ctx).await
+            }
+        };
+        (ctx.bytes_in, ctx.bytes_out) = c.counts();
+        let unread = !c.body_done();
+        let keep = !c.close && !unread;
+        drop(c);
+        let after = After {
+            exchanged,
+            keep,
+            unread,
+        };
+        self.conclude(client, ahead, after, ctx, &logged).await
+    }
+
+    /// The answer to a head that is no request (400), logged as `-`; the
+    /// connection closes after it.
+    async fn refuse_unparsable(
+        &self,
+        client: &mut Stream,
+        ctx: &mut RequestCtx,
+        client_addr: Option<&SocketAddr>,
+    ) {
+        let gw = &self.gateway;
+        let refusal = gw.identified(Refusal::error(400, "bad-request"), ctx);
+        ctx.bytes_out = refusal.body.len() as u64;
+        let _ = self.send_all(client, &refusal.http1(false, true)).await;
+        let line = RequestLine {
+            client: client_addr,
+            method: "-",
+            target: &"-",
+            host: None,
+            protocol: "HTTP/1.1",
+        };
+        gw.log_request(ctx, &line, 400);
+    }
+
+    /// A planned request refused: answered. The client's connection goes
+    /// on only if its body was read whole (it came with the head).
+    async fn refused(
+        &self,
+        c: &mut H1Client<'_>,
+        ctx: &mut RequestCtx,
+        refusal: Refusal,
+    ) -> Exchanged {
+        let close = !c.body_done();
+        match self.answered(c, ctx, refusal, close).await {
+            (status, true) => Exchanged::Done(status),
+            (status, false) => Exchanged::Closed(status),
+        }
+    }
+
+    /// The request is over: logged, and the client's connection handed
+    /// back for its next request, closed (after reading off a body still
+    /// coming), or, upgraded, made a tunnel.
+    async fn conclude(
+        &self,
+        mut client: Stream,
+        ahead: &mut BytesMut,
+        after: After,
+        mut ctx: RequestCtx,
+        logged: &Logged<'_>,
+    ) -> Option<Stream> {
+        let gw = &self.gateway;
+        let status = match after.exchanged {
+            Exchanged::Done(status) if after.keep => {
+                gw.finish(&mut ctx, &logged.line(), status);
+                return Some(client);
+            }
+            Exchanged::Done(status) | Exchanged::Closed(status) => {
+                gw.finish(&mut ctx, &logged.line(), status);
+                if after.unread {
+                    // The client may still be sending its body: read it
+                    // off a while (its admission already released), so
+                    // that closing does not reset the answer away.
+                    linger(&mut client).await;
+                }
+                return None;
+            }
+            Exchanged::Upgraded(upstream) => {
+                match self.open_tunnel(&mut client, ahead, upstream, &ctx).await {
+                    Some(upstream) => {
+                        // A tunnel may stay open for hours: of the head,
+                        // only the target is kept (for the log).
+                        let log = tunnel::TunnelLog {
+                            client: logged.client.cloned(),
+                            target: logged.target.to_owned(),
+                            host: logged.host.map(str::to_owned),
+                        };
+                        self.spawn_tunnel(client, upstream, ctx, log);
+                        return None;
+                    }
+                    None => 101,
+                }
+            }
+        };
+        gw.finish(&mut ctx, &logged.line(), status);
+        None
+    }
+}
+
+/// How an exchange left the client's connection.
+struct After {
+    exchanged: Exchanged,
+    /// It may carry another request.
+    keep: bool,
+    /// The client's body was not read whole.
+    unread: bool,
+}
+
+/// A body that came whole with its head goes with it (through the body
+/// phase and the edit, once planned), and stays sendable again. Refused
+/// (by its limits or the body phase), it is answered as any refusal; the
+/// connection closes after it (what is left of the body is not read as a
+/// request). A plan's refusal stands.
+fn take_whole_body(
+    body: &mut H1Body,
+    ahead: &mut BytesMut,
+    request: &mut H1Request,
+    planned: &mut Result<&str, Refusal>,
+) -> Option<Bytes> {
+    match body.take(ahead) {
+        Ok(bytes) => Some(bytes),
+        Err(e) => {
+            request.close = true;
+            if planned.is_ok() {
+                let refusal = e.answer();
+                *planned = Err(refusal.unwrap_or_else(|| Refusal::error(400, "bad-request")));
+            }
+            None
+        }
+    }
+}
