@@ -1,7 +1,8 @@
 //! Configuration: one YAML file, parsed into raw structs (`raw.rs`), then
-//! validated into [`Config`] (`validate.rs`). Nothing past this module sees
-//! an `Option` that validation should have settled, and every error names
-//! the field (and, where the YAML parser knows it, the line and column).
+//! validated into [`Config`] (`validate/`, one file per section). Nothing
+//! past this module sees an `Option` that validation should have settled,
+//! and every error names the field (and, where the YAML parser knows it,
+//! the line and column).
 
 mod locate;
 mod raw;

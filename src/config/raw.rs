@@ -1,5 +1,5 @@
 //! The file format exactly as written: serde structs that reject unknown
-//! keys. Nothing here is validated beyond types; `validate.rs` turns these
+//! keys. Nothing here is validated beyond types; `validate/` turns these
 //! into the `Config` the rest of the program uses.
 
 use serde::de::{self, Deserializer, MapAccess, Visitor};

@@ -1,0 +1,100 @@
+//! `server` and `listen`: the process Pingora runs and the sockets it
+//! accepts on.
+
+use super::{socket_addr, Checker};
+use crate::config::raw::{RawListen, RawListenTls, RawServer};
+use crate::config::{Listener, ListenerTls, Scheme, ServerSettings};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+pub(super) fn check_server(c: &mut Checker<'_>, s: RawServer) -> ServerSettings {
+    let threads = s.threads.unwrap_or(2);
+    if threads == 0 {
+        c.error("server.threads", "must be at least 1");
+    }
+    let listener_tasks_per_fd = s.listener_tasks_per_fd.unwrap_or(1);
+    if listener_tasks_per_fd == 0 {
+        c.error("server.listener_tasks_per_fd", "must be at least 1");
+    }
+    ServerSettings {
+        threads,
+        pid_file: s
+            .pid_file
+            .unwrap_or_else(|| "/tmp/shardgate.pid".to_string()),
+        upgrade_sock: s
+            .upgrade_sock
+            .unwrap_or_else(|| "/tmp/shardgate_upgrade.sock".to_string()),
+        daemon: s.daemon.unwrap_or(false),
+        error_log: s.error_log,
+        user: s.user,
+        group: s.group,
+        working_directory: s.working_directory.map(PathBuf::from),
+        grace_period_seconds: s.grace_period_seconds.unwrap_or(5),
+        graceful_shutdown_timeout_seconds: s.graceful_shutdown_timeout_seconds.unwrap_or(5),
+        work_stealing: s.work_stealing.unwrap_or(true),
+        fast_path: s.fast_path.unwrap_or(true),
+        listener_tasks_per_fd,
+        upstream_keepalive_pool_size: s.upstream_keepalive_pool_size.unwrap_or(1024),
+        ca_file: s.ca_file,
+    }
+}
+
+pub(super) fn check_listen(c: &mut Checker<'_>, listen: Vec<RawListen>) -> Vec<Listener> {
+    if listen.is_empty() {
+        c.error("listen", "at least one listener is needed");
+    }
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for (i, l) in listen.into_iter().enumerate() {
+        let field = format!("listen[{i}].addr");
+        let Some(addr) = socket_addr(c, &field, &l.addr) else {
+            continue;
+        };
+        if !seen.insert(addr) {
+            c.error(field, format!("`{addr}` is listed twice"));
+        }
+        let tls = match l.tls {
+            None | Some(RawListenTls::Section(false)) => ListenerTls::Off,
+            Some(RawListenTls::Section(true)) => ListenerTls::Section,
+            Some(RawListenTls::Files(t)) => {
+                for (name, path) in [("cert", &t.cert), ("key", &t.key)] {
+                    if !Path::new(path).is_file() {
+                        c.error(
+                            format!("listen[{i}].tls.{name}"),
+                            format!("`{path}`: no such file"),
+                        );
+                    }
+                }
+                ListenerTls::Files(PathBuf::from(t.cert), PathBuf::from(t.key))
+            }
+        };
+        if l.redirect_https && tls.is_on() {
+            c.error(
+                format!("listen[{i}].redirect_https"),
+                "a TLS listener cannot redirect to https: it is https",
+            );
+        }
+        out.push(Listener {
+            addr,
+            tls,
+            redirect_https: l.redirect_https,
+        });
+    }
+    out
+}
+
+/// `public_protocol`: the scheme clients used in front of shardgate, when a
+/// load balancer ahead of it ends TLS.
+pub(super) fn check_public_protocol(c: &mut Checker<'_>, protocol: Option<&str>) -> Option<Scheme> {
+    protocol.and_then(|p| match p {
+        "http" => Some(Scheme::Http),
+        "https" => Some(Scheme::Https),
+        other => {
+            c.error(
+                "public_protocol",
+                format!("`{other}`: expected http or https"),
+            );
+            None
+        }
+    })
+}
