@@ -6,14 +6,15 @@
 use super::body::H1Body;
 use super::downstream::{Downstream, H1Client, H1Request};
 use super::exchange::{Exchanged, Request};
-use super::request::{head_in, RequestHead, UpstreamHead};
+use super::request::{head_in, Outgoing, RequestHead, UpstreamHead};
 use super::{tunnel, FastPath, WHOLE_BODY_WITH_HEAD};
 use crate::proxy::client::linger;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::head::Head;
-use crate::proxy::hooks::{RequestLine, RequestView};
+use crate::proxy::hooks::{RequestLine, RequestView, UpstreamEdit};
 use crate::proxy::pipeline::answer::Refusal;
-use crate::proxy::pipeline::message::request_target;
+use crate::proxy::pipeline::fields::Forwarding;
+use crate::proxy::pipeline::message::{request_target, Target};
 use bytes::{Bytes, BytesMut};
 use http::Method;
 use pingora::protocols::l4::socket::SocketAddr;
@@ -86,14 +87,7 @@ impl FastPath {
         let outgoing = h1_body.outgoing(announced_length);
         let whole =
             !h1_body.is_done() && ahead.len() <= WHOLE_BODY_WITH_HEAD && h1_body.completes(ahead);
-        let mut request = H1Request {
-            http10: parsed.http10,
-            head_only: parsed.head_only(),
-            close: parsed.close || closing,
-            // RFC 9110 §10.1.1: an HTTP/1.0 client is never sent a 100.
-            expect_continue: parsed.expect_continue && !whole && !parsed.http10,
-            head_limit: self.head_limit,
-        };
+        let mut request = client_side(&parsed, closing, whole, self.head_limit);
         let method = Method::from_bytes(parsed.method.as_bytes()).unwrap_or(Method::GET);
         let target = match (method == Method::CONNECT, request_target(parsed.target)) {
             (false, Some(target)) => target,
@@ -109,10 +103,9 @@ impl FastPath {
                 return None;
             }
         };
-        let host = target.authority;
         let view =
             RequestView::from_raw(parsed.method, parsed.target, target.path(), &parsed.headers)
-                .with_authority(host);
+                .with_authority(target.authority);
         let mut planned = gw.plan(&view, &mut ctx);
         if planned.is_ok() {
             h1_body.planned(gw.body_phase(&ctx), &ctx.upstream_edit, ctx.max_body);
@@ -127,36 +120,20 @@ impl FastPath {
             Ok(host_seen) => {
                 let tls = c.stream().get_ssl_digest().is_some();
                 let forwarding = self.forwarding(host_seen, tls, client_addr.as_ref(), &ctx);
-                let mut bytes = UpstreamHead {
-                    method: parsed.method,
-                    origin: &target.origin,
-                    host,
-                    fields: &parsed.headers,
-                    websocket: parsed.websocket,
-                    body: outgoing,
-                }
-                .write(&forwarding, &ctx.upstream_edit);
-                if let Some(whole) = &whole_body {
-                    bytes.extend_from_slice(whole);
-                }
+                let edit = &ctx.upstream_edit;
+                let bytes =
+                    upstream_bytes(&parsed, &target, outgoing, whole_body, &forwarding, edit);
                 let request = Request {
                     method: &method,
                     head_only: parsed.head_only(),
                     websocket: parsed.websocket,
-                    bytes: Bytes::from(bytes),
+                    bytes,
                 };
                 self.exchange(&mut c, &request, &mut ctx).await
             }
         };
-        (ctx.bytes_in, ctx.bytes_out) = c.counts();
-        let unread = !c.body_done();
-        let keep = !c.close && !unread;
+        let after = After::of(exchanged, &c, &mut ctx);
         drop(c);
-        let after = After {
-            exchanged,
-            keep,
-            unread,
-        };
         self.conclude(client, ahead, after, ctx, &logged).await
     }
 
@@ -255,6 +232,19 @@ struct After {
     unread: bool,
 }
 
+impl After {
+    /// Also counts the bytes of the exchange into `ctx` (for the log).
+    fn of(exchanged: Exchanged, c: &H1Client<'_>, ctx: &mut RequestCtx) -> After {
+        (ctx.bytes_in, ctx.bytes_out) = c.counts();
+        let unread = !c.body_done();
+        After {
+            exchanged,
+            keep: !c.close && !unread,
+            unread,
+        }
+    }
+}
+
 /// A body that came whole with its head goes with it (through the body
 /// phase and the edit, once planned), and stays sendable again. Refused
 /// (by its limits or the body phase), it is answered as any refusal; the
@@ -277,4 +267,41 @@ fn take_whole_body(
             None
         }
     }
+}
+
+/// How the client's side of the exchange is framed and kept.
+fn client_side(head: &RequestHead<'_>, closing: bool, whole: bool, head_limit: usize) -> H1Request {
+    H1Request {
+        http10: head.http10,
+        head_only: head.head_only(),
+        close: head.close || closing,
+        // RFC 9110 §10.1.1: an HTTP/1.0 client is never sent a 100.
+        expect_continue: head.expect_continue && !whole && !head.http10,
+        head_limit,
+    }
+}
+
+/// The bytes that go to the shard first: the upstream head, and the body
+/// when it came whole with its head.
+fn upstream_bytes(
+    head: &RequestHead<'_>,
+    target: &Target<'_>,
+    outgoing: Outgoing,
+    whole_body: Option<Bytes>,
+    forwarding: &Forwarding<'_>,
+    edit: &UpstreamEdit,
+) -> Bytes {
+    let mut bytes = UpstreamHead {
+        method: head.method,
+        origin: &target.origin,
+        host: target.authority,
+        fields: &head.headers,
+        websocket: head.websocket,
+        body: outgoing,
+    }
+    .write(forwarding, edit);
+    if let Some(whole) = &whole_body {
+        bytes.extend_from_slice(whole);
+    }
+    Bytes::from(bytes)
 }
