@@ -11,7 +11,7 @@ use super::fast::FastPath;
 use super::head::{read_head, Head, HeadError, HeadFailure, HeadLimits};
 use super::hooks::RequestLine;
 use super::pipeline::answer::Refusal;
-use super::pipeline::edge::edge_answer;
+use super::pipeline::edge::{edge_answer, EdgeAnswer};
 use super::pipeline::framing::Framing;
 use super::Gateway;
 use crate::tls::{Edge, Roles};
@@ -249,31 +249,8 @@ where
         let mut ahead = buf.split_off(head.len);
         if let (false, Some((_, edge))) = (tls, &self.edge) {
             if let Some(answer) = edge_answer(&buf, redirect, edge) {
-                // A request with a body (or a protocol switch) is not
-                // read on: the connection closes after the answer.
-                let bodiless = matches!(head.body, Framing::Length(0));
-                let more = bodiless && !answer.close && !*shutdown.borrow();
-                let mut ctx = RequestCtx::default();
-                let reply = self.identified(answer.answer, &ctx);
-                let sent = async {
-                    stream
-                        .write_all(&reply.http1(answer.head_only, answer.close))
-                        .await?;
-                    stream.flush().await
-                };
-                let sent = tokio::time::timeout(self.limits.keepalive_timeout, sent).await;
-                let sent = matches!(sent, Ok(Ok(())));
-                let status = if sent { reply.status } else { 0 };
-                if sent && !answer.head_only {
-                    ctx.bytes_out = reply.body.len() as u64;
-                }
-                self.log_head(&mut ctx, &stream, &buf, status);
-                if sent && more {
-                    return Some((stream, Next { ahead, settings }));
-                }
-                let _ = tokio::time::timeout(Duration::from_secs(1), stream.shutdown()).await;
-                linger(&mut stream).await;
-                return None;
+                let more = self.answer_at_edge(&mut stream, &buf, &head.body, answer, shutdown);
+                return more.await.then_some((stream, Next { ahead, settings }));
             }
         }
         // A broken chunked body whose start came with the head is
@@ -291,15 +268,64 @@ where
             let stream = fast.serve(stream, buf, head, &mut ahead, closing).await?;
             return Some((stream, Next { ahead, settings }));
         }
-        // Pingora's path: the head and the body bytes read with it are
-        // this request's; anything after them is the next one's.
-        let mut body = head.body;
+        self.serve_on_pingora(stream, buf, head.body, ahead, settings, shutdown)
+            .await
+    }
+
+    /// An answer at the edge, with no shard (a redirect to HTTPS, a bad
+    /// host); whether the connection serves another request. A request
+    /// with a body (or a protocol switch) is not read on: the connection
+    /// closes after the answer.
+    async fn answer_at_edge(
+        &self,
+        stream: &mut Stream,
+        head: &[u8],
+        body: &Framing,
+        answer: EdgeAnswer,
+        shutdown: &ShutdownWatch,
+    ) -> bool {
+        let bodiless = matches!(body, Framing::Length(0));
+        let more = bodiless && !answer.close && !*shutdown.borrow();
+        let mut ctx = RequestCtx::default();
+        let reply = self.identified(answer.answer, &ctx);
+        let sent = async {
+            stream
+                .write_all(&reply.http1(answer.head_only, answer.close))
+                .await?;
+            stream.flush().await
+        };
+        let sent = tokio::time::timeout(self.limits.keepalive_timeout, sent).await;
+        let sent = matches!(sent, Ok(Ok(())));
+        let status = if sent { reply.status } else { 0 };
+        if sent && !answer.head_only {
+            ctx.bytes_out = reply.body.len() as u64;
+        }
+        self.log_head(&mut ctx, stream, head, status);
+        if sent && more {
+            return true;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), stream.shutdown()).await;
+        linger(stream).await;
+        false
+    }
+
+    /// The request on Pingora's proxy: the head and the body bytes read
+    /// with it are this request's; anything after them is the next one's.
+    async fn serve_on_pingora(
+        self: &Arc<Self>,
+        stream: Stream,
+        mut buf: BytesMut,
+        mut body: Framing,
+        ahead: BytesMut,
+        settings: Option<pingora::apps::HttpPersistentSettings>,
+        shutdown: &ShutdownWatch,
+    ) -> Option<(Stream, Next)> {
         let mut rest = ahead;
         let used = body.consume(&rest).unwrap_or_else(|_| {
             body = Framing::UntilClose;
             rest.len()
         });
-        ahead = rest.split_off(used);
+        let mut ahead = rest.split_off(used);
         buf.unsplit(rest);
         if matches!(body, Framing::UntilClose) {
             // A protocol switch: whatever the client sent past the head
