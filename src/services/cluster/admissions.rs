@@ -13,7 +13,18 @@ impl Syncer {
     /// reads every other live node's.
     pub(super) async fn share_admissions(&mut self) {
         let me = self.shared().node_id().to_string();
-        let key = self.caps_key(&me);
+        let changes = self.admission_changes();
+        if !changes.is_empty() {
+            self.write_admissions(&me, changes).await;
+        }
+        if let Some(others) = self.read_others_admissions(&me).await {
+            self.shared().set_others(others);
+        }
+    }
+
+    /// What changed since the last write: tracked tenants whose count
+    /// moved, and written ones no longer tracked (to 0).
+    fn admission_changes(&self) -> Vec<(CompactString, u64)> {
         let router = &self.control.router;
         let mut changes: Vec<(CompactString, u64)> = Vec::new();
         for tenant in self.tracked.keys() {
@@ -27,35 +38,46 @@ impl Syncer {
                 changes.push((tenant.clone(), 0));
             }
         }
-        if !changes.is_empty() {
-            let mut set = redis::cmd("HSET");
-            set.arg(&key);
-            let mut del = redis::cmd("HDEL");
-            del.arg(&key);
-            let (mut sets, mut dels) = (0, 0);
-            for (tenant, n) in &changes {
-                if *n > 0 {
-                    set.arg(tenant.as_str()).arg(*n);
-                    sets += 1;
-                } else {
-                    del.arg(tenant.as_str());
-                    dels += 1;
-                }
+        changes
+    }
+
+    /// Writes the changes to this node's hash (a count of 0 removes the
+    /// tenant), keeps the hash alive for a node's TTL, and remembers them
+    /// as written once Redis took them all.
+    async fn write_admissions(&mut self, me: &str, changes: Vec<(CompactString, u64)>) {
+        let key = self.caps_key(me);
+        let mut set = redis::cmd("HSET");
+        set.arg(&key);
+        let mut del = redis::cmd("HDEL");
+        del.arg(&key);
+        let (mut sets, mut dels) = (0, 0);
+        for (tenant, n) in &changes {
+            if *n > 0 {
+                set.arg(tenant.as_str()).arg(*n);
+                sets += 1;
+            } else {
+                del.arg(tenant.as_str());
+                dels += 1;
             }
-            let ok_set = sets == 0 || self.query::<i64>("caps", &set).await.is_some();
-            let ok_del = dels == 0 || self.query::<i64>("caps", &del).await.is_some();
-            let expire = redis::cmd("PEXPIRE").arg(&key).arg(NODE_TTL_MS).to_owned();
-            let _ = self.query::<i64>("caps", &expire).await;
-            if ok_set && ok_del {
-                for (tenant, n) in changes {
-                    if n > 0 {
-                        self.caps_written.insert(tenant, n);
-                    } else {
-                        self.caps_written.remove(&tenant);
-                    }
+        }
+        let ok_set = sets == 0 || self.query::<i64>("caps", &set).await.is_some();
+        let ok_del = dels == 0 || self.query::<i64>("caps", &del).await.is_some();
+        let expire = redis::cmd("PEXPIRE").arg(&key).arg(NODE_TTL_MS).to_owned();
+        let _ = self.query::<i64>("caps", &expire).await;
+        if ok_set && ok_del {
+            for (tenant, n) in changes {
+                if n > 0 {
+                    self.caps_written.insert(tenant, n);
+                } else {
+                    self.caps_written.remove(&tenant);
                 }
             }
         }
+    }
+
+    /// Every other live node's admissions per tenant, summed; `None` once
+    /// Redis cannot be reached (the last sums stay).
+    async fn read_others_admissions(&mut self, me: &str) -> Option<HashMap<CompactString, u64>> {
         let mut others: HashMap<CompactString, u64> = HashMap::new();
         for node in self.shared().alive_ids().iter() {
             if *node == me {
@@ -67,7 +89,7 @@ impl Syncer {
                     // This node's hash is damaged: the others still count.
                     continue;
                 }
-                return;
+                return None;
             };
             for (tenant, n) in text_pairs(theirs) {
                 // A count no node wrote is skipped; a sum stays far from
@@ -79,6 +101,6 @@ impl Syncer {
                 *sum = sum.saturating_add(n).min(u64::from(u32::MAX));
             }
         }
-        self.shared().set_others(others);
+        Some(others)
     }
 }
