@@ -2,7 +2,7 @@
 //! Redis: the mode limits run in, the number of nodes a share is divided
 //! by, the other nodes' admissions, the tenants to settle, and the state
 //! changes waiting to be published. The cluster service
-//! (`services/cluster/service.rs`) fills it from Redis in the background; nothing here ever waits on it.
+//! (`services/cluster/`) fills it from Redis in the background; nothing here ever waits on it.
 
 use crate::config::{ClusterConfig, OnRedisDown};
 use crate::limits::{Ledger, Mode};

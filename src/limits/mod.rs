@@ -7,6 +7,7 @@ mod admission;
 mod bucket;
 mod deny;
 mod lease;
+mod lease_check;
 pub mod plans;
 mod tenants;
 
@@ -318,115 +319,6 @@ impl Limits {
             _ => 0,
         };
         self.evaluate(&mut buckets, active, route, now, Spend::Nothing, true)
-    }
-
-    /// [`Limits::check`] in cluster mode. The cap counts the other nodes'
-    /// admissions as last read; the buckets hold this node's lease and are
-    /// refilled by the cluster service, never here. A tenant the node holds
-    /// no lease for opens one on credit: `1/N` of each bucket (N = nodes
-    /// alive), charged to the shared bucket at the next settle.
-    fn check_shared(
-        &self,
-        shared: &dyn Ledger,
-        entry: &TenantEntry,
-        state: &mut TenantState,
-        route: Option<u16>,
-        now: f64,
-        spend: Spend,
-    ) -> Verdict<'_> {
-        match shared.mode() {
-            Mode::Allow => {
-                count_admission(entry, Verdict::Admit, spend);
-                return Verdict::Admit;
-            }
-            Mode::Deny if self.any() => {
-                return Verdict::RateLimited {
-                    bucket: Bucket::Tenant,
-                    retry_after_secs: Some(shared.sync_interval().as_secs_f64().max(1.0)),
-                }
-            }
-            Mode::Deny | Mode::Shared => {}
-        }
-        let active = match self.connection_cap {
-            None => entry.active(),
-            // Redis down (local-share): the cap divided by the nodes last
-            // seen alive, i.e. this node's admissions counted N times.
-            Some(_) if !shared.redis_up() => entry.active() * shared.nodes_alive() as u64,
-            Some(_) => entry
-                .active()
-                .saturating_add(shared.others_active(entry.id())),
-        };
-        let n = shared.nodes_alive();
-        // No lease yet, or one given back: the next request opens one. So
-        // does a tenant moved here from an unlimited plan (its bucket holds
-        // unlimited tokens): its share on credit, not the whole capacity.
-        if !self.rate.is_unlimited() && state.buckets.tenant.tokens.is_infinite() {
-            if let Some(slot) = state.shared.as_deref_mut() {
-                slot.reopen(now);
-            }
-        }
-        let opening = state.shared.as_ref().is_none_or(|s| s.dormant.is_some());
-        if spend == Spend::Nothing {
-            let (mut copy, mut slot) = match &state.shared {
-                Some(slot) => (state.buckets.clone(), SharedSlot::clone(slot)),
-                None => (self.fresh_buckets(now), SharedSlot::default()),
-            };
-            if opening {
-                self.open_lease(&mut slot, &mut copy, n, now);
-            }
-            return self.evaluate(&mut copy, active, route, now, spend, false);
-        }
-        if state.shared.is_none() {
-            state.buckets = self.fresh_buckets(now);
-        }
-        let slot = state.shared.get_or_insert_with(Box::default);
-        if opening {
-            self.open_lease(slot, &mut state.buckets, n, now);
-        }
-        let route = route.filter(|i| usize::from(*i) < self.routes.len());
-        if let Some(index) = route {
-            let rule = &self.routes[usize::from(index)].1;
-            // A route bucket an unlimited plan left opens a share too.
-            state
-                .buckets
-                .routes
-                .retain(|(i, b)| *i != index || rule.is_unlimited() || b.tokens.is_finite());
-            if !state.buckets.routes.iter().any(|(i, _)| *i == index) {
-                let share = slot.opening_share(rule, n, now);
-                state
-                    .buckets
-                    .routes
-                    .push((index, TokenBucket::full(rule, now)));
-                if let Some((_, b)) = state.buckets.routes.last_mut() {
-                    b.tokens = share;
-                }
-                slot.add_route_credit(index, share);
-            }
-        }
-        slot.dormant = None;
-        let verdict = self.evaluate(&mut state.buckets, active, route, now, spend, false);
-        count_admission(entry, verdict, spend);
-        // Refused requests queue the tenant too: a node whose lease ran dry
-        // is topped up at the next settle.
-        if let Some(slot) = &mut state.shared {
-            if !slot.queued {
-                slot.queued = true;
-                shared.enqueue(entry.id());
-            }
-        }
-        verdict
-    }
-
-    /// Opens a lease on credit: the tenant bucket holds the slot's opening
-    /// share (`1/N` of the rule, or of what a given-back bucket holds by
-    /// now), which the slot owes until the next settle.
-    fn open_lease(&self, slot: &mut SharedSlot, buckets: &mut TenantBuckets, n: f64, now: f64) {
-        if self.rate.is_unlimited() {
-            return;
-        }
-        let share = slot.opening_share(&self.rate, n, now);
-        buckets.tenant.tokens = share;
-        slot.credit += share;
     }
 
     fn evaluate(

@@ -4,8 +4,12 @@
 //! allowances (`oneoff.rs`). What it fills, and what the request path
 //! reads, is `cluster::Shared`; the Redis keys are listed in `cluster`.
 
+mod admissions;
 mod oneoff;
+mod outage;
 mod regions;
+mod runtime_state;
 mod service;
+mod settle;
 
 pub use service::ClusterService;
