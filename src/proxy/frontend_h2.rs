@@ -9,14 +9,20 @@ use super::fast::h2::Served;
 use super::fast::FastPath;
 use super::frontend::{peer, Frontend};
 use super::hooks::RequestLine;
+use futures_util::future::Either;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
 use pingora::apps::HttpServerApp;
+use pingora::protocols::http::v2::server::H2Accept;
 use pingora::protocols::http::v2::server::HttpSession as H2Session;
+use pingora::protocols::Digest;
 use pingora::protocols::Stream;
 use pingora::server::ShutdownWatch;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
+use tokio::time::Instant;
 
 /// The streams in flight on an HTTP/2 connection, and a wake-up when the
 /// last one ends (its idle timeout starts then).
@@ -34,6 +40,18 @@ impl InFlight {
         this.count.fetch_add(1, Ordering::AcqRel);
         Started(Arc::clone(this))
     }
+
+    /// Ends once nothing is in flight and then `first_at` came (no first
+    /// stream yet), or `idle_timeout` passed.
+    async fn idle_until(&self, first_at: Option<Instant>, idle_timeout: Option<Duration>) {
+        while self.count.load(Ordering::Acquire) != 0 {
+            self.idle.notified().await;
+        }
+        match first_at {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => tokio::time::sleep(idle_timeout.unwrap_or_default()).await,
+        }
+    }
 }
 
 impl Drop for Started {
@@ -42,6 +60,16 @@ impl Drop for Started {
             self.0.idle.notify_one();
         }
     }
+}
+
+/// What the connection's digest says of `stream` (shared by its streams).
+fn digest_of(stream: &Stream) -> Arc<Digest> {
+    Arc::new(Digest {
+        ssl_digest: stream.get_ssl_digest(),
+        timing_digest: stream.get_timing_digest(),
+        proxy_digest: stream.get_proxy_digest(),
+        socket_digest: stream.get_socket_digest(),
+    })
 }
 
 /// Serves a stream on the fast transport, counted in flight until done.
@@ -148,45 +176,10 @@ where
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) {
-        use futures_util::future::Either;
-        use futures_util::stream::{FuturesUnordered, StreamExt};
-        use futures_util::FutureExt;
-        use pingora::protocols::http::v2::server::{handshake, H2Accept};
-        use pingora::protocols::Digest;
-        use pingora::ErrorType::ReadError;
-        let digest = Arc::new(Digest {
-            ssl_digest: stream.get_ssl_digest(),
-            timing_digest: stream.get_timing_digest(),
-            proxy_digest: stream.get_proxy_digest(),
-            socket_digest: stream.get_socket_digest(),
-        });
-        let first_by = tokio::time::Instant::now() + self.limits.keepalive_timeout;
-        // The h2 crate's handshake takes about 28 KiB of buffers: a client
-        // that finished TLS and sent nothing yet holds none of them. Its
-        // first bytes are read first, put back in front, under the same
-        // deadline as the handshake.
-        let options = self.inner.h2_options();
-        let handshake = async move {
-            let mut stream = stream;
-            let mut start = [0u8; 24]; // a preface's length
-            let read = stream.read(&mut start).await;
-            let n =
-                read.map_err(|e| pingora::Error::because(ReadError, "before the preface", e))?;
-            if n == 0 {
-                return pingora::Error::e_explain(ReadError, "closed before the preface");
-            }
-            handshake(Box::new(Rewound::new(stream, &start[..n])), options).await
-        };
-        let mut conn = match tokio::time::timeout_at(first_by, handshake).await {
-            Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => {
-                log::debug!("HTTP/2 handshake with a client failed: {e}");
-                return;
-            }
-            Err(_) => {
-                log::debug!("an HTTP/2 client sent no preface in time: closed");
-                return;
-            }
+        let digest = digest_of(&stream);
+        let first_by = Instant::now() + self.limits.keepalive_timeout;
+        let Some(mut conn) = self.handshake_h2(stream, first_by).await else {
+            return;
         };
         let idle_timeout = self.inner.server_options().and_then(|o| o.h2_idle_timeout);
         let active = Arc::new(InFlight::default());
@@ -201,15 +194,7 @@ where
         loop {
             // Until a first stream is served, the connection's deadline.
             let first_at = (resets.accepted == 0).then_some(first_by);
-            let idle = async {
-                while active.count.load(Ordering::Acquire) != 0 {
-                    active.idle.notified().await;
-                }
-                match first_at {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => tokio::time::sleep(idle_timeout.unwrap_or_default()).await,
-                }
-            };
+            let idle = active.idle_until(first_at, idle_timeout);
             let accepted = tokio::select! {
                 biased;
                 _ = watch.changed(), if !closing => {
@@ -245,18 +230,7 @@ where
             // A stream its client already reset is dropped here: it spends
             // no token and reaches no shard.
             if session.idle().now_or_never().is_some() {
-                let req = session.req_header();
-                let client = peer(digest.socket_digest.as_ref());
-                {
-                    let line = RequestLine {
-                        client: client.as_ref(),
-                        method: req.method.as_str(),
-                        target: &req.uri,
-                        host: req.uri.authority().map(|a| a.as_str()),
-                        protocol: "HTTP/2",
-                    };
-                    self.log(&mut RequestCtx::default(), &line, 0);
-                }
+                self.log_unserved(&session, &digest);
                 if resets.reset(false) {
                     self.calm(&mut conn, &resets).await;
                     break;
@@ -265,16 +239,7 @@ where
             }
             resets.accepted += 1;
             let started = InFlight::start(&active);
-            let serve = match fast {
-                Some(fast) => Either::Left(serve_stream(fast, session, started)),
-                None => Either::Right(serve_stream_on_pingora(
-                    Arc::clone(&self.inner),
-                    session,
-                    shutdown.clone(),
-                    started,
-                )),
-            };
-            local.push(std::panic::AssertUnwindSafe(serve).catch_unwind());
+            local.push(self.stream_served(fast, session, started, shutdown));
         }
         // The connection is over: streams still in flight see it closed
         // once it is dropped, and end.
@@ -282,6 +247,82 @@ where
         while let Some(done) = local.next().await {
             report(done);
         }
+    }
+
+    /// A stream's course on the fast transport or Pingora's proxy, with a
+    /// panic in it caught (it ends that stream only).
+    fn stream_served<'f>(
+        &self,
+        fast: Option<&'f FastPath>,
+        session: Box<H2Session>,
+        started: Started,
+        shutdown: &ShutdownWatch,
+    ) -> impl std::future::Future<Output = std::thread::Result<Served>> + 'f {
+        let serve = match fast {
+            Some(fast) => Either::Left(serve_stream(fast, session, started)),
+            None => {
+                let inner = Arc::clone(&self.inner);
+                Either::Right(serve_stream_on_pingora(
+                    inner,
+                    session,
+                    shutdown.clone(),
+                    started,
+                ))
+            }
+        };
+        std::panic::AssertUnwindSafe(serve).catch_unwind()
+    }
+
+    /// The connection's HTTP/2 handshake, by `first_by` (`None`: failed,
+    /// or no preface in time; the socket closes).
+    async fn handshake_h2(
+        &self,
+        stream: Stream,
+        first_by: Instant,
+    ) -> Option<h2::server::Connection<Stream, bytes::Bytes>> {
+        use pingora::protocols::http::v2::server::handshake;
+        use pingora::ErrorType::ReadError;
+        // The h2 crate's handshake takes about 28 KiB of buffers: a client
+        // that finished TLS and sent nothing yet holds none of them. Its
+        // first bytes are read first, put back in front, under the same
+        // deadline as the handshake.
+        let options = self.inner.h2_options();
+        let handshake = async move {
+            let mut stream = stream;
+            let mut start = [0u8; 24]; // a preface's length
+            let read = stream.read(&mut start).await;
+            let n =
+                read.map_err(|e| pingora::Error::because(ReadError, "before the preface", e))?;
+            if n == 0 {
+                return pingora::Error::e_explain(ReadError, "closed before the preface");
+            }
+            handshake(Box::new(Rewound::new(stream, &start[..n])), options).await
+        };
+        match tokio::time::timeout_at(first_by, handshake).await {
+            Ok(Ok(conn)) => Some(conn),
+            Ok(Err(e)) => {
+                log::debug!("HTTP/2 handshake with a client failed: {e}");
+                None
+            }
+            Err(_) => {
+                log::debug!("an HTTP/2 client sent no preface in time: closed");
+                None
+            }
+        }
+    }
+
+    /// Logs a stream its client reset before it was served (status 0).
+    fn log_unserved(&self, session: &H2Session, digest: &pingora::protocols::Digest) {
+        let req = session.req_header();
+        let client = peer(digest.socket_digest.as_ref());
+        let line = RequestLine {
+            client: client.as_ref(),
+            method: req.method.as_str(),
+            target: &req.uri,
+            host: req.uri.authority().map(|a| a.as_str()),
+            protocol: "HTTP/2",
+        };
+        self.log(&mut RequestCtx::default(), &line, 0);
     }
 
     /// Ends a connection whose client resets streams faster than it lets
