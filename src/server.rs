@@ -17,13 +17,15 @@ use crate::proxy::wrap::{GatewayWrapper, Wrapped};
 use crate::proxy::Gateway;
 use crate::state::{StateFile, StateWriter};
 use async_trait::async_trait;
+use pingora::apps::ServerApp;
 use pingora::listeners::{L4BufferSettings, ListenerConfig};
+use pingora::protocols::l4::ext::TcpKeepalive;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::ShutdownWatch;
 use pingora::server::{RunArgs, Server};
 use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
-use pingora_proxy::ProxyHttp;
+use pingora_proxy::{HttpProxy, ProxyHttp};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -141,165 +143,245 @@ impl Builder {
             fast_transport,
         } = self;
         let conf = server_conf(&config.server, config.retry.attempts);
-        let control = Arc::new(Control::new(config, hooks)?);
-        if let Some(state) = &control.config.state {
-            crate::state::load(&control, &state.path);
-        }
-        if let Some(cluster) = &control.cluster {
-            cluster.forget_local_replay();
-        }
+        let control = shared_state(config, hooks)?;
         let mut server = Server::new_with_opt_and_conf(opt, conf);
         server.bootstrap();
-        let limits = &control.config.limits;
         let gateway = Gateway::new(Arc::clone(&control));
-        let fast = match fast_transport && control.config.server.fast_path {
-            true => Some(FastPath::new(gateway.clone())?),
-            false => None,
-        };
+        let fast = fast_transport_for(&gateway, fast_transport, &control)?;
         let fast_on = fast.is_some();
-        if !fast_transport && control.config.server.fast_path {
-            log::info!(
-                "a wrapped proxy: every request takes Pingora's proxy path, so that each of \
-                 its phases runs (Builder::fast_transport(true) opts into the fast transport)"
-            );
-        }
         let log_gateway = gateway.clone();
-        let mut http = pingora_proxy::http_proxy(&server.configuration, wrap(gateway));
-        let mut h2 = pingora::protocols::http::v2::server::default_h2_options();
-        h2.max_concurrent_streams(control.edge.config.h2_max_concurrent_streams);
-        // The head limits HTTP/1 has, for HTTP/2's decoded header list.
-        h2.max_header_list_size(limits.max_header_bytes.min(u32::MAX as usize) as u32);
-        http.h2_options = Some(h2);
-        // An HTTP/2 connection with no stream open closes as an idle
-        // HTTP/1 one does.
-        let mut options = pingora::apps::HttpServerOptions::default();
-        options.h2_idle_timeout = Some(limits.keepalive_timeout);
-        http.server_options = Some(options);
-        let roles = crate::tls::Roles::new(
-            &control.config,
-            &control.edge,
-            &control.metrics.tls_failures,
-        )?;
-        let proxy = Frontend::new(
-            http,
-            HeadLimits {
-                header_timeout: limits.header_timeout,
-                max_header_bytes: limits.max_header_bytes,
-                max_headers: limits.max_headers,
-                keepalive_timeout: limits.keepalive_timeout,
-                // Per tenant once it is known (its plan's).
-                max_body_bytes: control.config.largest_max_body(),
-            },
-        )
-        .with_fast_path(fast)
-        .with_edge(Arc::new(roles), Arc::clone(&control.edge))
-        .with_log(log_gateway);
+        let http = http_proxy(&server, wrap(gateway), &control);
+        let proxy = front_end(http, fast, log_gateway, &control)?;
         // TCP keep-alive on every client socket: a client that vanished
         // from an idle WebSocket frees its slot.
         let keepalive = crate::control::keepalive();
-        if fast_on {
-            // The fast transport's listeners accept on their own: Pingora's
-            // would hold a TLS handshake's room in every connection's task
-            // (crate::proxy::listener).
-            let addrs = control.config.listen.iter().map(|l| l.addr).collect();
-            server.add_service(Listening::new("shardgate", proxy, addrs, keepalive.clone()));
-        } else {
-            let mut proxy = Service::new("shardgate".to_string(), proxy);
-            for listener in &control.config.listen {
-                // No read buffer under the client connection: the front end
-                // reads request heads into buffers of its own, and Pingora's
-                // default 64 KiB per connection was most of an idle
-                // WebSocket's memory. TLS listeners are plain TCP to
-                // Pingora: the front end runs the handshake (crate::tls).
-                // Pingora's own codec writes a head and its body apart, and
-                // relies on the write buffer to send them together.
-                let mut options = pingora::listeners::TcpSocketOptions::default();
-                options.tcp_keepalive = Some(keepalive.clone());
-                let endpoint = ListenerConfig::tcp(listener.addr.to_string())
-                    .tcp_socket_options(options)
-                    .l4_buffer(L4BufferSettings::default().read(0));
-                proxy.add_listener(endpoint);
-            }
-            server.add_service(proxy);
-        }
-        // The admin API behind the same head reader as the gateway's
-        // listeners (its deadlines, size bounds and lingering close), on a
-        // listener with a bound of its own.
-        let admin_limits = HeadLimits {
-            header_timeout: limits.header_timeout,
-            max_header_bytes: limits.max_header_bytes,
-            max_headers: limits.max_headers,
-            keepalive_timeout: limits.keepalive_timeout,
-            max_body_bytes: Some(crate::admin::MAX_BODY as u64),
-        };
-        let admin = Frontend::new(AdminApi::new(Arc::clone(&control)), admin_limits);
-        let admin_addr = vec![control.config.admin.addr];
-        let admin = Listening::new("shardgate admin", admin, admin_addr, keepalive.clone())
-            .with_cap(ADMIN_CONNECTIONS)
-            .optional();
-        server.add_service(admin);
-        server.add_service(background_service(
-            "shardgate health",
-            HealthChecker::new(Arc::clone(&control)),
-        ));
-        server.add_service(background_service(
-            "shardgate dns",
-            crate::services::dns::ShardResolver::new(Arc::clone(&control)),
-        ));
-        let state = control.config.state.as_ref().map(|state| {
-            let file = Arc::new(StateFile::new(Arc::clone(&control), state.path.clone()));
-            server.add_service(background_service(
-                "shardgate state",
-                StateWriter {
-                    file: Arc::clone(&file),
-                    interval: state.interval,
-                },
-            ));
-            file
-        });
-        if let Some(store) = &control.edge.store {
-            let report = store.reload();
-            log::info!(
-                "TLS: {} certificates loaded, {} files skipped",
-                report.certs,
-                report.errors.len()
-            );
-            server.add_service(background_service(
-                "shardgate certificates",
-                crate::tls::CertWatcher(Arc::clone(store)),
-            ));
-        }
-        if control.edge.config.acme.is_some() {
-            let serving = Arc::clone(&control);
-            let hosts =
-                Box::new(move || serving.domains.list().into_iter().map(|e| e.host).collect());
-            server.add_service(background_service(
-                "shardgate acme",
-                crate::tls::acme::AcmeService::new(
-                    Arc::clone(&control.edge),
-                    control.config.cluster.clone(),
-                    hosts,
-                ),
-            ));
-        }
-        if control.cluster.is_some() {
-            server.add_service(background_service(
-                "shardgate cluster",
-                crate::services::cluster::ClusterService::new(Arc::clone(&control)),
-            ));
-        }
-        server.add_service(background_service("shardgate memory", MemoryReturn));
-        if control.tracer.is_on() {
-            server.add_service(background_service(
-                "shardgate tracing",
-                StartTracing(Arc::clone(&control)),
-            ));
-        }
+        add_proxy_listeners(&mut server, proxy, &control, fast_on, &keepalive);
+        add_admin(&mut server, &control, &keepalive);
+        let state = add_background_services(&mut server, &control);
         Ok(Shardgate {
             server,
             control,
             state,
         })
+    }
+}
+
+/// The shared state `config` describes, with the state file's runtime
+/// changes replayed before anything serves (in cluster mode Redis holds
+/// the newer ones: the replay is forgotten there).
+fn shared_state(config: Config, hooks: Arc<dyn GatewayHooks>) -> Result<Arc<Control>, String> {
+    let control = Arc::new(Control::new(config, hooks)?);
+    if let Some(state) = &control.config.state {
+        crate::state::load(&control, &state.path);
+    }
+    if let Some(cluster) = &control.cluster {
+        cluster.forget_local_replay();
+    }
+    Ok(control)
+}
+
+/// The fast transport, if it serves every request: `server.fast_path` on,
+/// and the binary's own proxy or a wrapped one that `opted_in`.
+fn fast_transport_for(
+    gateway: &Gateway,
+    opted_in: bool,
+    control: &Control,
+) -> Result<Option<FastPath>, String> {
+    let fast = match opted_in && control.config.server.fast_path {
+        true => Some(FastPath::new(gateway.clone())?),
+        false => None,
+    };
+    if !opted_in && control.config.server.fast_path {
+        log::info!(
+            "a wrapped proxy: every request takes Pingora's proxy path, so that each of \
+             its phases runs (Builder::fast_transport(true) opts into the fast transport)"
+        );
+    }
+    Ok(fast)
+}
+
+/// Pingora's HTTP proxy around `proxy`, its HTTP/2 held to the limits
+/// HTTP/1 has.
+fn http_proxy<P>(server: &Server, proxy: P, control: &Control) -> HttpProxy<P>
+where
+    P: ProxyHttp,
+{
+    let limits = &control.config.limits;
+    let mut http = pingora_proxy::http_proxy(&server.configuration, proxy);
+    let mut h2 = pingora::protocols::http::v2::server::default_h2_options();
+    h2.max_concurrent_streams(control.edge.config.h2_max_concurrent_streams);
+    // The head limits HTTP/1 has, for HTTP/2's decoded header list.
+    h2.max_header_list_size(limits.max_header_bytes.min(u32::MAX as usize) as u32);
+    http.h2_options = Some(h2);
+    // An HTTP/2 connection with no stream open closes as an idle
+    // HTTP/1 one does.
+    let mut options = pingora::apps::HttpServerOptions::default();
+    options.h2_idle_timeout = Some(limits.keepalive_timeout);
+    http.server_options = Some(options);
+    http
+}
+
+/// The front end of every client connection: the head reader with the
+/// configured limits, the edge's TLS roles, the fast transport (if on),
+/// and `http` behind them.
+fn front_end<P>(
+    http: HttpProxy<P>,
+    fast: Option<FastPath>,
+    log_gateway: Gateway,
+    control: &Control,
+) -> Result<Frontend<HttpProxy<P>>, String> {
+    let limits = &control.config.limits;
+    let roles = crate::tls::Roles::new(
+        &control.config,
+        &control.edge,
+        &control.metrics.tls_failures,
+    )?;
+    let proxy = Frontend::new(
+        http,
+        HeadLimits {
+            header_timeout: limits.header_timeout,
+            max_header_bytes: limits.max_header_bytes,
+            max_headers: limits.max_headers,
+            keepalive_timeout: limits.keepalive_timeout,
+            // Per tenant once it is known (its plan's).
+            max_body_bytes: control.config.largest_max_body(),
+        },
+    )
+    .with_fast_path(fast)
+    .with_edge(Arc::new(roles), Arc::clone(&control.edge))
+    .with_log(log_gateway);
+    Ok(proxy)
+}
+
+/// The gateway's listeners, running `proxy`.
+fn add_proxy_listeners<A>(
+    server: &mut Server,
+    proxy: A,
+    control: &Control,
+    fast_on: bool,
+    keepalive: &TcpKeepalive,
+) where
+    A: ServerApp + Send + Sync + 'static,
+{
+    if fast_on {
+        // The fast transport's listeners accept on their own: Pingora's
+        // would hold a TLS handshake's room in every connection's task
+        // (crate::proxy::listener).
+        let addrs = control.config.listen.iter().map(|l| l.addr).collect();
+        server.add_service(Listening::new("shardgate", proxy, addrs, keepalive.clone()));
+    } else {
+        let mut proxy = Service::new("shardgate".to_string(), proxy);
+        for listener in &control.config.listen {
+            // No read buffer under the client connection: the front end
+            // reads request heads into buffers of its own, and Pingora's
+            // default 64 KiB per connection was most of an idle
+            // WebSocket's memory. TLS listeners are plain TCP to
+            // Pingora: the front end runs the handshake (crate::tls).
+            // Pingora's own codec writes a head and its body apart, and
+            // relies on the write buffer to send them together.
+            let mut options = pingora::listeners::TcpSocketOptions::default();
+            options.tcp_keepalive = Some(keepalive.clone());
+            let endpoint = ListenerConfig::tcp(listener.addr.to_string())
+                .tcp_socket_options(options)
+                .l4_buffer(L4BufferSettings::default().read(0));
+            proxy.add_listener(endpoint);
+        }
+        server.add_service(proxy);
+    }
+}
+
+/// The admin API behind the same head reader as the gateway's
+/// listeners (its deadlines, size bounds and lingering close), on a
+/// listener with a bound of its own.
+fn add_admin(server: &mut Server, control: &Arc<Control>, keepalive: &TcpKeepalive) {
+    let limits = &control.config.limits;
+    let admin_limits = HeadLimits {
+        header_timeout: limits.header_timeout,
+        max_header_bytes: limits.max_header_bytes,
+        max_headers: limits.max_headers,
+        keepalive_timeout: limits.keepalive_timeout,
+        max_body_bytes: Some(crate::admin::MAX_BODY as u64),
+    };
+    let admin = Frontend::new(AdminApi::new(Arc::clone(control)), admin_limits);
+    let admin_addr = vec![control.config.admin.addr];
+    let admin = Listening::new("shardgate admin", admin, admin_addr, keepalive.clone())
+        .with_cap(ADMIN_CONNECTIONS)
+        .optional();
+    server.add_service(admin);
+}
+
+/// The services around the proxy, in this order: health checks, DNS, the
+/// state writer, the certificates and ACME, the cluster, memory return and
+/// tracing. Returns the state file the writer saves.
+fn add_background_services(server: &mut Server, control: &Arc<Control>) -> Option<Arc<StateFile>> {
+    server.add_service(background_service(
+        "shardgate health",
+        HealthChecker::new(Arc::clone(control)),
+    ));
+    server.add_service(background_service(
+        "shardgate dns",
+        crate::services::dns::ShardResolver::new(Arc::clone(control)),
+    ));
+    let state = add_state_writer(server, control);
+    add_certificate_services(server, control);
+    if control.cluster.is_some() {
+        server.add_service(background_service(
+            "shardgate cluster",
+            crate::services::cluster::ClusterService::new(Arc::clone(control)),
+        ));
+    }
+    server.add_service(background_service("shardgate memory", MemoryReturn));
+    if control.tracer.is_on() {
+        server.add_service(background_service(
+            "shardgate tracing",
+            StartTracing(Arc::clone(control)),
+        ));
+    }
+    state
+}
+
+/// The state file's periodic writer, if the configuration has a state
+/// file; returns the file.
+fn add_state_writer(server: &mut Server, control: &Arc<Control>) -> Option<Arc<StateFile>> {
+    control.config.state.as_ref().map(|state| {
+        let file = Arc::new(StateFile::new(Arc::clone(control), state.path.clone()));
+        server.add_service(background_service(
+            "shardgate state",
+            StateWriter {
+                file: Arc::clone(&file),
+                interval: state.interval,
+            },
+        ));
+        file
+    })
+}
+
+/// The certificates, read now and watched (with a `tls` section), and
+/// ACME's orders (with `tls.acme`).
+fn add_certificate_services(server: &mut Server, control: &Arc<Control>) {
+    if let Some(store) = &control.edge.store {
+        let report = store.reload();
+        log::info!(
+            "TLS: {} certificates loaded, {} files skipped",
+            report.certs,
+            report.errors.len()
+        );
+        server.add_service(background_service(
+            "shardgate certificates",
+            crate::tls::CertWatcher(Arc::clone(store)),
+        ));
+    }
+    if control.edge.config.acme.is_some() {
+        let serving = Arc::clone(control);
+        let hosts = Box::new(move || serving.domains.list().into_iter().map(|e| e.host).collect());
+        server.add_service(background_service(
+            "shardgate acme",
+            crate::tls::acme::AcmeService::new(
+                Arc::clone(&control.edge),
+                control.config.cluster.clone(),
+                hosts,
+            ),
+        ));
     }
 }
 

@@ -1,24 +1,20 @@
-//! The gateway's shared state, built once from the configuration: the
-//! router, the domain map, the region directory and each shard's upstream
-//! peer (`peer.rs`). The proxy reads it on every request; the admin API,
-//! the health checker, the state file and the cluster and DNS services
-//! change it at runtime.
+//! The gateway's shared state, built once from the configuration
+//! (`build.rs`): the router, the domain map, the region directory and each
+//! shard's upstream peer (`peer.rs`). The proxy reads it on every request;
+//! the admin API, the health checker, the state file and the cluster and
+//! DNS services change it at runtime.
 
+mod build;
 mod peer;
 
 pub use peer::{build_peer, keepalive, peer_at, ShardPeer, UpstreamKey};
 
 use crate::cluster::Shared;
-use crate::config::{Config, HashKind, LoadKind};
+use crate::config::Config;
 use crate::hooks::GatewayHooks;
-use crate::limits::{Ledger, Limits, RateRule};
 use crate::metrics::GatewayMetrics;
-use crate::routing::{
-    AllowHook, DomainMap, Fallback, HashStrategy, Load, LoadHook, RegionDirectory, Router,
-    RouterOptions, Shard, ShardId,
-};
+use crate::routing::{DomainMap, RegionDirectory, Router, Shard, ShardId};
 use arc_swap::ArcSwap;
-use compact_str::CompactString;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -45,101 +41,17 @@ pub struct Control {
     diff: Mutex<RuntimeDiff>,
 }
 
-struct HookAllow(Arc<dyn GatewayHooks>);
-
-impl AllowHook for HookAllow {
-    fn allow(&self, tenant: &str) -> bool {
-        self.0.allow(tenant)
-    }
-}
-
-struct HookLoad(Arc<dyn GatewayHooks>);
-
-impl LoadHook for HookLoad {
-    fn load(&self, shard: &ShardId) -> f64 {
-        self.0.load(shard)
-    }
-}
-
 impl Control {
     /// Builds everything the configuration describes. Fails if a shard's
     /// host does not resolve or the domain map is invalid (both checked by
     /// validation already; this is the last line).
     pub fn new(config: Config, hooks: Arc<dyn GatewayHooks>) -> Result<Control, String> {
-        let mut peers = HashMap::new();
-        for shard in &config.shards {
-            peers.insert(shard.id.clone(), Arc::new(build_peer(&config, shard)?));
-        }
-        let load = if hooks.provides_load() {
-            Load::Hook(Arc::new(HookLoad(Arc::clone(&hooks))))
-        } else {
-            match config.routing.load {
-                LoadKind::None => Load::None,
-                LoadKind::ActiveConnections => Load::ActiveConnections,
-            }
-        };
+        let peers = build::shard_peers(&config)?;
+        let load = build::load_signal(&config, &hooks);
         let cluster = config.cluster.clone().map(Shared::new);
-        // Every plan's limits over one route list (a route index means the
-        // same route whichever plan a tenant is on).
-        let union = config.route_prefixes();
-        let limits_of = |cap, rate, routes: &[(String, RateRule)]| {
-            let limits = Limits::over_union(cap, rate, routes, &union);
-            match &cluster {
-                Some(shared) => limits.with_shared(Arc::clone(shared) as Arc<dyn Ledger>),
-                None => limits,
-            }
-        };
-        let l = &config.limits;
-        let limits = limits_of(l.connection_cap, l.rate, &l.routes);
-        let plans = (config.plans.plans.iter())
-            .map(|p| {
-                let limits = limits_of(p.connection_cap, p.rate, &p.routes);
-                (CompactString::from(p.name.as_str()), limits)
-            })
-            .collect();
-        let router = Router::new(RouterOptions {
-            shards: config.shards.clone(),
-            hash: match config.routing.hash {
-                HashKind::Jump => HashStrategy::Jump,
-                HashKind::Rendezvous => HashStrategy::Rendezvous,
-                HashKind::Hrw => HashStrategy::Hrw,
-            },
-            balance: config.routing.balance,
-            limits,
-            plans,
-            plan_tenants: config.plans.tenants.clone(),
-            default_plan: config.plans.default_plan,
-            deny: config.limits.deny.clone(),
-            allow: Some(Arc::new(HookAllow(Arc::clone(&hooks)))),
-            load,
-            max_tracked_tenants: config.limits.max_tracked_tenants,
-            ..Default::default()
-        });
-        let fallback = config
-            .domains
-            .fallback_suffix
-            .as_deref()
-            .map_or(Fallback::None, Fallback::suffix);
-        let domains = DomainMap::from_entries(config.domains.map.iter().cloned(), fallback)
-            .map_err(|e| e.to_string())?;
-        let regions = match &config.regions {
-            None => None,
-            Some(list) => {
-                // In cluster mode a new assignment takes the one another
-                // node made first, if this node has read it.
-                let hook = cluster.as_ref().map(|shared| {
-                    Arc::new(crate::cluster::SharedRegions(Arc::clone(shared)))
-                        as Arc<dyn crate::routing::region::AssignHook>
-                });
-                let clock: Arc<dyn crate::routing::Clock> =
-                    Arc::new(crate::routing::MonotonicClock::new());
-                Some(
-                    RegionDirectory::with_options(list.clone(), hook, clock)
-                        .map_err(|e| e.to_string())?
-                        .bounded(config.limits.max_tracked_tenants),
-                )
-            }
-        };
+        let router = build::router(&config, &hooks, load, cluster.as_ref());
+        let domains = build::domain_map(&config)?;
+        let regions = build::region_directory(&config, cluster.as_ref())?;
         let edge = Arc::new(crate::tls::Edge::new(&config));
         let access_log = crate::access_log::AccessLog::new(&config.log)?;
         let tracer = crate::trace::Tracer::new(config.tracing.as_ref());
