@@ -7,7 +7,7 @@
 
 use crate::control::Control;
 use crate::proxy::hooks::UpstreamFailure;
-use crate::routing::Decision;
+use crate::routing::{Decision, ShardSet};
 use crate::tls::store::Source;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{
@@ -76,37 +76,57 @@ impl Collector for ShardgateCollector {
     }
 }
 
+/// Every family shardgate exports, read now (a gather sorts them by name).
 fn families(control: &Control) -> Vec<MetricFamily> {
+    let mut out = Vec::new();
+    decision_families(control, &mut out);
+    // One view of the shards for their gauges and their failures.
+    let set = control.router.shard_set();
+    shard_families(control, &set, &mut out);
+    upstream_failure_family(control, &set, &mut out);
+    dns_failure_family(control, &mut out);
+    dropped_families(control, &mut out);
+    tenant_families(control, &mut out);
+    cluster_families(control, &mut out);
+    tls_families(control, &mut out);
+    out.push(duration_family(control));
+    out
+}
+
+/// Routing decisions: all of them, and by outcome and plan.
+fn decision_families(control: &Control, out: &mut Vec<MetricFamily>) {
     let router = &control.router;
     let counts = router.decision_counts();
     let routes: u64 = counts.iter().map(|(_, n)| n).sum();
-    let mut out = vec![
-        family(
-            "routes_total",
-            "Routing decisions made.",
-            MetricType::COUNTER,
-            vec![counter(vec![], routes as f64)],
-        ),
-        family(
-            "decisions_total",
-            "Routing decisions by outcome and tenant plan (`none`: no plan).",
-            MetricType::COUNTER,
-            (router.decision_counts_by_plan().iter())
-                .flat_map(|(plan, counts)| {
-                    counts.iter().map(move |(d, n)| {
-                        let labels = vec![
-                            label("decision", d.as_str()),
-                            label("plan", plan.unwrap_or("none")),
-                        ];
-                        counter(labels, *n as f64)
-                    })
+    out.push(family(
+        "routes_total",
+        "Routing decisions made.",
+        MetricType::COUNTER,
+        vec![counter(vec![], routes as f64)],
+    ));
+    out.push(family(
+        "decisions_total",
+        "Routing decisions by outcome and tenant plan (`none`: no plan).",
+        MetricType::COUNTER,
+        (router.decision_counts_by_plan().iter())
+            .flat_map(|(plan, counts)| {
+                counts.iter().map(move |(d, n)| {
+                    let labels = vec![
+                        label("decision", d.as_str()),
+                        label("plan", plan.unwrap_or("none")),
+                    ];
+                    counter(labels, *n as f64)
                 })
-                .collect(),
-        ),
-    ];
+            })
+            .collect(),
+    ));
     debug_assert_eq!(counts.len(), Decision::ALL.len());
-    let m = router.metrics();
-    let set = router.shard_set();
+}
+
+/// Per shard: requests routed to it (a shard removed since keeps its
+/// count), its live admissions, health and draining.
+fn shard_families(control: &Control, set: &ShardSet, out: &mut Vec<MetricFamily>) {
+    let m = control.router.metrics();
     let mut routed: BTreeMap<String, u64> = m.shard_load_distribution;
     for e in &set.all {
         routed.entry(e.id().to_string()).or_insert(0);
@@ -144,6 +164,11 @@ fn families(control: &Control) -> Vec<MetricFamily> {
         MetricType::GAUGE,
         per_shard(&|e| f64::from(u8::from(e.status.draining))),
     ));
+}
+
+/// Failed upstream attempts: every kind of every current shard (0 when
+/// none), then those of shards removed since.
+fn upstream_failure_family(control: &Control, set: &ShardSet, out: &mut Vec<MetricFamily>) {
     let failures = control.metrics.upstream_failures();
     let mut failure_metrics = Vec::new();
     for e in &set.all {
@@ -172,6 +197,10 @@ fn families(control: &Control) -> Vec<MetricFamily> {
         MetricType::COUNTER,
         failure_metrics,
     ));
+}
+
+/// DNS failures of every shard addressed by name, and of any that failed.
+fn dns_failure_family(control: &Control, out: &mut Vec<MetricFamily>) {
     let dns = control.metrics.dns_failures();
     let named = control
         .router
@@ -194,6 +223,11 @@ fn families(control: &Control) -> Vec<MetricFamily> {
             })
             .collect(),
     ));
+}
+
+/// Retries, access log lines dropped, and spans exported or dropped
+/// (when tracing is on).
+fn dropped_families(control: &Control, out: &mut Vec<MetricFamily>) {
     out.push(family(
         "retries_total",
         "Upstream attempts that were retries.",
@@ -220,6 +254,10 @@ fn families(control: &Control) -> Vec<MetricFamily> {
             vec![counter(vec![], control.tracer.dropped() as f64)],
         ));
     }
+}
+
+/// Host lookups by result, and the tenants this node tracks.
+fn tenant_families(control: &Control, out: &mut Vec<MetricFamily>) {
     let d = control.domains.metrics();
     out.push(family(
         "domain_resolves_total",
@@ -241,27 +279,35 @@ fn families(control: &Control) -> Vec<MetricFamily> {
         MetricType::GAUGE,
         vec![gauge(vec![], control.router.tenant_count() as f64)],
     ));
-    if let Some(cluster) = &control.cluster {
-        out.push(family(
-            "cluster_redis_up",
-            "1 while this node reaches Redis (cluster mode).",
-            MetricType::GAUGE,
-            vec![gauge(vec![], f64::from(u8::from(cluster.redis_up())))],
-        ));
-        out.push(family(
-            "cluster_nodes",
-            "Gateway nodes last seen alive, this one included (cluster mode).",
-            MetricType::GAUGE,
-            vec![gauge(vec![], cluster.nodes_alive())],
-        ));
-        out.push(family(
-            "cluster_sync_errors_total",
-            "Redis calls of the cluster service that failed or timed out.",
-            MetricType::COUNTER,
-            vec![counter(vec![], cluster.sync_errors() as f64)],
-        ));
-    }
-    tls_families(control, &mut out);
+}
+
+/// Redis, the nodes alive and the sync errors, in cluster mode.
+fn cluster_families(control: &Control, out: &mut Vec<MetricFamily>) {
+    let Some(cluster) = &control.cluster else {
+        return;
+    };
+    out.push(family(
+        "cluster_redis_up",
+        "1 while this node reaches Redis (cluster mode).",
+        MetricType::GAUGE,
+        vec![gauge(vec![], f64::from(u8::from(cluster.redis_up())))],
+    ));
+    out.push(family(
+        "cluster_nodes",
+        "Gateway nodes last seen alive, this one included (cluster mode).",
+        MetricType::GAUGE,
+        vec![gauge(vec![], cluster.nodes_alive())],
+    ));
+    out.push(family(
+        "cluster_sync_errors_total",
+        "Redis calls of the cluster service that failed or timed out.",
+        MetricType::COUNTER,
+        vec![counter(vec![], cluster.sync_errors() as f64)],
+    ));
+}
+
+/// The request duration histogram.
+fn duration_family(control: &Control) -> MetricFamily {
     let view = control.metrics.durations();
     let mut h = Histogram::default();
     h.set_sample_count(view.count);
@@ -279,13 +325,12 @@ fn families(control: &Control) -> Vec<MetricFamily> {
     );
     let mut metric = Metric::default();
     metric.set_histogram(h);
-    out.push(family(
+    family(
         "request_duration_seconds",
         "Time from the request head to the end of the response (or socket).",
         MetricType::HISTOGRAM,
         vec![metric],
-    ));
-    out
+    )
 }
 
 /// Certificates, handshakes and ACME, when TLS is configured.
