@@ -3,7 +3,7 @@
 //! up (a shard may answer before it read it all), the connection back to
 //! the pool; and shardgate's own answers.
 
-use super::conn::UpstreamKey;
+use super::conn::{Conn, UpstreamKey};
 use super::downstream::{Downstream, ResponseStart};
 use super::exchange::{poll_timer, Exchanged, Outbound, Upstream};
 use super::{poll_read_buf, FastPath};
@@ -12,8 +12,10 @@ use crate::proxy::pipeline::answer::Refusal;
 use crate::proxy::pipeline::framing::{Framing, Part};
 use bytes::{Buf, Bytes, BytesMut};
 use std::future::poll_fn;
-use std::task::Poll;
-use tokio::time::Instant;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::time::{Instant, Sleep};
 
 /// Response bodies are read from the shard in reads of up to this much.
 const BODY_READ: usize = 16 * 1024;
@@ -31,11 +33,7 @@ impl FastPath {
         key: &UpstreamKey,
         ctx: &mut RequestCtx,
     ) -> Exchanged {
-        let Upstream {
-            mut conn,
-            mut buf,
-            parsed,
-        } = upstream;
+        let (conn, mut buf, parsed) = (upstream.conn, upstream.buf, upstream.parsed);
         let status = parsed.status;
         let head = buf.split_to(parsed.head_len);
         let mut framing = parsed.framing.clone();
@@ -43,8 +41,7 @@ impl FastPath {
         // Body bytes that break the framing before anything was sent: the
         // client still gets an answer.
         let Ok(first) = decode_body(&mut framing, &mut buf, &mut trailers, self.head_limit) else {
-            let refusal = Refusal::error(502, "upstream-invalid-response");
-            return Exchanged::Closed(self.answer(client, ctx, refusal, true).await);
+            return self.invalid_response(client, ctx).await;
         };
         let edit = self.response_edit(status, ctx);
         let start = ResponseStart {
@@ -57,94 +54,37 @@ impl FastPath {
             close: !client.body_done(),
         };
         if client.start(start).is_err() {
-            let refusal = Refusal::error(502, "upstream-invalid-response");
-            return Exchanged::Closed(self.answer(client, ctx, refusal, true).await);
+            return self.invalid_response(client, ctx).await;
         }
         drop(head);
         // Bytes beyond the response: the shard misbehaved; do not reuse it.
-        let mut reusable = parsed.keeps_connection() && buf.is_empty();
+        let reusable = parsed.keeps_connection() && buf.is_empty();
         buf.clear();
-        let mut done = framing.is_done();
+        let done = framing.is_done();
         client.queue(first, done.then_some(&trailers[..]));
-        let until_close = matches!(framing, Framing::UntilClose);
-        let mut stalled: Option<Instant> = None;
-        let mut shard = ShardSilence::default();
-        let read_timeout = self.gateway.watch_settings().read_timeout;
-        let mut sleep = None;
-        let ended = poll_fn(|cx| loop {
-            if client.sending() {
-                match client.poll_send(cx) {
-                    Poll::Ready(Ok(())) => stalled = None,
-                    Poll::Ready(Err(_)) => return Poll::Ready(End::Cut),
-                    Poll::Pending => {
-                        stalled.get_or_insert_with(Instant::now);
-                    }
-                }
-            }
-            if client.sending() {
-                // Not reading the shard: its silence is not counted.
-                shard.reading = None;
-            } else {
-                if done {
-                    return Poll::Ready(End::Whole);
-                }
-                buf.reserve(BODY_READ);
-                match poll_read_buf(&mut conn, cx, &mut buf) {
-                    Poll::Ready(Ok(0)) if until_close => {
-                        reusable = false;
-                        done = true;
-                        client.queue(Bytes::new(), Some(&[]));
-                        continue;
-                    }
-                    // Cut short: the client must see it so.
-                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(End::Cut),
-                    Poll::Ready(Ok(_)) => {
-                        shard.reading = None;
-                        let Ok(content) =
-                            decode_body(&mut framing, &mut buf, &mut trailers, self.head_limit)
-                        else {
-                            return Poll::Ready(End::Cut);
-                        };
-                        reusable &= buf.is_empty();
-                        buf.clear();
-                        done = framing.is_done();
-                        client.queue(content, done.then_some(&trailers[..]));
-                        continue;
-                    }
-                    Poll::Pending => {
-                        shard.reading.get_or_insert_with(Instant::now);
-                    }
-                }
-            }
-            match out.poll(client, &mut conn, cx) {
-                // The response is under way: a body the client cannot
-                // finish (or a client gone) cuts it.
-                Poll::Ready(Err(_)) => return Poll::Ready(End::Cut),
-                Poll::Ready(Ok(())) if !client.sending() && client.poll_gone(cx).is_ready() => {
-                    return Poll::Ready(End::Cut);
-                }
-                _ => {}
-            }
-            shard.writes(&mut out);
-            let silent = shard.since().map(|since| since + read_timeout);
-            let due = [
-                stalled.map(|since| since + self.send_timeout),
-                out.awaiting_body.map(|since| since + self.body_timeout),
-                silent,
-            ];
-            return match poll_timer(&mut sleep, due.into_iter().flatten().min(), cx) {
-                Poll::Ready(()) if silent.is_some_and(|at| at <= Instant::now()) => {
-                    Poll::Ready(End::Silent)
-                }
-                Poll::Ready(()) => Poll::Ready(End::Cut),
-                Poll::Pending => Poll::Pending,
-            };
-        })
-        .await;
+        let mut relay = Relay {
+            conn,
+            buf,
+            until_close: matches!(framing, Framing::UntilClose),
+            framing,
+            trailers,
+            max_trailers: self.head_limit,
+            done,
+            reusable,
+            stalled: None,
+            shard: ShardSilence::default(),
+            sleep: None,
+        };
+        let bounds = Bounds {
+            send: self.send_timeout,
+            body: self.body_timeout,
+            read: self.gateway.watch_settings().read_timeout,
+        };
+        let ended = poll_fn(|cx| relay.poll(cx, client, &mut out, &bounds)).await;
         match ended {
             End::Whole => {
-                if reusable && out.finished && !out.broken {
-                    self.release(key, conn);
+                if relay.reusable && out.finished && !out.broken {
+                    self.release(key, relay.conn);
                 }
                 // Whether the client's connection goes on is the client's
                 // side: its body read whole (the shard may have answered
@@ -161,6 +101,18 @@ impl FastPath {
                 Exchanged::Closed(status)
             }
         }
+    }
+
+    /// The answer to a response that cannot be relayed (its head or its
+    /// first body bytes broke the rules before anything was sent): 502,
+    /// and the client's connection closes.
+    async fn invalid_response<D: Downstream>(
+        &self,
+        client: &mut D,
+        ctx: &mut RequestCtx,
+    ) -> Exchanged {
+        let refusal = Refusal::error(502, "upstream-invalid-response");
+        Exchanged::Closed(self.answer(client, ctx, refusal, true).await)
     }
 
     /// Writes shardgate's own answer; returns its status.
@@ -188,6 +140,161 @@ impl FastPath {
         client.queue_answer(&refusal, close);
         let sent = tokio::time::timeout(self.send_timeout, poll_fn(|cx| client.poll_send(cx)));
         (refusal.status, matches!(sent.await, Ok(Ok(()))))
+    }
+}
+
+/// The response body on its way to the client: read from the shard,
+/// decoded, queued, while the rest of the request body still goes up;
+/// each wait bounded.
+struct Relay {
+    conn: Conn,
+    /// Read from the shard, not yet decoded.
+    buf: BytesMut,
+    framing: Framing,
+    /// A body framed by the shard's close.
+    until_close: bool,
+    /// The trailer section, once read (bounded by `max_trailers`).
+    trailers: Vec<u8>,
+    max_trailers: usize,
+    /// The body ended: all of it is queued for the client.
+    done: bool,
+    /// The shard's connection may go back to the pool.
+    reusable: bool,
+    /// Since when the client has not taken what is queued for it.
+    stalled: Option<Instant>,
+    shard: ShardSilence,
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+/// The waits a relay is bounded by: the client's stall
+/// (`limits.send_timeout_ms`), the request body's
+/// (`limits.body_timeout_ms`), the shard's silence
+/// (`upstream.read_timeout_ms`).
+struct Bounds {
+    send: Duration,
+    body: Duration,
+    read: Duration,
+}
+
+impl Relay {
+    /// One pass: the client sent to, the shard read from while the
+    /// client keeps up, the request body sent on, then the deadlines.
+    fn poll<D: Downstream>(
+        &mut self,
+        cx: &mut Context<'_>,
+        client: &mut D,
+        out: &mut Outbound,
+        bounds: &Bounds,
+    ) -> Poll<End> {
+        loop {
+            if client.sending() && self.poll_client(client, cx).is_err() {
+                return Poll::Ready(End::Cut);
+            }
+            if client.sending() {
+                // Not reading the shard: its silence is not counted.
+                self.shard.reading = None;
+            } else if self.done {
+                return Poll::Ready(End::Whole);
+            } else {
+                match self.poll_shard(client, cx) {
+                    Poll::Ready(Ok(())) => continue,
+                    Poll::Ready(Err(())) => return Poll::Ready(End::Cut),
+                    Poll::Pending => {}
+                }
+            }
+            match out.poll(client, &mut self.conn, cx) {
+                // The response is under way: a body the client cannot
+                // finish (or a client gone) cuts it.
+                Poll::Ready(Err(_)) => return Poll::Ready(End::Cut),
+                Poll::Ready(Ok(())) if !client.sending() && client.poll_gone(cx).is_ready() => {
+                    return Poll::Ready(End::Cut);
+                }
+                _ => {}
+            }
+            self.shard.writes(out);
+            return self.poll_deadlines(cx, out, bounds);
+        }
+    }
+
+    /// Sends what is queued for the client; `Err`: it is gone.
+    fn poll_client<D: Downstream>(
+        &mut self,
+        client: &mut D,
+        cx: &mut Context<'_>,
+    ) -> Result<(), ()> {
+        match client.poll_send(cx) {
+            Poll::Ready(Ok(())) => self.stalled = None,
+            Poll::Ready(Err(_)) => return Err(()),
+            Poll::Pending => {
+                self.stalled.get_or_insert_with(Instant::now);
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads from the shard and queues what it decoded for the client:
+    /// `Ready(Ok)` when it did (the relay goes on), `Ready(Err)` when the
+    /// body was cut short or broke its framing.
+    fn poll_shard<D: Downstream>(
+        &mut self,
+        client: &mut D,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), ()>> {
+        self.buf.reserve(BODY_READ);
+        match poll_read_buf(&mut self.conn, cx, &mut self.buf) {
+            Poll::Ready(Ok(0)) if self.until_close => {
+                self.reusable = false;
+                self.done = true;
+                client.queue(Bytes::new(), Some(&[]));
+                Poll::Ready(Ok(()))
+            }
+            // Cut short: the client must see it so.
+            Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => Poll::Ready(Err(())),
+            Poll::Ready(Ok(_)) => {
+                self.shard.reading = None;
+                let decoded = decode_body(
+                    &mut self.framing,
+                    &mut self.buf,
+                    &mut self.trailers,
+                    self.max_trailers,
+                );
+                let Ok(content) = decoded else {
+                    return Poll::Ready(Err(()));
+                };
+                self.reusable &= self.buf.is_empty();
+                self.buf.clear();
+                self.done = self.framing.is_done();
+                client.queue(content, self.done.then_some(&self.trailers[..]));
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => {
+                self.shard.reading.get_or_insert_with(Instant::now);
+                Poll::Pending
+            }
+        }
+    }
+
+    /// Waits for the first of the deadlines: the client stalled, the
+    /// request body awaited, the shard silent (which ends as `Silent`).
+    fn poll_deadlines(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &Outbound,
+        bounds: &Bounds,
+    ) -> Poll<End> {
+        let silent = self.shard.since().map(|since| since + bounds.read);
+        let due = [
+            self.stalled.map(|since| since + bounds.send),
+            out.awaiting_body.map(|since| since + bounds.body),
+            silent,
+        ];
+        match poll_timer(&mut self.sleep, due.into_iter().flatten().min(), cx) {
+            Poll::Ready(()) if silent.is_some_and(|at| at <= Instant::now()) => {
+                Poll::Ready(End::Silent)
+            }
+            Poll::Ready(()) => Poll::Ready(End::Cut),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 
