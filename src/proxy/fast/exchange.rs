@@ -337,14 +337,14 @@ impl FastPath {
             Some(_) => Instant::now() + settings.headers_timeout,
             None => out.moved + settings.headers_timeout,
         };
-        let mut buf = BytesMut::with_capacity(8192);
-        // Parsed only when a head's blank line came: a head dribbled a
-        // byte per segment costs one scan, not one parse per read.
-        let mut head_end = HeadEnd::default();
-        // Nothing came back on a pooled connection: maybe only stale.
-        let broken = match reused {
-            true => AttemptFailure::Stale,
-            false => AttemptFailure::Reset,
+        let mut head = HeadReader {
+            buf: BytesMut::with_capacity(8192),
+            head_end: HeadEnd::default(),
+            // Nothing came back on a pooled connection: maybe only stale.
+            broken: match reused {
+                true => AttemptFailure::Stale,
+                false => AttemptFailure::Reset,
+            },
         };
         let sleep = tokio::time::sleep_until(waiting.wake(deadline(out)));
         tokio::pin!(sleep);
@@ -352,37 +352,8 @@ impl FastPath {
             let event = poll_fn(|cx| {
                 // The shard's answer first: it may come before the body
                 // went whole.
-                loop {
-                    buf.reserve(4096);
-                    match poll_read_buf(&mut conn, cx, &mut buf) {
-                        Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
-                            let failure = match buf.is_empty() {
-                                true => broken,
-                                false => AttemptFailure::Reset,
-                            };
-                            return Poll::Ready(AttemptEvent::Failed(Failed::Shard(failure)));
-                        }
-                        Poll::Ready(Ok(_)) => {
-                            // Every head whole in `buf` is parsed at once;
-                            // the search goes on past the first.
-                            let ended = head_end.find(&buf).inspect(|end| {
-                                head_end = HeadEnd::at(*end);
-                            });
-                            let parsed = match ended.is_some() || buf.len() > MAX_RESPONSE_HEAD {
-                                true => parse_response(&buf, request.head_only, request.websocket),
-                                false => Ok(None),
-                            };
-                            match parsed {
-                                Ok(Some(parsed)) => return Poll::Ready(AttemptEvent::Head(parsed)),
-                                Ok(None) if buf.len() <= MAX_RESPONSE_HEAD => {}
-                                _ => {
-                                    let invalid = Failed::Shard(AttemptFailure::Invalid);
-                                    return Poll::Ready(AttemptEvent::Failed(invalid));
-                                }
-                            }
-                        }
-                        Poll::Pending => break,
-                    }
+                if let Poll::Ready(event) = head.poll(&mut conn, cx, request) {
+                    return Poll::Ready(event);
                 }
                 match out.poll(client, &mut conn, cx) {
                     Poll::Ready(Err(e)) => {
@@ -408,37 +379,107 @@ impl FastPath {
             })
             .await;
             match event {
-                AttemptEvent::Head(parsed) => return Ok(Upstream { conn, buf, parsed }),
+                AttemptEvent::Head(parsed) => {
+                    let buf = head.buf;
+                    return Ok(Upstream { conn, buf, parsed });
+                }
                 AttemptEvent::Failed(failed) => return Err(failed),
                 AttemptEvent::Due => {
-                    if let Some(at) = out.progressed.take() {
-                        // The deadline counts from the last progress.
-                        let now = coarsetime::Instant::now_without_cache_update();
-                        let ago = Duration::from(now - at);
-                        out.moved = out.moved.max(Instant::now() - ago);
-                        waiting.progressed(out.moved);
-                    }
+                    self.when_due(out, &mut waiting, deadline(out), peer)
+                        .await?
+                }
+            }
+        }
+    }
 
-                    if out
-                        .awaiting_body
-                        .is_some_and(|since| since.elapsed() >= self.body_timeout)
-                    {
-                        return Err(Failed::Client(BodyError::Stalled));
+    /// A deadline of the attempt came: the headers deadline moves to the
+    /// request's last progress; a client body stalled past
+    /// `limits.body_timeout_ms` fails the attempt; else the watch looks at
+    /// the shard (timed out, unreachable, or waited on).
+    async fn when_due(
+        &self,
+        out: &mut Outbound,
+        waiting: &mut Waiting,
+        deadline: Instant,
+        peer: &ShardPeer,
+    ) -> Result<(), Failed> {
+        if let Some(at) = out.progressed.take() {
+            // The deadline counts from the last progress.
+            let now = coarsetime::Instant::now_without_cache_update();
+            let ago = Duration::from(now - at);
+            out.moved = out.moved.max(Instant::now() - ago);
+            waiting.progressed(out.moved);
+        }
+        if out
+            .awaiting_body
+            .is_some_and(|since| since.elapsed() >= self.body_timeout)
+        {
+            return Err(Failed::Client(BodyError::Stalled));
+        }
+        match waiting.look(deadline, peer.addr).await {
+            Verdict::None => Ok(()),
+            Verdict::TimedOut => Err(Failed::Shard(AttemptFailure::Shard(
+                UpstreamFailure::Timeout,
+            ))),
+            Verdict::Unreachable => Err(Failed::Shard(AttemptFailure::Shard(
+                UpstreamFailure::Liveness,
+            ))),
+        }
+    }
+}
+
+/// A response head on its way in from the shard.
+struct HeadReader {
+    buf: BytesMut,
+    /// Parsed only when a head's blank line came: a head dribbled a byte
+    /// per segment costs one scan, not one parse per read.
+    head_end: HeadEnd,
+    /// What a connection closed before any byte means.
+    broken: AttemptFailure,
+}
+
+impl HeadReader {
+    /// Reads what the shard sent: the head parsed, or the attempt failed
+    /// (closed, or a head that breaks the rules or its bound); `Pending`
+    /// while the head is not whole and nothing more is to read.
+    fn poll(
+        &mut self,
+        conn: &mut Conn,
+        cx: &mut Context<'_>,
+        request: &Request<'_>,
+    ) -> Poll<AttemptEvent> {
+        loop {
+            self.buf.reserve(4096);
+            match poll_read_buf(conn, cx, &mut self.buf) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
+                    let failure = match self.buf.is_empty() {
+                        true => self.broken,
+                        false => AttemptFailure::Reset,
+                    };
+                    return Poll::Ready(AttemptEvent::Failed(Failed::Shard(failure)));
+                }
+                Poll::Ready(Ok(_)) => {
+                    // Every head whole in `buf` is parsed at once; the
+                    // search goes on past the first.
+                    let ended = self.head_end.find(&self.buf);
+                    if let Some(end) = ended {
+                        self.head_end = HeadEnd::at(end);
                     }
-                    match waiting.look(deadline(out), peer.addr).await {
-                        Verdict::None => {}
-                        Verdict::TimedOut => {
-                            return Err(Failed::Shard(AttemptFailure::Shard(
-                                UpstreamFailure::Timeout,
-                            )))
-                        }
-                        Verdict::Unreachable => {
-                            return Err(Failed::Shard(AttemptFailure::Shard(
-                                UpstreamFailure::Liveness,
-                            )))
+                    let buf = &self.buf;
+                    let parsed = match ended.is_some() || buf.len() > MAX_RESPONSE_HEAD {
+                        true => parse_response(buf, request.head_only, request.websocket),
+                        false => Ok(None),
+                    };
+                    match parsed {
+                        Ok(Some(parsed)) => return Poll::Ready(AttemptEvent::Head(parsed)),
+                        Ok(None) if buf.len() <= MAX_RESPONSE_HEAD => {}
+                        _ => {
+                            let invalid = Failed::Shard(AttemptFailure::Invalid);
+                            return Poll::Ready(AttemptEvent::Failed(invalid));
                         }
                     }
                 }
+                Poll::Pending => return Poll::Pending,
             }
         }
     }
