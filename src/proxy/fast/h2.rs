@@ -18,6 +18,7 @@ use bytes::Bytes;
 use http::Method;
 use pingora::http::RequestHeader;
 use pingora::protocols::http::v2::server::HttpSession as H2Stream;
+use pingora::protocols::l4::socket::SocketAddr;
 
 impl FastPath {
     /// Serves one HTTP/2 stream.
@@ -79,20 +80,8 @@ impl FastPath {
                 }
             }
         };
-        // Logged as Pingora's path logs an HTTP/2 request: its URI.
         (ctx.bytes_in, ctx.bytes_out) = client.counts();
-        {
-            let req = client.session.req_header();
-            let line = RequestLine {
-                client: client_addr.as_ref(),
-                method: req.method.as_str(),
-                target: &req.uri,
-                host: (req.uri.authority().map(|a| a.as_str()))
-                    .or_else(|| req.headers.get("host").and_then(|h| h.to_str().ok())),
-                protocol: "HTTP/2",
-            };
-            gw.finish(&mut ctx, &line, status);
-        }
+        gw.finish(&mut ctx, &log_line(&client, client_addr.as_ref()), status);
         // An answer came before the body ended (a refusal, a shard that
         // answered early): the rest is read off a while, its admission
         // already released, so that the stream ends cleanly. (Reset at
@@ -104,6 +93,20 @@ impl FastPath {
             true => Served::Reset,
             false => Served::Done,
         }
+    }
+}
+
+/// The access log's view of a stream: logged as Pingora's path logs an
+/// HTTP/2 request, by its URI.
+fn log_line<'a>(client: &'a H2Client, addr: Option<&'a SocketAddr>) -> RequestLine<'a> {
+    let req = client.session.req_header();
+    RequestLine {
+        client: addr,
+        method: req.method.as_str(),
+        target: &req.uri,
+        host: (req.uri.authority().map(|a| a.as_str()))
+            .or_else(|| req.headers.get("host").and_then(|h| h.to_str().ok())),
+        protocol: "HTTP/2",
     }
 }
 
