@@ -273,54 +273,69 @@ pub(super) fn parse_response(
             offset += len;
             continue;
         }
-        // The reason phrase, as a range of `buf` (httparse hands out a
-        // static "" when there is none; it also skips leading empty lines,
-        // so the status line is not necessarily where `rest` starts).
-        let reason = match resp.reason {
-            Some(text) if !text.is_empty() => range_of(buf, text.as_bytes()),
-            _ => 0..0,
-        };
-        let mut parsed = ParsedResponse {
-            status,
-            reason,
-            headers: Vec::with_capacity(resp.headers.len()),
-            upstream_close: http10,
-            bodiless: head_only || matches!(status, 101 | 204 | 304),
-            announced_body: false,
-            chunked: false,
-            length: None,
-            head_len: offset + len,
-            framing: Framing::UntilClose,
-        };
-        for h in resp.headers.iter() {
-            parsed
-                .headers
-                .push((range_of(buf, h.name.as_bytes()), range_of(buf, h.value)));
-        }
-        let connection = (resp.headers.iter())
-            .filter(|h| h.name.eq_ignore_ascii_case("connection"))
-            .map(|h| h.value);
-        // An HTTP/1.0 shard's connection is never reused, whatever it says.
-        parsed.upstream_close |= closes_connection(http10, connection);
-        // The rule a request's framing fields are read by: a shard's
-        // response that breaks it (both fields, a coding other than
-        // `chunked`, a length that is no length) is an upstream error.
-        let fields = resp.headers.iter().map(|h| (h.name, h.value));
-        let declared = declared_framing(fields, http10).map_err(|_| ())?;
-        (parsed.chunked, parsed.length) = (declared.chunked, declared.length);
-        parsed.announced_body =
-            parsed.bodiless && (declared.chunked || declared.length.is_some_and(|n| n > 0));
-        parsed.framing = match declared {
-            _ if parsed.bodiless => Framing::Length(0),
-            Declared { chunked: true, .. } => Framing::chunked(),
-            Declared {
-                length: Some(n), ..
-            } => Framing::Length(n),
-            _ => Framing::UntilClose,
-        };
-        parsed.upstream_close |= matches!(parsed.framing, Framing::UntilClose);
-        return Ok(Some(parsed));
+        return final_head(buf, &resp, http10, head_only, offset + len).map(Some);
     }
+}
+
+/// The final head parsed by `resp` out of `buf` (its status checked): its
+/// fields as ranges of `buf`, whether the connection may be reused, and
+/// the body's framing by the request-side rule (a shard's response that
+/// breaks it is an upstream error).
+fn final_head(
+    buf: &[u8],
+    resp: &httparse::Response<'_, '_>,
+    http10: bool,
+    head_only: bool,
+    head_len: usize,
+) -> Result<ParsedResponse, ()> {
+    let status = resp.code.ok_or(())?;
+    // The reason phrase, as a range of `buf` (httparse hands out a
+    // static "" when there is none; it also skips leading empty lines,
+    // so the status line is not necessarily where `rest` starts).
+    let reason = match resp.reason {
+        Some(text) if !text.is_empty() => range_of(buf, text.as_bytes()),
+        _ => 0..0,
+    };
+    let mut parsed = ParsedResponse {
+        status,
+        reason,
+        headers: Vec::with_capacity(resp.headers.len()),
+        upstream_close: http10,
+        bodiless: head_only || matches!(status, 101 | 204 | 304),
+        announced_body: false,
+        chunked: false,
+        length: None,
+        head_len,
+        framing: Framing::UntilClose,
+    };
+    for h in resp.headers.iter() {
+        parsed
+            .headers
+            .push((range_of(buf, h.name.as_bytes()), range_of(buf, h.value)));
+    }
+    let connection = (resp.headers.iter())
+        .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+        .map(|h| h.value);
+    // An HTTP/1.0 shard's connection is never reused, whatever it says.
+    parsed.upstream_close |= closes_connection(http10, connection);
+    // The rule a request's framing fields are read by: a shard's
+    // response that breaks it (both fields, a coding other than
+    // `chunked`, a length that is no length) is an upstream error.
+    let fields = resp.headers.iter().map(|h| (h.name, h.value));
+    let declared = declared_framing(fields, http10).map_err(|_| ())?;
+    (parsed.chunked, parsed.length) = (declared.chunked, declared.length);
+    parsed.announced_body =
+        parsed.bodiless && (declared.chunked || declared.length.is_some_and(|n| n > 0));
+    parsed.framing = match declared {
+        _ if parsed.bodiless => Framing::Length(0),
+        Declared { chunked: true, .. } => Framing::chunked(),
+        Declared {
+            length: Some(n), ..
+        } => Framing::Length(n),
+        _ => Framing::UntilClose,
+    };
+    parsed.upstream_close |= matches!(parsed.framing, Framing::UntilClose);
+    Ok(parsed)
 }
 
 #[cfg(test)]
