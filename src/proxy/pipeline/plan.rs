@@ -56,39 +56,14 @@ impl Gateway {
             .with_request_id(&ctx.request_id)
             .with_trace(ctx.trace.as_ref());
         let check = self.control.hooks.check_request(&resolved.tenant, &view);
-        match check {
-            RequestCheck::Proceed => {}
-            RequestCheck::AddFields(add) => {
-                ctx.upstream_edit = self.checked_edit(
-                    ctx.trace.as_ref(),
-                    UpstreamEdit {
-                        add,
-                        remove: vec![],
-                    },
-                )
-            }
-            RequestCheck::Edit(edit) => {
-                ctx.upstream_edit = self.checked_edit(ctx.trace.as_ref(), edit)
-            }
-            RequestCheck::Refuse { status, body } => {
-                ctx.tenant = Some(resolved.tenant);
-                return Err(Refusal::custom(status, body));
-            }
-            RequestCheck::Answer {
-                status,
-                fields,
-                body,
-            } => {
-                ctx.tenant = Some(resolved.tenant);
-                return Err(Refusal::answer(status, fields, body));
-            }
-        }
+        let checked = self.apply_check(check, ctx);
+        ctx.tenant = Some(resolved.tenant);
+        checked?;
         // A declared length over the tenant's own limit (the head reader
         // knew only the largest any tenant has): 413, no token spent. A
         // length that is no length is 400 here too, for every protocol
         // and transport (the h2 crate reads only an HTTP/2 request's
         // first `Content-Length`, and Pingora's path reads none).
-        ctx.tenant = Some(resolved.tenant);
         match content_length(req.values("content-length")) {
             Err(_) => return Err(Refusal::error(400, "invalid-content-length")),
             Ok(Some(length)) if ctx.max_body.is_some_and(|max| length > max) => {
@@ -97,6 +72,42 @@ impl Gateway {
             Ok(_) => {}
         }
         ctx.route = self.routes.route_for(req.path);
+        ctx.channel = self.channel_of(req)?;
+        if let (Some(directory), Some(tenant)) = (&self.control.regions, &ctx.tenant) {
+            ctx.region = Some(directory.region_for(tenant));
+        }
+        self.admit(ctx).map(|()| host)
+    }
+
+    /// Applies the embedder's check of the request: its edit of the
+    /// upstream head (checked), or its refusal or answer.
+    fn apply_check(&self, check: RequestCheck, ctx: &mut RequestCtx) -> Result<(), Refusal> {
+        match check {
+            RequestCheck::Proceed => Ok(()),
+            RequestCheck::AddFields(add) => {
+                let edit = UpstreamEdit {
+                    add,
+                    remove: vec![],
+                };
+                ctx.upstream_edit = self.checked_edit(ctx.trace.as_ref(), edit);
+                Ok(())
+            }
+            RequestCheck::Edit(edit) => {
+                ctx.upstream_edit = self.checked_edit(ctx.trace.as_ref(), edit);
+                Ok(())
+            }
+            RequestCheck::Refuse { status, body } => Err(Refusal::custom(status, body)),
+            RequestCheck::Answer {
+                status,
+                fields,
+                body,
+            } => Err(Refusal::answer(status, fields, body)),
+        }
+    }
+
+    /// The request's channel (`routing.channel_header`): one field at most,
+    /// text, at most [`MAX_CHANNEL`] bytes; an empty one is none.
+    fn channel_of(&self, req: &RequestView<'_>) -> Result<Option<String>, Refusal> {
         let mut channels = (self.control.config.routing.channel_header.as_ref())
             .map(|name| req.values(name.as_str()))
             .into_iter()
@@ -105,18 +116,14 @@ impl Gateway {
         // A second channel field: the app might read the other one and
         // place the channel apart from where it was routed.
         let repeated = channels.next().is_some();
-        ctx.channel = match channel.map(std::str::from_utf8) {
-            _ if repeated => return Err(Refusal::error(400, "invalid-channel")),
-            None | Some(Ok("")) => None,
+        match channel.map(std::str::from_utf8) {
+            _ if repeated => Err(Refusal::error(400, "invalid-channel")),
+            None | Some(Ok("")) => Ok(None),
             Some(Ok(channel)) if channel.len() <= MAX_CHANNEL && is_text(channel.as_bytes()) => {
-                Some(channel.to_string())
+                Ok(Some(channel.to_string()))
             }
-            Some(_) => return Err(Refusal::error(400, "invalid-channel")),
-        };
-        if let (Some(directory), Some(tenant)) = (&self.control.regions, &ctx.tenant) {
-            ctx.region = Some(directory.region_for(tenant));
+            Some(_) => Err(Refusal::error(400, "invalid-channel")),
         }
-        self.admit(ctx).map(|()| host)
     }
 
     /// Routes and admits the request in `ctx`; on success the context
