@@ -586,6 +586,32 @@ fn headers_timeout_is_504_and_never_retried() {
     assert_eq!(gw.get("t.localhost", "/").json()["shard"], "other");
 }
 
+/// The headers deadline counts from the request's last progress: an
+/// upload that outlasts `headers_timeout_ms` leaves the shard the whole
+/// timeout after its last byte (a review finding: the deadline was once
+/// read before it moved, and such an upload got a 504 at its end).
+#[test]
+fn an_upload_longer_than_the_headers_timeout_is_no_timeout() {
+    let a = Backend::start("a");
+    let gw = one(
+        &a,
+        "upstream: { headers_timeout_ms: 600, liveness: false }\n",
+    );
+    let mut client = TcpStream::connect(("127.0.0.1", gw.port)).expect("connect");
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let head = "POST / HTTP/1.1\r\nHost: t.localhost\r\nTransfer-Encoding: chunked\r\n\r\n";
+    client.write_all(head.as_bytes()).expect("head");
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(200));
+        client.write_all(b"1\r\na\r\n").expect("chunk");
+    }
+    client.write_all(b"0\r\n\r\n").expect("end");
+    let r = read_response(&mut BufReader::new(client)).expect("response");
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
 #[test]
 fn a_body_that_starts_in_time_may_outlive_the_headers_timeout() {
     let a = Backend::with("a", |_| Reply::Stream {

@@ -219,9 +219,11 @@ fn check_acme_secret(
     let acme = tls.is_some_and(|t| t.acme.is_some());
     if acme && cluster_secret_given == Some(false) {
         c.error(
-        "cluster.secret_file",
-        "required with `tls.acme` in cluster mode: the nodes share ACME private keys through Redis, sealed with this secret (a file of at least 32 bytes, the same on every node)",
-    );
+            "cluster.secret_file",
+            "required with `tls.acme` in cluster mode: the nodes share ACME private keys \
+             through Redis, sealed with this secret (a file of at least 32 bytes, the same \
+             on every node)",
+        );
     }
 }
 

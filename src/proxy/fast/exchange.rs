@@ -385,8 +385,8 @@ impl FastPath {
                 }
                 AttemptEvent::Failed(failed) => return Err(failed),
                 AttemptEvent::Due => {
-                    self.when_due(out, &mut waiting, deadline(out), peer)
-                        .await?
+                    // The deadline is read in there, after it moved.
+                    self.when_due(out, &mut waiting, deadline, peer).await?
                 }
             }
         }
@@ -395,12 +395,13 @@ impl FastPath {
     /// A deadline of the attempt came: the headers deadline moves to the
     /// request's last progress; a client body stalled past
     /// `limits.body_timeout_ms` fails the attempt; else the watch looks at
-    /// the shard (timed out, unreachable, or waited on).
+    /// the shard (timed out, unreachable, or waited on) against the
+    /// headers `deadline` as it reads after that move.
     async fn when_due(
         &self,
         out: &mut Outbound,
         waiting: &mut Waiting,
-        deadline: Instant,
+        deadline: impl Fn(&Outbound) -> Instant,
         peer: &ShardPeer,
     ) -> Result<(), Failed> {
         if let Some(at) = out.progressed.take() {
@@ -416,7 +417,7 @@ impl FastPath {
         {
             return Err(Failed::Client(BodyError::Stalled));
         }
-        match waiting.look(deadline, peer.addr).await {
+        match waiting.look(deadline(out), peer.addr).await {
             Verdict::None => Ok(()),
             Verdict::TimedOut => Err(Failed::Shard(AttemptFailure::Shard(
                 UpstreamFailure::Timeout,
