@@ -6,7 +6,8 @@
 //! Pingora's proxy runs every request through channels between two tasks,
 //! two header maps and a pooled connection guarded by a task of its own;
 //! measured here, that costs 3–4× nginx's CPU per request with a body.
-//! Here a request is one task: its head (already read and limited by
+//! Here a request is one task: an HTTP/1 request's course in `http1.rs`,
+//! an HTTP/2 stream's in `h2.rs`; its head (already read and limited by
 //! the front end) parsed once and rewritten byte for byte into the head the
 //! shard receives (`request.rs`), its body re-framed as it is read
 //! (`body.rs`), both sent on a pooled or new connection, plain or TLS
