@@ -106,6 +106,7 @@ pub(crate) mod tests {
             weight: 1.0,
             region: None,
             tenants: None,
+            protocol: Default::default(),
         };
         let started = std::time::Instant::now();
         let within = Duration::from_millis(200);

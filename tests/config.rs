@@ -52,6 +52,19 @@ fn defaults_fill_every_optional_section() {
 }
 
 #[test]
+fn a_shards_protocol_is_http1_unless_it_says_h2_or_auto() {
+    use shardgate::routing::ShardProtocol;
+    let text = "listen: [{ addr: 127.0.0.1:8080 }]\ndomains: {}\nshards:\n  - { id: a, url: \"http://127.0.0.1:1\" }\n  - { id: b, url: \"http://127.0.0.1:2\", protocol: h2 }\n  - { id: c, url: \"https://127.0.0.1:3\", protocol: auto }\n";
+    let c = Config::parse(text, None).unwrap_or_else(|e| panic!("{e}"));
+    let protocols: Vec<ShardProtocol> = c.shards.iter().map(|s| s.protocol).collect();
+    assert_eq!(protocols, [ShardProtocol::Http1, ShardProtocol::H2, ShardProtocol::Auto]);
+    // A snapshot of an HTTP/1.1 shard keeps the reference's shape.
+    let json = serde_json::to_value(&c.shards[0]).expect("json");
+    assert!(json.get("protocol").is_none(), "{json}");
+    assert_eq!(serde_json::to_value(&c.shards[1]).expect("json")["protocol"], "h2");
+}
+
+#[test]
 fn switches_turn_sections_off() {
     let text = format!("{MINIMAL}retry: false\nupstream: {{ liveness: false }}\nstate: false\n");
     let c = Config::parse(&text, None).unwrap_or_else(|e| panic!("{e}"));
@@ -77,6 +90,8 @@ const BROKEN: &[(&str, &str, &str, usize)] = &[
     ("url without scheme", "listen: [{ addr: 127.0.0.1:80 }]\nshards:\n  - id: a\n    url: 127.0.0.1:3000\ndomains: {}\n", "shards[0].url", 4),
     ("url without port", "listen: [{ addr: 127.0.0.1:80 }]\nshards:\n  - id: a\n    url: http://127.0.0.1\ndomains: {}\n", "shards[0].url", 4),
     ("ftp url", "listen: [{ addr: 127.0.0.1:80 }]\nshards:\n  - id: a\n    url: ftp://127.0.0.1:21\ndomains: {}\n", "shards[0].url", 4),
+    ("unknown shard protocol", "listen: [{ addr: 127.0.0.1:80 }]\nshards:\n  - { id: a, url: \"http://127.0.0.1:1\", protocol: h3 }\ndomains: {}\n", "shards[0].protocol", 3),
+    ("auto over plain http", "listen: [{ addr: 127.0.0.1:80 }]\nshards:\n  - { id: a, url: \"http://127.0.0.1:1\", protocol: auto }\ndomains: {}\n", "shards[0].protocol", 3),
     ("duplicate shard id", "listen: [{ addr: 127.0.0.1:80 }]\nshards:\n  - { id: a, url: \"http://127.0.0.1:1\" }\n  - { id: a, url: \"http://127.0.0.1:2\" }\ndomains: {}\n", "shards[1].id", 4),
     ("duplicate region id", "listen: [{ addr: 127.0.0.1:80 }]\nshards: []\ndomains: {}\nregions:\n  - { id: us }\n  - { id: us }\n", "regions[1].id", 6),
     ("shard in an unknown region", "listen: [{ addr: 127.0.0.1:80 }]\nshards:\n  - { id: a, url: \"http://127.0.0.1:1\", region: mars }\ndomains: {}\nregions: [{ id: us }]\n", "shards[0].region", 3),

@@ -17,6 +17,7 @@ struct ShardBody {
     weight: Option<f64>,
     region: Option<String>,
     tenants: Option<Vec<String>>,
+    protocol: Option<String>,
 }
 
 impl AdminApi {
@@ -76,8 +77,21 @@ impl AdminApi {
         if b.id.is_empty() {
             return Reply::error(StatusCode::BAD_REQUEST, "id: must not be empty");
         }
-        if let Err(e) = crate::config::parse_shard_url(&b.url) {
-            return Reply::error(StatusCode::BAD_REQUEST, format!("url: {e}"));
+        let tls = match crate::config::parse_shard_url(&b.url) {
+            Ok((tls, _, _)) => tls,
+            Err(e) => return Reply::error(StatusCode::BAD_REQUEST, format!("url: {e}")),
+        };
+        let protocol = match crate::config::shard_protocol(b.protocol.as_deref(), tls) {
+            Ok(protocol) => protocol,
+            Err(e) => return Reply::error(StatusCode::BAD_REQUEST, format!("protocol: {e}")),
+        };
+        if protocol.may_be_h2() && self.control.config.fast_transport() {
+            return Reply::error(
+                StatusCode::BAD_REQUEST,
+                "protocol: the fast transport speaks HTTP/1.1 to shards; an h2 or auto \
+                 shard needs the configuration to name one (then every request takes \
+                 Pingora's proxy path), or server.fast_path: false",
+            );
         }
         let weight = b.weight.unwrap_or(1.0);
         if !weight.is_finite() || weight < 0.0 {
@@ -100,6 +114,7 @@ impl AdminApi {
             weight,
             region: b.region,
             tenants: b.tenants,
+            protocol,
         };
         match self.control.add_shard_resolved(shard).await {
             Ok(true) => Reply::json(StatusCode::CREATED, json!({ "added": b.id })),

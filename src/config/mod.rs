@@ -18,7 +18,7 @@ use std::time::Duration;
 
 pub use crate::access_log::{AccessFormat, LogConfig};
 pub use crate::trace::TracingConfig;
-pub use validate::parse_shard_url;
+pub use validate::{parse_shard_url, shard_protocol};
 
 /// The validated configuration.
 #[derive(Clone, Debug)]
@@ -83,6 +83,14 @@ impl Config {
     pub fn max_body_of(&self, plan: Option<u16>) -> Option<u64> {
         let plan = plan.and_then(|i| self.plans.plans.get(usize::from(i)));
         plan.map_or(self.limits.max_body_bytes, |p| p.max_body_bytes)
+    }
+
+    /// Whether requests take the fast transport (`server.fast_path`), which
+    /// speaks HTTP/1.1 to shards only for now: a configuration with an
+    /// `h2` or `auto` shard takes Pingora's proxy path, which speaks
+    /// HTTP/2 to them (issue 37 is under way).
+    pub fn fast_transport(&self) -> bool {
+        self.server.fast_path && !self.shards.iter().any(|s| s.protocol.may_be_h2())
     }
 
     /// The largest body any tenant may send (`None`: some may send any):

@@ -170,6 +170,8 @@ pub struct RawShard {
     pub weight: Option<f64>,
     pub region: Option<String>,
     pub tenants: Option<Vec<String>>,
+    /// `http1` (default), `h2`, `auto` (DESIGN §8).
+    pub protocol: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -4,11 +4,15 @@
 //! the one on every shard socket and every client socket.
 
 use crate::config::Config;
-use crate::routing::Shard;
+use crate::routing::{Shard, ShardProtocol};
 use pingora::tls::ServerName;
 use pingora::upstreams::peer::{HttpPeer, ALPN};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
+
+/// Streams one HTTP/2 connection to a shard carries at most (fewer if
+/// the shard says so) before another is opened.
+pub const MAX_H2_STREAMS: usize = 100;
 
 /// Where and how to reach one shard.
 #[derive(Clone, Debug)]
@@ -20,6 +24,8 @@ pub struct ShardPeer {
     pub key: UpstreamKey,
     /// The Pingora peer template, cloned per request.
     pub peer: HttpPeer,
+    /// How the shard is spoken to (DESIGN §8).
+    pub protocol: ShardProtocol,
 }
 
 /// Which pooled connections may serve a shard: the same address, and for
@@ -70,11 +76,23 @@ pub fn peer_at(config: &Config, shard: &Shard, addr: SocketAddr) -> Result<Shard
     options.idle_timeout = Some(config.upstream.keepalive_timeout);
     // As on the fast transport's shard sockets.
     options.tcp_keepalive = Some(keepalive());
-    options.alpn = ALPN::H1;
+    options.alpn = match shard.protocol {
+        ShardProtocol::Http1 => ALPN::H1,
+        // Cleartext: prior knowledge (HTTP/2 is the least version, so no
+        // HTTP/1 session is made); TLS: ALPN `h2` only.
+        ShardProtocol::H2 => ALPN::H2,
+        ShardProtocol::Auto => ALPN::H2H1,
+    };
+    // Streams per HTTP/2 connection before another opens (the shard's own
+    // SETTINGS_MAX_CONCURRENT_STREAMS lowers it), and a ping on idle ones:
+    // a vanished host is found by its silence.
+    options.max_h2_streams = MAX_H2_STREAMS;
+    options.h2_ping_interval = config.upstream.liveness.as_ref().map(|l| l.after);
     Ok(ShardPeer {
         addr,
         key: UpstreamKey { addr, tls: name },
         peer,
+        protocol: shard.protocol,
     })
 }
 

@@ -23,6 +23,6 @@ pub use domain::{DomainError, DomainMap, DomainMatch, Fallback, Resolved};
 pub use hash::{CustomHash, RoutingKey};
 pub use region::{Region, RegionDirectory, RegionError};
 pub use router::{AllowHook, HashStrategy, Load, LoadHook, Router, RouterMetrics, RouterOptions};
-pub use shard::{Shard, ShardEntry, ShardId, ShardSet, ShardStatus};
+pub use shard::{Shard, ShardEntry, ShardId, ShardProtocol, ShardSet, ShardStatus};
 pub use snapshot::{RouteBucketSnapshot, RouterSnapshot, ShardSnapshot, TenantSnapshot, Tokens};
 pub use top::{TopRefused, TopTenant};

@@ -61,6 +61,52 @@ fn default_weight() -> f64 {
     1.0
 }
 
+/// How a shard is spoken to (DESIGN §8). Not a routing matter: it travels
+/// with the shard (configuration, admin API, state file, cluster) so that
+/// every place that reaches the shard agrees.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ShardProtocol {
+    /// HTTP/1.1 (the default).
+    #[default]
+    Http1,
+    /// HTTP/2: cleartext with prior knowledge for `http`, ALPN `h2`
+    /// required for `https`.
+    H2,
+    /// `https` only: the shard picks through ALPN (h2 or http/1.1).
+    Auto,
+}
+
+impl ShardProtocol {
+    /// The name the configuration and the admin API use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShardProtocol::Http1 => "http1",
+            ShardProtocol::H2 => "h2",
+            ShardProtocol::Auto => "auto",
+        }
+    }
+
+    /// Parses a configured name.
+    pub fn parse(name: &str) -> Option<ShardProtocol> {
+        match name {
+            "http1" => Some(ShardProtocol::Http1),
+            "h2" => Some(ShardProtocol::H2),
+            "auto" => Some(ShardProtocol::Auto),
+            _ => None,
+        }
+    }
+
+    /// Whether the shard may be spoken to in HTTP/2.
+    pub fn may_be_h2(self) -> bool {
+        self != ShardProtocol::Http1
+    }
+
+    fn is_http1(&self) -> bool {
+        *self == ShardProtocol::Http1
+    }
+}
+
 /// A backend shard. `tenants` present makes it dedicated (an empty list is
 /// eligible for nobody); `region` absent makes it a candidate in every
 /// region; `weight` only matters to `rendezvous` and `hrw`.
@@ -74,6 +120,10 @@ pub struct Shard {
     pub region: Option<String>,
     #[serde(default)]
     pub tenants: Option<Vec<String>>,
+    /// Left out of a snapshot when `http1`: a snapshot of HTTP/1.1 shards
+    /// keeps the reference's shape.
+    #[serde(default, skip_serializing_if = "ShardProtocol::is_http1")]
+    pub protocol: ShardProtocol,
 }
 
 impl Shard {
@@ -84,7 +134,13 @@ impl Shard {
             weight: 1.0,
             region: None,
             tenants: None,
+            protocol: ShardProtocol::Http1,
         }
+    }
+
+    pub fn with_protocol(mut self, protocol: ShardProtocol) -> Self {
+        self.protocol = protocol;
+        self
     }
 
     pub fn with_weight(mut self, weight: f64) -> Self {

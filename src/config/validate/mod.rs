@@ -20,7 +20,7 @@ mod server;
 mod tls;
 mod upstream;
 
-pub use routing::parse_shard_url;
+pub use routing::{parse_shard_url, shard_protocol};
 
 /// The longest duration a `*_ms` setting may have: a week.
 const MAX_MS: u64 = 7 * 24 * 3600 * 1000;

@@ -4,7 +4,7 @@
 use super::Checker;
 use crate::config::raw::{RawDomains, RawRegion, RawRouting, RawShard};
 use crate::config::{DomainsConfig, HashKind, LoadKind, RoutingConfig};
-use crate::routing::{Balance, DomainMap, Fallback, Region, Shard};
+use crate::routing::{Balance, DomainMap, Fallback, Region, Shard, ShardProtocol};
 use http::HeaderName;
 use std::collections::BTreeSet;
 use std::net::ToSocketAddrs;
@@ -70,6 +70,23 @@ pub fn parse_shard_url(url: &str) -> Result<(bool, String, u16), String> {
     Ok((tls, host, port))
 }
 
+/// A shard's `protocol` (DESIGN §8) for a shard whose URL is `https`
+/// when `tls`: `http1` when absent.
+pub fn shard_protocol(name: Option<&str>, tls: bool) -> Result<ShardProtocol, String> {
+    let Some(name) = name else {
+        return Ok(ShardProtocol::Http1);
+    };
+    match ShardProtocol::parse(name) {
+        None => Err(format!("`{name}`: must be http1, h2 or auto")),
+        Some(ShardProtocol::Auto) if !tls => Err(
+            "auto needs an https url (the shard picks its protocol through ALPN); \
+             h2 speaks HTTP/2 to an http url with prior knowledge"
+                .to_string(),
+        ),
+        Some(protocol) => Ok(protocol),
+    }
+}
+
 pub(super) fn check_shards(
     c: &mut Checker<'_>,
     shards: Vec<RawShard>,
@@ -86,8 +103,13 @@ pub(super) fn check_shards(
                 format!("duplicate shard id `{}`", s.id),
             );
         }
+        let mut protocol = ShardProtocol::Http1;
         match parse_shard_url(&s.url) {
-            Ok((_, host, port)) => {
+            Ok((tls, host, port)) => {
+                match shard_protocol(s.protocol.as_deref(), tls) {
+                    Ok(p) => protocol = p,
+                    Err(msg) => c.error(format!("shards[{i}].protocol"), msg),
+                }
                 if host.parse::<std::net::IpAddr>().is_err()
                     && (host.as_str(), port).to_socket_addrs().is_err()
                 {
@@ -114,6 +136,7 @@ pub(super) fn check_shards(
             weight,
             region: s.region,
             tenants: s.tenants,
+            protocol,
         });
     }
     out
