@@ -349,6 +349,9 @@ fn text_line(out: &mut String, s: &RequestSummary<'_>) {
         s.attempts,
         Capped(&s.request_id, MAX_FIELD_BYTES),
     );
+    if let Some(status) = s.grpc_status {
+        let _ = write!(out, " grpc_status={status}");
+    }
 }
 
 /// The wall-clock time at `now`: read once a second per thread, and moved
@@ -413,6 +416,10 @@ fn json_line(
     let mut digits = itoa::Buffer::new();
     out.push_str(",\"status\":");
     out.push_str(digits.format(s.status));
+    if let Some(status) = s.grpc_status {
+        out.push_str(",\"grpc_status\":");
+        out.push_str(digits.format(status));
+    }
     out.push_str(",\"bytes_in\":");
     out.push_str(digits.format(s.bytes_in));
     out.push_str(",\"bytes_out\":");
@@ -571,6 +578,7 @@ mod tests {
             bytes_out: 12,
             protocol: "HTTP/1.1",
             trace_id: None,
+            grpc_status: None,
         };
         let mut line = String::new();
         json_line(&mut line, &summary, None, UNIX_EPOCH);
@@ -609,6 +617,25 @@ mod tests {
         for field in ["shard", "decision", "tenant", "host"] {
             assert!(v[field].is_null(), "{field}");
         }
+        assert!(
+            !line.contains("grpc_status"),
+            "only when there is one: {line}"
+        );
+        // A gRPC call's answer: its status beside the HTTP one.
+        let grpc = RequestSummary {
+            grpc_status: Some(8),
+            ..refused
+        };
+        let mut line = String::new();
+        json_line(&mut line, &grpc, None, UNIX_EPOCH);
+        let v: serde_json::Value = serde_json::from_str(&line).expect(&line);
+        assert_eq!(
+            (v["status"].as_u64(), v["grpc_status"].as_u64()),
+            (Some(200), Some(8))
+        );
+        let mut text = String::new();
+        text_line(&mut text, &grpc);
+        assert!(text.ends_with(" grpc_status=8"), "{text}");
     }
 
     #[test]

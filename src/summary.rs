@@ -92,6 +92,8 @@ pub struct RequestSummary<'a> {
     pub protocol: &'static str,
     /// The trace the request is part of (32 hex digits), when traced.
     pub trace_id: Option<&'a str>,
+    /// A gRPC call's status, when its answer had one (DESIGN §8).
+    pub grpc_status: Option<u8>,
 }
 
 #[cfg(test)]
@@ -117,6 +119,7 @@ pub(crate) mod tests {
             bytes_out: 0,
             protocol: "HTTP/1.1",
             trace_id: None,
+            grpc_status: None,
         }
     }
 }

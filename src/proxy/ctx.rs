@@ -57,6 +57,12 @@ pub struct RequestCtx {
     pub(crate) refusal: Option<Refusal>,
     /// Status of the answer shardgate wrote itself, if it did.
     pub answered: Option<u16>,
+    /// A gRPC call (`content-type: application/grpc…`): shardgate's own
+    /// answers to it are gRPC answers (DESIGN §8).
+    pub grpc: bool,
+    /// The gRPC status of the answer, when it had one (the access log's
+    /// and the span's `grpc_status`).
+    pub grpc_status: Option<u8>,
     pub(crate) retry_ticket: Option<GaugeTicket>,
     /// The largest body this request may have: its tenant's plan's (or
     /// `limits`'), once planned.
@@ -104,6 +110,8 @@ impl Default for RequestCtx {
             decision: None,
             refusal: None,
             answered: None,
+            grpc: false,
+            grpc_status: None,
             retry_ticket: None,
             max_body: None,
             upstream_edit: Default::default(),
@@ -119,6 +127,13 @@ impl Default for RequestCtx {
 }
 
 impl RequestCtx {
+    /// Notes the answer shardgate wrote itself (as sent: a gRPC call's is
+    /// HTTP 200 with its `grpc-status`).
+    pub(crate) fn answered_with(&mut self, answer: &Refusal) {
+        self.answered = Some(answer.status);
+        self.grpc_status = answer.grpc_status;
+    }
+
     /// The shard of the current (or last) attempt.
     pub fn shard_id(&self) -> Option<&ShardId> {
         self.shard.as_ref().map(|s| s.id())

@@ -65,6 +65,10 @@ impl Finished<'_> {
                 i64::from(s.status),
             ));
         }
+        if let Some(status) = s.grpc_status {
+            // OpenTelemetry's name for a gRPC call's status.
+            attributes.push(KeyValue::new("rpc.grpc.status_code", i64::from(status)));
+        }
         let optional = [
             ("shardgate.tenant", s.tenant),
             ("shardgate.shard", s.shard.map(|id| id.as_str())),

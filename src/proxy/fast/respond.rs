@@ -135,8 +135,8 @@ impl FastPath {
         refusal: Refusal,
         close: bool,
     ) -> (u16, bool) {
-        ctx.answered = Some(refusal.status);
         let refusal = self.gateway.identified(refusal, ctx);
+        ctx.answered_with(&refusal);
         client.queue_answer(&refusal, close);
         let sent = tokio::time::timeout(self.send_timeout, poll_fn(|cx| client.poll_send(cx)));
         (refusal.status, matches!(sent.await, Ok(Ok(()))))

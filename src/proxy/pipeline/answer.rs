@@ -11,6 +11,7 @@ use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 use pingora::protocols::http::date::get_cached_date;
+use pingora::protocols::http::HttpTask;
 use pingora_proxy::Session;
 
 /// A refusal to proxy, with everything needed to answer it.
@@ -19,19 +20,25 @@ pub struct Refusal {
     pub status: u16,
     pub body: String,
     /// `Retry-After` in whole seconds.
-    pub retry_after: Option<u64>,
+    pub retry_after: Option<u32>,
     /// The router's decision, when it was one.
     pub decision: Option<Decision>,
     /// The body's type (`application/json` for shardgate's own answers);
     /// none for an empty body.
     pub content_type: Option<&'static str>,
     /// A redirect's target.
-    pub location: Option<String>,
+    pub location: Option<Box<str>>,
     /// An embedder's own fields (`RequestCheck::Answer`), after shardgate's.
     pub extra: Vec<(http::HeaderName, http::HeaderValue)>,
     /// The request's ID and its field, written last (over an embedder's
     /// field of the same name).
     pub request_id: Option<Box<(http::HeaderName, RequestId)>>,
+    /// The decision's or the error's name (`rate-limited`,
+    /// `unknown-domain`): what a gRPC answer's `grpc-message` says.
+    pub name: Option<&'static str>,
+    /// A gRPC answer's status (DESIGN §8): the answer is then HTTP 200,
+    /// trailers-only, and this is its `grpc-status`.
+    pub grpc_status: Option<u8>,
 }
 
 impl Refusal {
@@ -57,15 +64,40 @@ impl Refusal {
             None => format!("{{\"decision\":\"{}\"}}", decision.as_str()),
         };
         Refusal {
-            retry_after: retry_after_secs.map(|s| (s.ceil() as u64).max(1)),
+            retry_after: retry_after_secs.map(|s| (s.ceil() as u32).max(1)),
             decision: Some(decision),
+            name: Some(decision.as_str()),
             ..Refusal::json(status, body)
         }
     }
 
     /// An error of shardgate's own (`unknown-domain`, `upstream-timeout`, …).
-    pub fn error(status: u16, error: &str) -> Self {
-        Refusal::json(status, format!("{{\"error\":{}}}", json_string(error)))
+    pub fn error(status: u16, error: &'static str) -> Self {
+        Refusal {
+            name: Some(error),
+            ..Refusal::json(status, format!("{{\"error\":{}}}", json_string(error)))
+        }
+    }
+
+    /// The same answer as a gRPC client reads one (DESIGN §8): HTTP 200,
+    /// `content-type: application/grpc`, no body (trailers-only: the head
+    /// ends the stream), `grpc-status` by the HTTP status, `grpc-message`
+    /// the decision or error name, and `grpc-retry-pushback-ms` where a
+    /// `Retry-After` would be. An embedder's own answer is left as it is.
+    pub fn for_grpc(self) -> Self {
+        let Some(name) = self.name else {
+            return self;
+        };
+        let grpc_status = grpc_status_of(self.status);
+        Refusal {
+            status: 200,
+            body: String::new(),
+            content_type: Some("application/grpc"),
+            location: None,
+            grpc_status: Some(grpc_status),
+            name: Some(name),
+            ..self
+        }
     }
 
     /// An answer with a JSON body.
@@ -79,6 +111,8 @@ impl Refusal {
             location: None,
             extra: Vec::new(),
             request_id: None,
+            name: None,
+            grpc_status: None,
         }
     }
 
@@ -100,7 +134,7 @@ impl Refusal {
     pub fn redirect(location: String) -> Self {
         Refusal {
             content_type: None,
-            location: Some(location),
+            location: Some(location.into_boxed_str()),
             ..Refusal::json(308, String::new())
         }
     }
@@ -148,19 +182,30 @@ impl Refusal {
         let theirs = |name: &str| self.extra.iter().any(|(n, _)| n.as_str() == name);
         let id = self.request_id.as_deref();
         let ours = move |name: &http::HeaderName| id.is_some_and(|(n, _)| n == name);
-        let fixed: [Option<(&str, String)>; 6] = [
+        let grpc = self.grpc_status;
+        let fixed: [Option<(&str, String)>; 8] = [
             self.content_type.map(|t| ("content-type", t.to_string())),
             // None on a 204 or 304 (RFC 9110 §8.6).
             (!matches!(self.status, 204 | 304))
                 .then(|| ("content-length", self.body.len().to_string())),
             (!theirs("cache-control")).then(|| ("cache-control", "no-store".to_string())),
-            self.retry_after
-                .map(|secs| ("retry-after", secs.to_string())),
-            self.location.clone().map(|l| ("location", l)),
+            self.retry_after.map(|secs| match grpc {
+                None => ("retry-after", secs.to_string()),
+                Some(_) => (
+                    "grpc-retry-pushback-ms",
+                    (u64::from(secs) * 1000).to_string(),
+                ),
+            }),
+            self.location
+                .as_deref()
+                .map(|l| ("location", l.to_string())),
             Some((
                 "date",
                 String::from_utf8_lossy(get_cached_date().as_bytes()).into_owned(),
             )),
+            grpc.map(|status| ("grpc-status", status.to_string())),
+            grpc.and(self.name)
+                .map(|name| ("grpc-message", name.to_string())),
         ];
         // A value that is not visible ASCII (as `http` reads it) is left out.
         let extra = (self.extra.iter())
@@ -212,9 +257,17 @@ impl Refusal {
     }
 
     /// Writes the answer through Pingora's session; the connection stays
-    /// usable when the request was read whole.
+    /// usable when the request was read whole. An answer with no body ends
+    /// with its head (a gRPC answer's trailers-only HEADERS frame).
     pub async fn send(&self, session: &mut Session) -> Result<()> {
         let head_only = session.req_header().method == http::Method::HEAD;
+        if self.grpc_status.is_some() {
+            // Trailers-only: one HEADERS frame that ends the stream
+            // (Pingora's `write_response_header` leaves it open on HTTP/2).
+            let head = HttpTask::Header(self.response_header()?, true);
+            session.as_mut().response_duplex_vec(vec![head]).await?;
+            return Ok(());
+        }
         session
             .write_response_header(self.response_header()?, head_only)
             .await?;
@@ -225,6 +278,42 @@ impl Refusal {
         }
         Ok(())
     }
+}
+
+/// The gRPC status for shardgate's answer with HTTP `status` (DESIGN §8's
+/// table; the rest as gRPC maps HTTP statuses).
+fn grpc_status_of(status: u16) -> u8 {
+    match status {
+        // INTERNAL
+        400 | 431 | 500 | 505 => 13,
+        // UNAUTHENTICATED
+        401 => 16,
+        // PERMISSION_DENIED
+        403 => 7,
+        // UNIMPLEMENTED
+        404 | 405 | 501 => 12,
+        // DEADLINE_EXCEEDED
+        408 | 504 => 4,
+        // RESOURCE_EXHAUSTED
+        413 | 429 => 8,
+        // UNAVAILABLE
+        502 | 503 => 14,
+        // UNKNOWN
+        _ => 2,
+    }
+}
+
+/// Whether a request with this `content-type` is a gRPC call
+/// (`application/grpc`, `application/grpc+proto`, with parameters or not).
+pub fn is_grpc(content_type: &[u8]) -> bool {
+    let Some(rest) = content_type
+        .get(..16)
+        .filter(|p| p.eq_ignore_ascii_case(b"application/grpc"))
+        .map(|_| &content_type[16..])
+    else {
+        return false;
+    };
+    matches!(rest.first(), None | Some(b'+') | Some(b';'))
 }
 
 /// Whether an answer with `status` has no content.
@@ -268,6 +357,100 @@ mod tests {
             Refusal::error(404, "unknown-domain").body,
             r#"{"error":"unknown-domain"}"#
         );
+    }
+
+    #[test]
+    fn a_grpc_call_is_refused_in_grpc() {
+        let fields = |r: &Refusal| -> Vec<(String, String)> {
+            r.fields()
+                .filter(|(n, _)| *n != "date")
+                .map(|(n, v)| (n.to_string(), v))
+                .collect()
+        };
+        let r = Refusal::decision(Decision::RateLimited, Some("tenant"), Some(1.5)).for_grpc();
+        assert_eq!((r.status, r.body.as_str()), (200, ""));
+        let pairs = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+            list.iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            fields(&r),
+            pairs(&[
+                ("content-type", "application/grpc"),
+                ("content-length", "0"),
+                ("cache-control", "no-store"),
+                ("grpc-retry-pushback-ms", "2000"),
+                ("grpc-status", "8"),
+                ("grpc-message", "rate-limited"),
+            ])
+        );
+        let table = [
+            (Refusal::decision(Decision::Denied, None, None), 7, "denied"),
+            (
+                Refusal::decision(Decision::Capped, None, Some(1.0)),
+                8,
+                "capped",
+            ),
+            (Refusal::error(413, "body-too-large"), 8, "body-too-large"),
+            (Refusal::error(404, "unknown-domain"), 12, "unknown-domain"),
+            (Refusal::error(400, "bad-request"), 13, "bad-request"),
+            (
+                Refusal::error(431, "header-too-large"),
+                13,
+                "header-too-large",
+            ),
+            (
+                Refusal::decision(Decision::NoShards, None, None),
+                14,
+                "no-shards",
+            ),
+            (
+                Refusal::error(502, "upstream-unreachable"),
+                14,
+                "upstream-unreachable",
+            ),
+            (
+                Refusal::error(504, "upstream-timeout"),
+                4,
+                "upstream-timeout",
+            ),
+        ];
+        for (refusal, status, message) in table {
+            let r = refusal.for_grpc();
+            let got = fields(&r);
+            assert!(
+                got.contains(&("grpc-status".into(), status.to_string())),
+                "{got:?}"
+            );
+            assert!(
+                got.contains(&("grpc-message".into(), message.into())),
+                "{got:?}"
+            );
+            assert!(!got.iter().any(|(n, _)| n == "retry-after"), "{got:?}");
+        }
+        // An embedder's own answer is its own.
+        let own = Refusal::custom(451, "no".into()).for_grpc();
+        assert_eq!((own.status, own.grpc_status), (451, None));
+    }
+
+    #[test]
+    fn grpc_calls_are_told_by_their_content_type() {
+        for yes in [
+            "application/grpc",
+            "application/grpc+proto",
+            "Application/GRPC;x=1",
+        ] {
+            assert!(is_grpc(yes.as_bytes()), "{yes}");
+        }
+        for no in [
+            "application/grpc-web",
+            "application/json",
+            "application/grp",
+            "",
+        ] {
+            assert!(!is_grpc(no.as_bytes()), "{no}");
+        }
     }
 
     #[test]

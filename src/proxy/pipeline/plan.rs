@@ -4,7 +4,7 @@
 //! routing again for a retry; and the request's end (duration, release,
 //! access log).
 
-use super::answer::Refusal;
+use super::answer::{is_grpc, Refusal};
 use super::body::BodyPhase;
 use super::fields::{is_hop_by_hop, is_text, Owned};
 use super::message::{check_host, content_length};
@@ -34,6 +34,7 @@ impl Gateway {
         req: &RequestView<'r>,
         ctx: &mut RequestCtx,
     ) -> Result<&'r str, Refusal> {
+        ctx.grpc = req.header("content-type").is_some_and(is_grpc);
         if self.control.tracer.is_on() {
             ctx.trace = self.control.tracer.start(req.values("traceparent"));
         }
@@ -154,6 +155,12 @@ impl Gateway {
             // Removed between the decision and now.
             return Err(Refusal::decision(Decision::NoShards, None, None));
         };
+        if ctx.grpc && !peer.protocol.may_be_h2() {
+            // gRPC needs HTTP/2 to the shard (its status is in trailers):
+            // UNAVAILABLE, naming why (DESIGN §8); the admission is dropped.
+            ctx.shard = shard;
+            return Err(Refusal::error(502, "grpc-to-http1-shard"));
+        }
         ctx.admission = routed.admission.take();
         ctx.shard = shard;
         ctx.peer = Some(peer);
@@ -292,6 +299,7 @@ impl Gateway {
             bytes_out: ctx.bytes_out,
             protocol: line.protocol,
             trace_id: trace_id.as_ref().map(|t| t.as_str()),
+            grpc_status: ctx.grpc_status,
         };
         self.control.access_log.write(&summary, line.client, ended);
         self.control.hooks.logging(&summary);
@@ -356,7 +364,13 @@ impl Gateway {
     }
 
     /// `refusal` as this request's answer: saying its ID.
+    /// `refusal` as the request's client is answered: in gRPC to a gRPC
+    /// call, saying the request's ID.
     pub(crate) fn identified(&self, refusal: Refusal, ctx: &RequestCtx) -> Refusal {
+        let refusal = match ctx.grpc {
+            true => refusal.for_grpc(),
+            false => refusal,
+        };
         refusal.with_request_id(&self.control.config.request_id.header, &ctx.request_id)
     }
 
