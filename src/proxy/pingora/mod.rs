@@ -18,7 +18,8 @@ use super::hooks::{RequestLine, RequestView, ResponseEdit, UpstreamFailure};
 use super::pipeline::answer::Refusal;
 use super::pipeline::failure::AttemptFailure;
 use super::pipeline::fields::{
-    joined_cookie, strip_response_hop_by_hop, unrequested_switch, Forwarding, Owned,
+    accepts_trailers, joined_cookie, strip_response_hop_by_hop, unrequested_switch, Forwarding,
+    Owned,
 };
 use super::pipeline::message::{content_length, declared_framing, length_allowed};
 use super::pipeline::plan::host_from;
@@ -70,8 +71,9 @@ impl ProxyHttp for Gateway {
                 Ok(false)
             }
             Err(refusal) => {
-                ctx.answered = Some(refusal.status);
-                self.identified(refusal, ctx).send(session).await?;
+                let refusal = self.identified(refusal, ctx);
+                ctx.answered_with(&refusal);
+                refusal.send(session).await?;
                 if session.req_header().version == http::Version::HTTP_2 {
                     // As the fast transport: the body still coming is read
                     // off a while, so that the stream ends without a reset
@@ -136,7 +138,10 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.phases |= phase::CONNECTED_TO_UPSTREAM;
-        if reused && !peer.is_tls() && !quiet(fd) {
+        // (An HTTP/2 connection is shared: other streams' bytes are its
+        // own reader's, never this request's answer.)
+        let http1 = ctx.peer.as_ref().is_none_or(|p| !p.protocol.may_be_h2());
+        if reused && http1 && !peer.is_tls() && !quiet(fd) {
             return Err(Error::create(
                 ErrorType::ConnectionClosed,
                 ErrorSource::Upstream,
@@ -265,7 +270,12 @@ impl ProxyHttp for Gateway {
                 upstream_request.append_header(name.clone(), value.clone())?;
             }
         }
+        let te = session.req_header().headers.get_all(http::header::TE);
+        let trailers = accepts_trailers(te.iter().map(|v| v.as_bytes()));
         forwarding.apply(upstream_request)?;
+        if trailers && ctx.peer.as_ref().is_some_and(|p| p.protocol.may_be_h2()) {
+            upstream_request.insert_header(http::header::TE, "trailers")?;
+        }
         if session.req_header().version == http::Version::HTTP_2 {
             let cookies = upstream_request.headers.get_all(http::header::COOKIE);
             if let Some(joined) = joined_cookie(cookies.iter().map(|v| v.as_bytes())) {
@@ -479,7 +489,7 @@ impl ProxyHttp for Gateway {
             let refusal = self.identified(refusal, ctx);
             if final_status(session).is_none() && refusal.send(session).await.is_ok() {
                 code = refusal.status;
-                ctx.answered = Some(code);
+                ctx.answered_with(&refusal);
             }
         }
         FailToProxy {

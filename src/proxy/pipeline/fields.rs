@@ -238,6 +238,21 @@ impl Forwarding<'_> {
     }
 }
 
+/// Whether the client's `TE` fields accept trailers (`TE: trailers`, the
+/// one value HTTP/2 allows, RFC 9113 §8.2.2). `TE` is hop-by-hop: an
+/// HTTP/2 shard is sent `te: trailers` anew when this holds (gRPC servers
+/// refuse a call without it).
+pub fn accepts_trailers<'v>(te: impl Iterator<Item = &'v [u8]>) -> bool {
+    te.flat_map(|value| value.split(|b| *b == b','))
+        .map(|part| {
+            part.split(|b| *b == b';')
+                .next()
+                .unwrap_or_default()
+                .trim_ascii()
+        })
+        .any(|coding| coding.eq_ignore_ascii_case(b"trailers"))
+}
+
 /// The `Cookie` fields as one, joined by "; ", when there are several:
 /// HTTP/2 lets a client split them, an HTTP/1.1 shard must get one (RFC
 /// 9113 §8.2.3).
@@ -298,6 +313,17 @@ pub fn strip_response_hop_by_hop(resp: &mut ResponseHeader) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn te_accepts_trailers_by_its_coding_alone() {
+        let accepts = |values: &[&str]| accepts_trailers(values.iter().map(|v| v.as_bytes()));
+        assert!(accepts(&["trailers"]));
+        assert!(accepts(&["gzip, Trailers"]));
+        assert!(accepts(&["gzip;q=0.5", "trailers;q=1"]));
+        assert!(!accepts(&["gzip"]));
+        assert!(!accepts(&["trailersx", "no-trailers"]));
+        assert!(!accepts(&[]));
+    }
 
     fn request() -> RequestHeader {
         let mut req = RequestHeader::build("GET", b"/x?y=1", None).unwrap();
