@@ -925,3 +925,40 @@ fn a_route_bucket_holds_however_the_path_is_spelled_and_the_shard_gets_it_verbat
         "the shard gets the path byte for byte"
     );
 }
+
+/// A plain listener speaks HTTP/2 to a client with prior knowledge (a
+/// connection that opens with the preface, DESIGN §8), through the same
+/// pipeline: routing, forwarding, bodies. Only at a connection's start: a
+/// preface after an HTTP/1 request is 505, as any other version.
+#[test]
+fn a_plain_listener_speaks_http2_with_prior_knowledge() {
+    let a = Backend::start("a");
+    let gw = one(&a, "");
+    let curl = |args: &[&str]| {
+        let out = std::process::Command::new("curl")
+            .args(["-s", "--http2-prior-knowledge", "--max-time", "10"])
+            .args([
+                "-H",
+                "Host: t.localhost",
+                "-w",
+                "\n%{http_version} %{http_code}",
+            ])
+            .args(args)
+            .arg(format!("http://127.0.0.1:{}/h2c", gw.port))
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let got = curl(&[]);
+    assert!(got.ends_with("\n2 200"), "{got}");
+    assert!(got.contains("\"shard\":\"a\""), "{got}");
+    let posted = curl(&["--data-binary", "hello over h2c"]);
+    assert!(posted.ends_with("\n2 200"), "{posted}");
+    assert_eq!(a.count(), 2);
+    let (statuses, _) = exchange(
+        gw.port,
+        b"GET / HTTP/1.1\r\nHost: t.localhost\r\n\r\nPRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+        Duration::from_secs(2),
+    );
+    assert_eq!(statuses, vec![200, 505]);
+}

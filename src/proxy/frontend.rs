@@ -77,6 +77,7 @@ impl<A> Frontend<A> {
             HeadError::Timeout => Refusal::error(408, "request-timeout"),
             HeadError::TooLarge => Refusal::error(431, "header-too-large"),
             HeadError::Refused(refused) => Refusal::error(refused.status, refused.code),
+            HeadError::Preface => Refusal::error(505, "http-version-not-supported"),
         };
         let mut ctx = RequestCtx {
             started: failure.began,
@@ -189,7 +190,7 @@ where
             )
         {
             if !h2c && stream.selected_alpn_proto() == Some(ALPN::H2) {
-                Box::pin(self.serve_h2(self.fast.as_ref(), stream, shutdown)).await;
+                Box::pin(self.serve_h2(self.fast.as_ref(), stream, &[], shutdown)).await;
                 return None;
             }
             // h2c and custom protocols keep Pingora's own handling.
@@ -206,6 +207,19 @@ where
             let head = match read_head(&mut stream, &mut buf, &self.limits, watch.as_mut()).await {
                 Ok(Some(head)) => head,
                 Ok(None) => return None,
+                // HTTP/2 with prior knowledge (DESIGN §8): a plain
+                // connection that opens with the preface (not a redirect
+                // listener's: those answer HTTP/1 only).
+                Err(e)
+                    if e.error == HeadError::Preface
+                        && watch.is_none()
+                        && !tls
+                        && redirect.is_none() =>
+                {
+                    let fast = self.fast.as_ref();
+                    Box::pin(self.serve_h2(fast, stream, &buf, shutdown)).await;
+                    return None;
+                }
                 Err(e) => {
                     // Boxed, as the rest: its state (the answer's write, the
                     // lingering read) would sit in every silent connection's.

@@ -156,7 +156,8 @@ where
     /// An HTTP/2 connection, as Pingora's accept loop serves it (its
     /// handshake options, idle timeout, graceful shutdown and stream
     /// checks), each stream on the fast transport, or on Pingora's proxy
-    /// when `fast` is `None`.
+    /// when `fast` is `None`. `read`: what was read of the connection
+    /// already (a plain connection's preface, read as an HTTP/1 head).
     ///
     /// A new connection has `limits.keepalive_timeout_ms` for its preface
     /// and its first request, as an HTTP/1 connection has for its first
@@ -174,11 +175,12 @@ where
         self: &Arc<Self>,
         fast: Option<&FastPath>,
         stream: Stream,
+        read: &[u8],
         shutdown: &ShutdownWatch,
     ) {
         let digest = digest_of(&stream);
         let first_by = Instant::now() + self.limits.keepalive_timeout;
-        let Some(mut conn) = self.handshake_h2(stream, first_by).await else {
+        let Some(mut conn) = self.handshake_h2(stream, read, first_by).await else {
             return;
         };
         let idle_timeout = self.inner.server_options().and_then(|o| o.h2_idle_timeout);
@@ -278,16 +280,21 @@ where
     async fn handshake_h2(
         &self,
         stream: Stream,
+        read: &[u8],
         first_by: Instant,
     ) -> Option<h2::server::Connection<Stream, bytes::Bytes>> {
         use pingora::protocols::http::v2::server::handshake;
         use pingora::ErrorType::ReadError;
         // The h2 crate's handshake takes about 28 KiB of buffers: a client
         // that finished TLS and sent nothing yet holds none of them. Its
-        // first bytes are read first, put back in front, under the same
-        // deadline as the handshake.
+        // first bytes are read first (unless they were: `read`, a plain
+        // connection's), put back in front, under the same deadline as
+        // the handshake.
         let options = self.inner.h2_options();
         let handshake = async move {
+            if !read.is_empty() {
+                return handshake(Box::new(Rewound::new(stream, read)), options).await;
+            }
             let mut stream = stream;
             let mut start = [0u8; 24]; // a preface's length
             let read = stream.read(&mut start).await;

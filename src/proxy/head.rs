@@ -96,6 +96,10 @@ pub enum HeadError {
     /// Not a request line or framing RFC 9112 lets through (see
     /// `pipeline::message`): 400, 501 or 505, and the connection closes.
     Refused(Refused),
+    /// The HTTP/2 connection preface (RFC 9113 §3.4): a client with prior
+    /// knowledge, served as HTTP/2 where a connection may be (a plain
+    /// connection's start), else 505 as any other version.
+    Preface,
 }
 
 /// A refused head: why, and when its first byte came (for the log).
@@ -134,6 +138,7 @@ pub async fn read_head(
             match parse(buf, limits) {
                 Parsed::Complete(head) => return Ok(Some(head)),
                 Parsed::Refused(refused) => return failed(HeadError::Refused(refused)),
+                Parsed::Preface => return failed(HeadError::Preface),
                 Parsed::TooLarge => return failed(HeadError::TooLarge),
                 Parsed::Partial if buf.len() > limits.max_header_bytes => {
                     return failed(HeadError::TooLarge)
@@ -212,7 +217,13 @@ enum Parsed {
     /// reads it: a field name with a space, an obs-fold, a bare CR; 400 as
     /// RFC 9112 §5 says).
     Refused(Refused),
+    /// The start of the HTTP/2 connection preface.
+    Preface,
 }
+
+/// How the HTTP/2 connection preface starts: the request line and blank
+/// line an HTTP/1 reader sees of it (RFC 9113 §3.4).
+const PREFACE_HEAD: &[u8] = b"PRI * HTTP/2.0\r\n\r\n";
 
 /// A whole head httparse does not read.
 const MALFORMED: Refused = Refused {
@@ -224,6 +235,9 @@ const MALFORMED: Refused = Refused {
 const STACK_HEADERS: usize = 128;
 
 fn parse(buf: &[u8], limits: &HeadLimits) -> Parsed {
+    if buf.starts_with(PREFACE_HEAD) {
+        return Parsed::Preface;
+    }
     // Not initialised: httparse writes the slots it fills, no more.
     let mut on_stack = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; STACK_HEADERS];
     let mut on_heap = Vec::new();
