@@ -4,8 +4,9 @@
 # tests), wrk (the fault tests under load), redis-server (cluster mode),
 # pebble (ACME), nghttp2-client and curl (HTTP/2), chromium and
 # chromium-driver (the operator's page), faketime (a node whose clock is
-# off, in the cluster tests). Debian/Ubuntu, as root;
-# otherwise prints what to install.
+# off, in the cluster tests), grpcio from PyPI (a real gRPC server and
+# client, tests/grpc.rs). Debian/Ubuntu, as root; otherwise prints what to
+# install.
 set -euo pipefail
 missing=()
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)
@@ -21,13 +22,22 @@ command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # the operator's pag
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 command -v ss >/dev/null 2>&1 || missing+=(iproute2)       # tests/faults.rs: a shard socket's keep-alive timer
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)  # tests/cluster.rs: a node with a skewed clock
-[ "${#missing[@]}" -eq 0 ] && exit 0
-if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-  echo "installing: ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}"
-else
-  echo "please install: ${missing[*]} (e.g. sudo apt-get install ${missing[*]})" >&2
-  exit 1
+command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
+if [ "${#missing[@]}" -ne 0 ]; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  else
+    echo "please install: ${missing[*]} (e.g. sudo apt-get install ${missing[*]})" >&2
+    exit 1
+  fi
+fi
+# A real gRPC server and client for tests/grpc.rs.
+if ! python3 -c "import grpc" >/dev/null 2>&1; then
+  echo "installing: grpcio (PyPI)"
+  python3 -m pip install --quiet grpcio \
+    || python3 -m pip install --quiet --break-system-packages grpcio \
+    || { echo "please install grpcio (python3 -m pip install grpcio)" >&2; exit 1; }
 fi

@@ -1,0 +1,165 @@
+//! gRPC through the gateway (DESIGN §8), with a real gRPC server and
+//! client (grpcio, `tests/peers/grpc_peer.py`): every kind of call over
+//! HTTP/2 with prior knowledge on a plain listener, status and metadata
+//! both ways, deadlines, and shardgate's own refusals as a gRPC client
+//! decodes them.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+const PEER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/grpc_peer.py");
+
+/// A gRPC server (`test.Echo`), killed when dropped.
+struct GrpcShard {
+    child: Child,
+    port: u16,
+}
+
+impl GrpcShard {
+    fn start(name: &str) -> GrpcShard {
+        let port = free_port();
+        let mut child = Command::new("python3")
+            .args([PEER, "server", &port.to_string(), name])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 with grpcio (scripts/prereqs.sh installs it)");
+        let mut ready = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        BufReader::new(stdout).read_line(&mut ready).expect("ready");
+        assert_eq!(ready.trim(), "ready", "the gRPC server did not start");
+        GrpcShard { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for GrpcShard {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A gateway in front of `shards` (`(id, url, protocol)`).
+fn gateway(shards: &[(&str, String, &str)], extra: &str) -> Gateway {
+    let mut yaml = String::from(
+        "listen: [{ addr: \"127.0.0.1:{port}\" }]\nadmin: { addr: \"127.0.0.1:{admin}\" }\nstate: false\nshards:\n",
+    );
+    for (id, url, protocol) in shards {
+        yaml.push_str(&format!(
+            "  - {{ id: {id}, url: \"{url}\", protocol: {protocol} }}\n"
+        ));
+    }
+    yaml.push_str("domains:\n  fallback_suffix: .localhost\n");
+    yaml.push_str(extra);
+    Gateway::start(&yaml)
+}
+
+/// One call of `case` through the gateway, as `authority`.
+fn call_as(gw: &Gateway, case: &str, authority: &str) -> Value {
+    let target = format!("127.0.0.1:{}", gw.port);
+    let out = Command::new("python3")
+        .args([PEER, "client", &target, case, authority])
+        .output()
+        .expect("python3");
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim())
+        .unwrap_or_else(|_| panic!("{case}: {text}\n{}", String::from_utf8_lossy(&out.stderr)))
+}
+
+fn call(gw: &Gateway, case: &str) -> Value {
+    call_as(gw, case, "t.localhost")
+}
+
+#[test]
+fn every_kind_of_grpc_call_passes_through_over_h2c() {
+    let shard = GrpcShard::start("g1");
+    let gw = gateway(&[("g1", shard.url(), "h2")], "");
+    let unary = call(&gw, "unary");
+    assert_eq!(unary["code"], "OK", "{unary}");
+    assert_eq!(unary["reply"], "hello");
+    // The shard's metadata both ways: initial (headers) and trailing
+    // (trailers), and the request's own metadata reached it.
+    assert_eq!(unary["initial"]["shard"], "g1", "{unary}");
+    assert_eq!(unary["trailing"]["echo-trailer"], "t1", "{unary}");
+    // The shard's status and message, as it sent them.
+    let failed = call(&gw, "fail:5 not here");
+    assert_eq!(
+        (failed["code"].as_str(), failed["details"].as_str()),
+        (Some("NOT_FOUND"), Some("not here"))
+    );
+    let streamed = call(&gw, "server-stream");
+    assert_eq!(
+        streamed["replies"],
+        serde_json::json!(["0", "1", "2", "3", "4"])
+    );
+    assert_eq!(call(&gw, "client-stream")["reply"], "a,b,c");
+    // Full duplex: each answer reached the client before its next request
+    // went (the client sends it only then).
+    let bidi = call(&gw, "bidi");
+    assert_eq!(
+        bidi["replies"],
+        serde_json::json!(["m0", "m1", "m2"]),
+        "{bidi}"
+    );
+    // Many calls in flight on one client connection.
+    let many = call(&gw, "many:64");
+    assert_eq!(many["ok"], 64, "{many}");
+}
+
+#[test]
+fn a_grpc_deadline_ends_the_call() {
+    let shard = GrpcShard::start("g1");
+    let gw = gateway(&[("g1", shard.url(), "h2")], "");
+    let r = call(&gw, "slow:3000:0.5");
+    assert_eq!(r["code"], "DEADLINE_EXCEEDED", "{r}");
+    assert_eq!(call(&gw, "slow:50:5")["code"], "OK");
+}
+
+#[test]
+fn shardgates_own_refusals_reach_a_grpc_client_as_grpc_statuses() {
+    let shard = GrpcShard::start("g1");
+    let gw = gateway(
+        &[("g1", shard.url(), "h2")],
+        "limits:\n  deny: [suspended]\n  rate: { tokens: 1, refill_per_second: 0.01 }\n",
+    );
+    let denied = call_as(&gw, "unary", "suspended.localhost");
+    assert_eq!(
+        (denied["code"].as_str(), denied["details"].as_str()),
+        (Some("PERMISSION_DENIED"), Some("denied")),
+        "{denied}"
+    );
+    assert_eq!(call(&gw, "unary")["code"], "OK");
+    let limited = call(&gw, "unary");
+    assert_eq!(limited["code"], "RESOURCE_EXHAUSTED", "{limited}");
+    assert_eq!(limited["details"], "rate-limited");
+    let pushback: u64 = (limited["trailing"]["grpc-retry-pushback-ms"].as_str())
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("a pushback: {limited}"));
+    assert!(pushback >= 1000, "{pushback}");
+    let r = call_as(&gw, "unary", "nobody.example");
+    assert_eq!(
+        (r["code"].as_str(), r["details"].as_str()),
+        (Some("UNIMPLEMENTED"), Some("unknown-domain")),
+        "{r}"
+    );
+}
+
+#[test]
+fn a_grpc_call_routed_to_an_http1_shard_is_unavailable_naming_why() {
+    let http1 = Backend::start("a");
+    let gw = gateway(&[("a", http1.url(), "http1")], "");
+    let r = call(&gw, "unary");
+    assert_eq!(
+        (r["code"].as_str(), r["details"].as_str()),
+        (Some("UNAVAILABLE"), Some("grpc-to-http1-shard")),
+        "{r}"
+    );
+    assert_eq!(http1.count(), 0, "nothing reached the shard");
+}
