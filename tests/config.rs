@@ -57,11 +57,17 @@ fn a_shards_protocol_is_http1_unless_it_says_h2_or_auto() {
     let text = "listen: [{ addr: 127.0.0.1:8080 }]\ndomains: {}\nshards:\n  - { id: a, url: \"http://127.0.0.1:1\" }\n  - { id: b, url: \"http://127.0.0.1:2\", protocol: h2 }\n  - { id: c, url: \"https://127.0.0.1:3\", protocol: auto }\n";
     let c = Config::parse(text, None).unwrap_or_else(|e| panic!("{e}"));
     let protocols: Vec<ShardProtocol> = c.shards.iter().map(|s| s.protocol).collect();
-    assert_eq!(protocols, [ShardProtocol::Http1, ShardProtocol::H2, ShardProtocol::Auto]);
+    assert_eq!(
+        protocols,
+        [ShardProtocol::Http1, ShardProtocol::H2, ShardProtocol::Auto]
+    );
     // A snapshot of an HTTP/1.1 shard keeps the reference's shape.
     let json = serde_json::to_value(&c.shards[0]).expect("json");
     assert!(json.get("protocol").is_none(), "{json}");
-    assert_eq!(serde_json::to_value(&c.shards[1]).expect("json")["protocol"], "h2");
+    assert_eq!(
+        serde_json::to_value(&c.shards[1]).expect("json")["protocol"],
+        "h2"
+    );
 }
 
 #[test]

@@ -163,3 +163,116 @@ fn a_grpc_call_routed_to_an_http1_shard_is_unavailable_naming_why() {
     );
     assert_eq!(http1.count(), 0, "nothing reached the shard");
 }
+
+/// An HTTP/2 shard that answers every call after `delay`, whatever its
+/// `grpc-timeout` says (a gRPC server would enforce the deadline itself,
+/// and hide whether shardgate did): OK, trailers-only.
+fn deaf_h2_shard(delay: std::time::Duration) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    listener.set_nonblocking(true).expect("nonblocking");
+    runtime().spawn(async move {
+        let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+        while let Ok((socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(socket).await else {
+                    return;
+                };
+                while let Some(Ok((_, mut respond))) = conn.accept().await {
+                    tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        let answer = http::Response::builder()
+                            .header("content-type", "application/grpc")
+                            .header("grpc-status", "0")
+                            .body(())
+                            .expect("answer");
+                        let _ = respond.send_response(answer, true);
+                    });
+                }
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// A call's own deadline (`grpc-timeout`) shortens its headers deadline:
+/// a shard slower than the call's deadline is answered DEADLINE_EXCEEDED
+/// by shardgate then, not after `upstream.headers_timeout_ms`. (curl
+/// sends the call: it keeps waiting whatever `grpc-timeout` says.)
+#[test]
+fn a_calls_grpc_timeout_shortens_its_headers_deadline() {
+    let deaf = deaf_h2_shard(std::time::Duration::from_secs(3));
+    let gw = gateway(
+        &[("deaf", deaf, "h2")],
+        "upstream: { headers_timeout_ms: 20000, liveness: false }\n",
+    );
+    let started = std::time::Instant::now();
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "--http2-prior-knowledge",
+            "--max-time",
+            "10",
+            "-D",
+            "-",
+            "-o",
+            "/dev/null",
+        ])
+        .args([
+            "-H",
+            "Host: t.localhost",
+            "-H",
+            "content-type: application/grpc",
+        ])
+        .args(["-H", "te: trailers", "-H", "grpc-timeout: 300m"])
+        .args(["--data-binary", "x"])
+        .arg(format!("http://127.0.0.1:{}/test.Echo/Slow", gw.port))
+        .output()
+        .expect("curl");
+    let took = started.elapsed();
+    let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    assert!(head.contains("grpc-status: 4"), "{head}");
+    assert!(head.contains("grpc-message: upstream-timeout"), "{head}");
+    assert!(
+        took < std::time::Duration::from_millis(2500),
+        "took {took:?}"
+    );
+}
+
+/// The access log carries each call's gRPC status: the shard's, from its
+/// trailers, and shardgate's own.
+#[test]
+fn the_access_log_has_every_calls_grpc_status() {
+    let shard = GrpcShard::start("g1");
+    let gw = gateway(
+        &[("g1", shard.url(), "h2")],
+        "limits: { deny: [suspended] }\nlog: { access_format: json, access_path: \"{dir}/access.log\" }\n",
+    );
+    assert_eq!(call(&gw, "unary")["code"], "OK");
+    assert_eq!(call(&gw, "fail:5 not here")["code"], "NOT_FOUND");
+    assert_eq!(
+        call_as(&gw, "slow:1:5", "suspended.localhost")["code"],
+        "PERMISSION_DENIED"
+    );
+    let log = gw.dir.path().join("access.log");
+    assert!(
+        eventually(std::time::Duration::from_secs(3), || {
+            std::fs::read_to_string(&log).is_ok_and(|t| t.lines().count() >= 3)
+        }),
+        "three lines in the access log"
+    );
+    let lines: Vec<Value> = std::fs::read_to_string(&log)
+        .expect("log")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    let status_of = |method: &str| {
+        let line = lines
+            .iter()
+            .find(|l| l["path"].as_str().is_some_and(|p| p.ends_with(method)));
+        line.map(|l| (l["status"].as_u64(), l["grpc_status"].as_u64()))
+    };
+    assert_eq!(status_of("/Unary"), Some((Some(200), Some(0))), "{lines:?}");
+    assert_eq!(status_of("/Fail"), Some((Some(200), Some(5))), "{lines:?}");
+    assert_eq!(status_of("/Slow"), Some((Some(200), Some(7))), "{lines:?}");
+}

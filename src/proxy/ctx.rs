@@ -60,9 +60,13 @@ pub struct RequestCtx {
     /// A gRPC call (`content-type: application/grpc…`): shardgate's own
     /// answers to it are gRPC answers (DESIGN §8).
     pub grpc: bool,
-    /// The gRPC status of the answer, when it had one (the access log's
-    /// and the span's `grpc_status`).
+    /// The gRPC status of the answer, when it had one (shardgate's, or the
+    /// shard's in its head or trailers): the access log's and the span's
+    /// `grpc_status`.
     pub grpc_status: Option<u8>,
+    /// A gRPC call's own deadline (`grpc-timeout`): it shortens the
+    /// headers deadline.
+    pub(crate) grpc_timeout: Option<std::time::Duration>,
     pub(crate) retry_ticket: Option<GaugeTicket>,
     /// The largest body this request may have: its tenant's plan's (or
     /// `limits`'), once planned.
@@ -112,6 +116,7 @@ impl Default for RequestCtx {
             answered: None,
             grpc: false,
             grpc_status: None,
+            grpc_timeout: None,
             retry_ticket: None,
             max_body: None,
             upstream_edit: Default::default(),

@@ -38,6 +38,7 @@ pub use crate::hooks;
 pub use pipeline::answer::Refusal;
 
 use crate::control::Control;
+use ctx::RequestCtx;
 use pipeline::retry::RetryPolicy;
 use pipeline::routes::RoutePrefixes;
 use pipeline::watch::WatchSettings;
@@ -81,5 +82,15 @@ impl Gateway {
 
     pub(crate) fn watch_settings(&self) -> WatchSettings {
         self.watch
+    }
+
+    /// The watch's settings for the request in `ctx`: a gRPC call's own
+    /// deadline (`grpc-timeout`) shortens the headers deadline (DESIGN §8).
+    pub(crate) fn watch_settings_for(&self, ctx: &RequestCtx) -> WatchSettings {
+        let mut settings = self.watch;
+        if let Some(deadline) = ctx.grpc_timeout {
+            settings.headers_timeout = settings.headers_timeout.min(deadline);
+        }
+        settings
     }
 }

@@ -9,7 +9,8 @@
 //! `connected_to_upstream`, `upstream_response_filter`: the request fails,
 //! 500, and the log names the phase) and named in the log for
 //! `request_body_filter` and `response_filter`; not for `fail_to_connect`,
-//! `error_while_proxy`, `fail_to_proxy` and `logging` (see `pingora/`).
+//! `error_while_proxy`, `fail_to_proxy`, `upstream_response_trailer_filter`
+//! (a gRPC shard's status for the log) and `logging` (see `pingora/`).
 //! The front end's own answers (the head reader's refusals, the edge's,
 //! reset HTTP/2 streams) are logged by shardgate and the hooks' logging
 //! phase, not through a wrapper's `logging`.
@@ -145,6 +146,16 @@ pub trait GatewayWrapper: Send + Sync + 'static {
     ) -> Result<Option<Duration>> {
         self.gateway()
             .upstream_response_body_filter(session, body, end_of_stream, &mut ctx.gateway)
+    }
+
+    fn upstream_response_trailer_filter(
+        &self,
+        session: &mut Session,
+        trailers: &mut http::HeaderMap,
+        ctx: &mut WrapperCtx<Self::Ctx>,
+    ) -> Result<()> {
+        self.gateway()
+            .upstream_response_trailer_filter(session, trailers, &mut ctx.gateway)
     }
 
     fn response_body_filter(
@@ -309,6 +320,15 @@ impl<W: GatewayWrapper> ProxyHttp for Wrapped<W> {
         ctx: &mut Self::CTX,
     ) -> Result<Option<Duration>> {
         (self.0).upstream_response_body_filter(session, body, end_of_stream, ctx)
+    }
+
+    fn upstream_response_trailer_filter(
+        &self,
+        session: &mut Session,
+        trailers: &mut http::HeaderMap,
+        ctx: &mut Self::CTX,
+    ) -> Result<()> {
+        (self.0).upstream_response_trailer_filter(session, trailers, ctx)
     }
 
     fn response_body_filter(

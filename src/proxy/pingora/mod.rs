@@ -21,6 +21,7 @@ use super::pipeline::fields::{
     accepts_trailers, joined_cookie, strip_response_hop_by_hop, unrequested_switch, Forwarding,
     Owned,
 };
+use super::pipeline::grpc;
 use super::pipeline::message::{content_length, declared_framing, length_allowed};
 use super::pipeline::plan::host_from;
 use super::pipeline::watch::{quiet, Verdict, Watch};
@@ -157,7 +158,7 @@ impl ProxyHttp for Gateway {
             .and_then(|a| a.as_inet())
             .copied();
         if let (Some(peer), Some(local)) = (&ctx.peer, local) {
-            ctx.watch = Watch::start(fd, local, peer.addr, self.watch_settings());
+            ctx.watch = Watch::start(fd, local, peer.addr, self.watch_settings_for(ctx));
         }
         Ok(())
     }
@@ -336,6 +337,10 @@ impl ProxyHttp for Gateway {
         // Passed: the response phase may see this head (one refused here,
         // the 101 above or a failed edit below, never reaches it).
         ctx.phases |= phase::UPSTREAM_RESPONSE_FILTER;
+        if ctx.grpc {
+            // A trailers-only answer's status is in its head.
+            ctx.grpc_status = grpc::status_in(&upstream_response.headers);
+        }
         if (100..200).contains(&status) && status != 101 {
             return Ok(());
         }
@@ -365,6 +370,20 @@ impl ProxyHttp for Gateway {
         // The request's ID, over the shard's and the edit's.
         let id_header = self.control.config.request_id.header.clone();
         upstream_response.insert_header(id_header, ctx.request_id.as_str())
+    }
+
+    /// The shard's trailers: a gRPC call's status is there (for the access
+    /// log and the span).
+    fn upstream_response_trailer_filter(
+        &self,
+        _session: &mut Session,
+        trailers: &mut http::HeaderMap,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        if ctx.grpc {
+            ctx.grpc_status = grpc::status_in(trailers).or(ctx.grpc_status);
+        }
+        Ok(())
     }
 
     /// Response body bytes came: the shard is not silent. Its end drops

@@ -4,6 +4,7 @@
 //! encoder: [`Refusal::fields`] is the head every transport writes (with
 //! `Date`), as raw HTTP/1 bytes or as a Pingora response head.
 
+use super::grpc;
 use super::request_id::RequestId;
 use crate::routing::Decision;
 pub use crate::wire::text::escape_json;
@@ -88,7 +89,7 @@ impl Refusal {
         let Some(name) = self.name else {
             return self;
         };
-        let grpc_status = grpc_status_of(self.status);
+        let grpc_status = grpc::status_for_http(self.status);
         Refusal {
             status: 200,
             body: String::new(),
@@ -280,42 +281,6 @@ impl Refusal {
     }
 }
 
-/// The gRPC status for shardgate's answer with HTTP `status` (DESIGN §8's
-/// table; the rest as gRPC maps HTTP statuses).
-fn grpc_status_of(status: u16) -> u8 {
-    match status {
-        // INTERNAL
-        400 | 431 | 500 | 505 => 13,
-        // UNAUTHENTICATED
-        401 => 16,
-        // PERMISSION_DENIED
-        403 => 7,
-        // UNIMPLEMENTED
-        404 | 405 | 501 => 12,
-        // DEADLINE_EXCEEDED
-        408 | 504 => 4,
-        // RESOURCE_EXHAUSTED
-        413 | 429 => 8,
-        // UNAVAILABLE
-        502 | 503 => 14,
-        // UNKNOWN
-        _ => 2,
-    }
-}
-
-/// Whether a request with this `content-type` is a gRPC call
-/// (`application/grpc`, `application/grpc+proto`, with parameters or not).
-pub fn is_grpc(content_type: &[u8]) -> bool {
-    let Some(rest) = content_type
-        .get(..16)
-        .filter(|p| p.eq_ignore_ascii_case(b"application/grpc"))
-        .map(|_| &content_type[16..])
-    else {
-        return false;
-    };
-    matches!(rest.first(), None | Some(b'+') | Some(b';'))
-}
-
 /// Whether an answer with `status` has no content.
 fn bodiless(status: u16) -> bool {
     matches!(status, 204 | 205 | 304)
@@ -432,25 +397,6 @@ mod tests {
         // An embedder's own answer is its own.
         let own = Refusal::custom(451, "no".into()).for_grpc();
         assert_eq!((own.status, own.grpc_status), (451, None));
-    }
-
-    #[test]
-    fn grpc_calls_are_told_by_their_content_type() {
-        for yes in [
-            "application/grpc",
-            "application/grpc+proto",
-            "Application/GRPC;x=1",
-        ] {
-            assert!(is_grpc(yes.as_bytes()), "{yes}");
-        }
-        for no in [
-            "application/grpc-web",
-            "application/json",
-            "application/grp",
-            "",
-        ] {
-            assert!(!is_grpc(no.as_bytes()), "{no}");
-        }
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! - [`edge`]: what the edge answers before routing (ACME challenges, the
 //!   https redirect);
 //! - [`answer`]: shardgate's own answers, one encoder (with `Date`);
+//! - [`grpc`]: what a gRPC call is, its statuses and its deadline;
 //! - [`body`]: the embedder's body phase over a request's body;
 //! - [`watch`]: the headers deadline and liveness probes;
 //! - [`failure`]: what a failed attempt means (resend, retry, 502/504);
@@ -27,6 +28,7 @@ pub mod edge;
 pub mod failure;
 pub mod fields;
 pub mod framing;
+pub mod grpc;
 pub mod message;
 pub mod plan;
 pub mod request_id;

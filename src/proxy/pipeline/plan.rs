@@ -4,9 +4,10 @@
 //! routing again for a retry; and the request's end (duration, release,
 //! access log).
 
-use super::answer::{is_grpc, Refusal};
+use super::answer::Refusal;
 use super::body::BodyPhase;
 use super::fields::{is_hop_by_hop, is_text, Owned};
+use super::grpc;
 use super::message::{check_host, content_length};
 use super::request_id;
 use super::watch::probe;
@@ -34,7 +35,10 @@ impl Gateway {
         req: &RequestView<'r>,
         ctx: &mut RequestCtx,
     ) -> Result<&'r str, Refusal> {
-        ctx.grpc = req.header("content-type").is_some_and(is_grpc);
+        ctx.grpc = req.header("content-type").is_some_and(grpc::is_grpc);
+        if ctx.grpc {
+            ctx.grpc_timeout = req.header("grpc-timeout").and_then(grpc::timeout);
+        }
         if self.control.tracer.is_on() {
             ctx.trace = self.control.tracer.start(req.values("traceparent"));
         }
