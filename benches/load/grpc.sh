@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# gRPC unary calls over HTTP/2 with prior knowledge (h2c) on both sides:
+# shardgate (`protocol: h2` shard) vs nginx (`grpc_pass`) vs HAProxy
+# (`proto h2` on both sides), in front of the same native backend
+# (examples/grpc_echo.rs, the h2 crate: every call echoed, `grpc-status: 0`
+# in trailers). h2load sends the calls (a 5-byte gRPC frame header and a
+# 16-byte message, `te: trailers`) on CONNS connections with STREAMS calls
+# in flight on each. Proxies are pinned to core 0; h2load and the backend
+# to core 1. Interleaved over ROUNDS rounds; prints medians (min-max) of
+# calls/s, p50/p99 latency (from h2load's per-request log), the proxy's CPU
+# per 1 000 calls and the ratios to nginx.
+#
+#   bash benches/load/grpc.sh [--build]
+#
+# Environment (defaults):
+#   SHARDGATE_BIN=target/release/shardgate
+#   ECHO_BIN=target/release/examples/grpc_echo
+#   BUILD=0          1 (or --build): build both first
+#   ROUNDS=3         rounds
+#   CALLS=40000      calls per run
+#   CASES="1x32 8x32"   CONNSxSTREAMS per connection (32 and 256 in flight)
+#   PROXIES="shardgate nginx haproxy"
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+CALLER=$PWD
+# shellcheck source=benches/load/lib.sh
+source "$HERE/lib.sh"
+parse_args "$0" "$@"
+ROUNDS=${ROUNDS:-3}
+CALLS=${CALLS:-40000}
+CASES=${CASES:-"1x32 8x32"}
+PROXIES=${PROXIES:-"shardgate nginx haproxy"}
+ECHO_BIN=${ECHO_BIN:-$ROOT/target/release/examples/grpc_echo}
+if [[ ${BUILD:-0} == 1 ]]; then
+  (cd "$ROOT" && cargo build --release --example grpc_echo)
+fi
+resolve_shardgate_bin "$ROOT" "$CALLER"
+[[ -x $ECHO_BIN ]] || die "no backend at $ECHO_BIN (cargo build --release --example grpc_echo, or --build)"
+command -v h2load >/dev/null || die "h2load is missing (apt-get install nghttp2-client)"
+lib_init
+
+BACKEND=18201 PORT=18280 ADMIN=18281
+check_ports_free $BACKEND $PORT $ADMIN
+spawn backend TERM taskset -c 1 "$ECHO_BIN" 127.0.0.1:$BACKEND 1
+wait_tcp $BACKEND "$SPAWNED" backend
+# One call: the gRPC frame header (not compressed, length 16), the message.
+printf '\x00\x00\x00\x00\x10%s' 0123456789abcdef >"$SG_WORK/call.bin"
+
+write_confs() {
+  local dir=$SG_WORK
+  cat >"$dir/shardgate.yaml" <<CONF
+server: { threads: 1, pid_file: $dir/shardgate.pid, upgrade_sock: $dir/shardgate.sock }
+listen: [{ addr: 127.0.0.1:$PORT }]
+admin: { addr: 127.0.0.1:$ADMIN }
+state: false
+shards:
+  - { id: g1, url: "http://127.0.0.1:$BACKEND", protocol: h2 }
+limits:
+  connection_cap: 100000
+  rate: { tokens: 1000000000, refill_per_second: 1000000000 }
+domains: { map: { localhost: t } }
+log: { access: off }
+CONF
+  mkdir -p "$dir/nginx-tmp"
+  cat >"$dir/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+master_process on;
+pid $dir/nginx.pid;
+error_log $dir/nginx-error.log warn;
+events { worker_connections 4096; }
+http {
+$(nginx_paths "$dir" nginx)
+    access_log off;
+    keepalive_requests 100000000;
+    http2_max_concurrent_streams 1024;
+    upstream grpc_shards {
+        server 127.0.0.1:$BACKEND;
+        keepalive 1024;
+        keepalive_requests 100000000;
+    }
+    server {
+        listen 127.0.0.1:$PORT http2 default_server;
+        server_name _;
+        location / {
+            grpc_pass grpc://grpc_shards;
+            grpc_set_header X-Forwarded-For \$remote_addr;
+        }
+    }
+}
+CONF
+  cat >"$dir/haproxy.cfg" <<CONF
+global
+    nbthread 1
+    maxconn 4096
+    log stderr format raw local0 emerg
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 300s
+    timeout server 300s
+frontend fe
+    bind 127.0.0.1:$PORT proto h2
+    option forwardfor
+    default_backend grpc_shards
+backend grpc_shards
+    http-reuse always
+    server g1 127.0.0.1:$BACKEND proto h2
+CONF
+}
+write_confs
+
+declare -A RESULTS=()
+run_one() {
+  local proxy=$1 case=$2 conns streams conf pids before after out rps p50 p99 cpu
+  conns=${case%x*} streams=${case#*x}
+  case $proxy in
+    shardgate) conf=$SG_WORK/shardgate.yaml ;;
+    nginx) conf=$SG_WORK/nginx.conf ;;
+    haproxy) conf=$SG_WORK/haproxy.cfg ;;
+    *) die "unknown proxy $proxy" ;;
+  esac
+  start_proxy "$proxy" "$conf" $PORT $ADMIN
+  local pid=$SPAWNED
+  # Warm up (connections, pools), then the measured run.
+  taskset -c 1 h2load -n 2000 -c "$conns" -m "$streams" -d "$SG_WORK/call.bin" \
+    -H 'content-type: application/grpc' -H 'te: trailers' \
+    "http://localhost:$PORT/test.Echo/Unary" >/dev/null 2>&1 || true
+  read -r -a pids <<<"$(family "$pid")"
+  before=$(cpu_ticks "${pids[@]}")
+  out=$(taskset -c 1 h2load -n "$CALLS" -c "$conns" -m "$streams" -d "$SG_WORK/call.bin" \
+    -H 'content-type: application/grpc' -H 'te: trailers' \
+    --log-file="$SG_WORK/h2load.log" "http://localhost:$PORT/test.Echo/Unary" 2>&1)
+  after=$(cpu_ticks "${pids[@]}")
+  stop "$pid"
+  rps=$(awk '/^finished in/ { print int($4) }' <<<"$out")
+  local ok
+  ok=$(awk '/^status codes:/ { print $3 }' <<<"$out")
+  [[ ${ok:-0} -eq $CALLS ]] || { printf '%s\n' "$out" >&2; die "$proxy: $ok of $CALLS calls got 2xx"; }
+  # Per-call latency, µs (the log's third column), sorted.
+  read -r p50 p99 < <(awk '{ print $3 }' "$SG_WORK/h2load.log" | sort -n |
+    awk '{ v[NR] = $1 } END { printf "%.2f %.2f\n", v[int(NR * 0.5)] / 1000, v[int(NR * 0.99)] / 1000 }')
+  cpu=$(awk -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" -v n="$CALLS" 'BEGIN { printf "%.2f", t * 1000 / hz / n * 1000 }')
+  printf '%-5s %-9s %-10s %8s calls/s  p50 %6s ms  p99 %6s ms  CPU %6s ms/1k calls\n' \
+    "$3" "$case" "$proxy" "$rps" "$p50" "$p99" "$cpu"
+  RESULTS["$proxy $case"]+="$rps $p50 $p99 $cpu;"
+}
+
+printf 'gRPC unary over h2c: %s, commit %s\n' "$(date -u '+%Y-%m-%d %H:%M:%S UTC')" "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
+printf '  %s; %s; h2load %s\n' "$(nginx -v 2>&1)" "$(haproxy -v | head -1)" "$(h2load --version | head -1)"
+read -r -a proxies <<<"$PROXIES"
+for ((r = 1; r <= ROUNDS; r++)); do
+  for case in $CASES; do
+    n=${#proxies[@]}
+    for ((k = 0; k < n; k++)); do
+      run_one "${proxies[(k + r) % n]}" "$case" "$r/$ROUNDS"
+    done
+  done
+done
+
+# Medians (min-max) per proxy and case, and the ratios to nginx.
+median() { tr ' ' '\n' | sort -n | awk '{ v[NR] = $1 } END { m = v[int((NR + 1) / 2)]; printf "%s (%s-%s)", m, v[1], v[NR] }'; }
+column_of() { tr ';' '\n' | awk -v c="$1" 'NF { printf "%s ", $c }'; }
+printf '\n'
+for case in $CASES; do
+  printf '== %s (connections x calls in flight each) ==\n' "$case"
+  printf '%-10s %-26s %-22s %-22s %-24s %s\n' proxy calls/s "p50 ms" "p99 ms" "CPU ms/1k calls" "CPU / nginx"
+  nginx_cpu=$(column_of 4 <<<"${RESULTS["nginx $case"]:-}" | tr ' ' '\n' | sort -n | awk 'NF { v[++n] = $1 } END { if (n) print v[int((n + 1) / 2)] }')
+  for proxy in "${proxies[@]}"; do
+    rows=${RESULTS["$proxy $case"]:-}
+    [[ -n $rows ]] || continue
+    cpu_med=$(column_of 4 <<<"$rows" | tr ' ' '\n' | sort -n | awk 'NF { v[++n] = $1 } END { print v[int((n + 1) / 2)] }')
+    ratio=-
+    [[ -n ${nginx_cpu:-} ]] && ratio=$(awk -v a="$cpu_med" -v b="$nginx_cpu" 'BEGIN { printf "%.2f", a / b }')
+    printf '%-10s %-26s %-22s %-22s %-24s %s\n' "$proxy" \
+      "$(column_of 1 <<<"$rows" | median)" "$(column_of 2 <<<"$rows" | median)" \
+      "$(column_of 3 <<<"$rows" | median)" "$(column_of 4 <<<"$rows" | median)" "$ratio"
+  done
+  printf '\n'
+done
