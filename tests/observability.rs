@@ -272,8 +272,11 @@ fn a_full_disk_costs_requests_nothing_and_its_lines_are_counted() {
         metric_value(&text, "shardgate_access_log_dropped_total") >= 20,
         "{text}"
     );
+    // The count is taken before the line is logged: wait for the line.
     assert!(
-        gw.log().contains("lines lost writing /dev/full"),
+        eventually(Duration::from_secs(3), || gw
+            .log()
+            .contains("lines lost writing /dev/full")),
         "{}",
         gw.log()
     );
