@@ -51,6 +51,8 @@ pub fn build_peer(config: &Config, shard: &Shard) -> Result<ShardPeer, String> {
 /// The peer of `shard` at the address `addr` (its host resolved).
 pub fn peer_at(config: &Config, shard: &Shard, addr: SocketAddr) -> Result<ShardPeer, String> {
     let (tls, host, _) = crate::config::parse_shard_url(&shard.url)?;
+    crate::config::shard_protocol(Some(shard.protocol.as_str()), tls)
+        .map_err(|e| format!("shard `{}`: protocol: {e}", shard.id))?;
     let name = match tls {
         true => {
             // An IP literal in brackets is verified as that address.

@@ -93,4 +93,20 @@ impl Gateway {
         }
         settings
     }
+
+    /// An HTTP/2 shard's deadline for one stream (Pingora's path has one
+    /// read deadline a stream, for its head and each pause of its body):
+    /// the longer of `headers_timeout_ms` and `read_timeout_ms`, shortened
+    /// by the call's own `grpc-timeout`.
+    pub(crate) fn stream_deadline(&self, ctx: &RequestCtx) -> std::time::Duration {
+        let base = self.watch.headers_timeout.max(self.watch.read_timeout);
+        ctx.grpc_timeout.map_or(base, |deadline| base.min(deadline))
+    }
+
+    /// Whether the request's deadline is the client's own (a `grpc-timeout`
+    /// shorter than the gateway's): its running out is no shard's fault.
+    pub(crate) fn clients_own_deadline(&self, ctx: &RequestCtx) -> bool {
+        let base = self.watch.headers_timeout.max(self.watch.read_timeout);
+        ctx.grpc_timeout.is_some_and(|deadline| deadline < base)
+    }
 }

@@ -236,6 +236,13 @@ impl FastPath {
                 let refusal = Refusal::error(502, "upstream-unreachable");
                 return Exchanged::Closed(self.answer(client, ctx, refusal, true).await);
             };
+            if peer.protocol.may_be_h2() {
+                // This transport speaks HTTP/1.1 to shards only (issue 37
+                // under way): an h2/auto shard it meets (learned from the
+                // cluster or the state file) is not spoken to wrongly.
+                let refusal = Refusal::error(502, "shard-protocol-unsupported");
+                return Exchanged::Closed(self.answer(client, ctx, refusal, true).await);
+            }
             self.gateway.attempt_started(ctx);
             // The first attempt starts with the request (no clock read).
             let now = match ctx.attempts {

@@ -111,7 +111,14 @@ impl ProxyHttp for Gateway {
         ctx.verdict = Verdict::None;
         match &ctx.peer {
             Some(peer) => {
+                let h2 = peer.protocol.may_be_h2();
                 let mut peer = peer.peer.clone();
+                if h2 {
+                    // Its connection is shared: a deadline is the stream's
+                    // own (Pingora's read timeout resets the stream), never
+                    // the socket's (the watch would shut it for all).
+                    peer.options.read_timeout = Some(self.stream_deadline(ctx));
+                }
                 if std::mem::take(&mut ctx.fresh_connection) {
                     // A group of its own: no pooled connection matches.
                     static FRESH: std::sync::atomic::AtomicU64 =
@@ -157,8 +164,12 @@ impl ProxyHttp for Gateway {
             .and_then(|s| s.local_addr())
             .and_then(|a| a.as_inet())
             .copied();
-        if let (Some(peer), Some(local)) = (&ctx.peer, local) {
-            ctx.watch = Watch::start(fd, local, peer.addr, self.watch_settings_for(ctx));
+        match (&ctx.peer, local) {
+            // (An HTTP/2 shard's deadline is its stream's: `upstream_peer`.)
+            (Some(peer), Some(local)) if !peer.protocol.may_be_h2() => {
+                ctx.watch = Watch::start(fd, local, peer.addr, self.watch_settings_for(ctx));
+            }
+            _ => {}
         }
         Ok(())
     }
@@ -283,7 +294,8 @@ impl ProxyHttp for Gateway {
                 upstream_request.insert_header(http::header::COOKIE, joined)?;
             }
         }
-        if upstream_request.method == http::Method::HEAD {
+        let http1 = ctx.peer.as_ref().is_none_or(|p| !p.protocol.may_be_h2());
+        if upstream_request.method == http::Method::HEAD && http1 {
             // A HEAD answer that announces a body cannot be told from one a
             // shard then sends anyway, which would answer the connection's
             // next request: its connection is not reused (the fast
@@ -463,9 +475,20 @@ impl ProxyHttp for Gateway {
             Some(watch) => watch.verdict(),
             None => ctx.verdict,
         };
-        if ctx.headers_received && verdict == Verdict::TimedOut {
+        // An HTTP/2 stream's own deadline (no watch: `upstream_peer`).
+        let stream_timed_out = *e.etype() == ErrorType::ReadTimedout
+            && *e.esource() == ErrorSource::Upstream
+            && ctx.peer.as_ref().is_some_and(|p| p.protocol.may_be_h2());
+        if ctx.headers_received && (verdict == Verdict::TimedOut || stream_timed_out) {
             // The shard fell silent during the body.
             self.response_timed_out(ctx);
+        }
+        if stream_timed_out && !ctx.headers_received && self.clients_own_deadline(ctx) {
+            // The call's own deadline (`grpc-timeout`) ran out: answered
+            // 504 (DEADLINE_EXCEEDED), not counted against the shard.
+            ctx.refusal = Some(Refusal::error(504, "upstream-timeout"));
+            e.set_retry(false);
+            return e;
         }
         let failure = match verdict {
             // Once the response head arrived (it may be on its way to the
@@ -474,6 +497,9 @@ impl ProxyHttp for Gateway {
             _ if ctx.headers_received => None,
             Verdict::TimedOut => Some(AttemptFailure::Shard(UpstreamFailure::Timeout)),
             Verdict::Unreachable => Some(AttemptFailure::Shard(UpstreamFailure::Liveness)),
+            Verdict::None if stream_timed_out => {
+                Some(AttemptFailure::Shard(UpstreamFailure::Timeout))
+            }
             Verdict::None if *e.esource() != ErrorSource::Upstream => None,
             Verdict::None if *e.etype() == ErrorType::InvalidHTTPHeader => {
                 Some(AttemptFailure::Invalid)

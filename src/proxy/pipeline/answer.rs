@@ -86,7 +86,7 @@ impl Refusal {
     /// the decision or error name, and `grpc-retry-pushback-ms` where a
     /// `Retry-After` would be. An embedder's own answer is left as it is.
     pub fn for_grpc(self) -> Self {
-        let Some(name) = self.name else {
+        let (Some(name), None) = (self.name, self.grpc_status) else {
             return self;
         };
         let grpc_status = grpc::status_for_http(self.status);

@@ -367,7 +367,6 @@ impl Gateway {
         }
     }
 
-    /// `refusal` as this request's answer: saying its ID.
     /// `refusal` as the request's client is answered: in gRPC to a gRPC
     /// call, saying the request's ID.
     pub(crate) fn identified(&self, refusal: Refusal, ctx: &RequestCtx) -> Refusal {
