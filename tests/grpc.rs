@@ -155,6 +155,28 @@ fn a_grpc_call_routed_to_an_http1_shard_is_unavailable_naming_why() {
     assert_eq!(http1.count(), 0, "nothing reached the shard");
 }
 
+/// curl to the gateway over HTTP/2 with prior knowledge, as tenant `t`,
+/// printing the response head.
+fn h2c_curl(gw: &Gateway, path: &str, extra: &[String]) -> Command {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-s", "--http2-prior-knowledge", "--max-time", "10"])
+        .args(["-D", "-", "-o", "/dev/null", "-H", "Host: t.localhost"])
+        .args(extra)
+        .arg(format!("http://127.0.0.1:{}{path}", gw.port));
+    cmd
+}
+
+/// A gRPC call's fields for curl, with `deadline` as its `grpc-timeout`.
+fn grpc_call(deadline: &str) -> Vec<String> {
+    ["content-type: application/grpc", "te: trailers"]
+        .iter()
+        .map(|h| h.to_string())
+        .chain([format!("grpc-timeout: {deadline}")])
+        .flat_map(|h| ["-H".to_string(), h])
+        .chain(["--data-binary".to_string(), "x".to_string()])
+        .collect()
+}
+
 /// An HTTP/2 shard that answers every request after `delay` (or
 /// `/fast…` at once), whatever its `grpc-timeout` says (a gRPC server
 /// would enforce the deadline itself, and hide whether shardgate did):
@@ -202,26 +224,7 @@ fn a_calls_grpc_timeout_shortens_its_headers_deadline() {
         "upstream: { headers_timeout_ms: 20000, liveness: false }\n",
     );
     let started = std::time::Instant::now();
-    let out = Command::new("curl")
-        .args([
-            "-s",
-            "--http2-prior-knowledge",
-            "--max-time",
-            "10",
-            "-D",
-            "-",
-            "-o",
-            "/dev/null",
-        ])
-        .args([
-            "-H",
-            "Host: t.localhost",
-            "-H",
-            "content-type: application/grpc",
-        ])
-        .args(["-H", "te: trailers", "-H", "grpc-timeout: 300m"])
-        .args(["--data-binary", "x"])
-        .arg(format!("http://127.0.0.1:{}/test.Echo/Slow", gw.port))
+    let out = h2c_curl(&gw, "/test.Echo/Slow", &grpc_call("300m"))
         .output()
         .expect("curl");
     let took = started.elapsed();
@@ -280,42 +283,16 @@ fn the_access_log_has_every_calls_grpc_status() {
 fn a_streams_deadline_leaves_the_shared_connection_alone() {
     let deaf = deaf_h2_shard(std::time::Duration::from_millis(1500));
     let gw = gateway(&[("deaf", deaf, "h2")], "upstream: { liveness: false }\n");
-    let curl = |path: &str, extra: &[&str]| {
-        let mut cmd = Command::new("curl");
-        cmd.args([
-            "-s",
-            "--http2-prior-knowledge",
-            "--max-time",
-            "10",
-            "-D",
-            "-",
-            "-o",
-            "/dev/null",
-        ])
-        .args(["-H", "Host: t.localhost"])
-        .args(extra)
-        .arg(format!("http://127.0.0.1:{}{path}", gw.port));
-        cmd
-    };
     // Warm the pool: one HTTP/2 connection to the shard.
-    let warm = curl("/fast", &[]).output().expect("curl");
+    let warm = h2c_curl(&gw, "/fast", &[]).output().expect("curl");
     assert!(String::from_utf8_lossy(&warm.stdout).starts_with("HTTP/2 200"));
-    let patient = curl("/slow", &[])
+    let patient = h2c_curl(&gw, "/slow", &[])
         .stdout(Stdio::piped())
         .spawn()
         .expect("curl");
     std::thread::sleep(std::time::Duration::from_millis(200));
-    let grpc = [
-        "-H",
-        "content-type: application/grpc",
-        "-H",
-        "te: trailers",
-        "-H",
-        "grpc-timeout: 200m",
-        "--data-binary",
-        "x",
-    ];
-    let hasty = curl("/hasty", &grpc).output().expect("curl");
+    let hasty = h2c_curl(&gw, "/hasty", &grpc_call("200m")).output();
+    let hasty = hasty.expect("curl");
     let hasty = String::from_utf8_lossy(&hasty.stdout).to_lowercase();
     assert!(hasty.contains("grpc-status: 4"), "{hasty}");
     let patient = patient.wait_with_output().expect("curl");
