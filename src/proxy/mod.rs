@@ -84,29 +84,25 @@ impl Gateway {
         self.watch
     }
 
-    /// The watch's settings for the request in `ctx`: a gRPC call's own
-    /// deadline (`grpc-timeout`) shortens the headers deadline (DESIGN §8).
-    pub(crate) fn watch_settings_for(&self, ctx: &RequestCtx) -> WatchSettings {
-        let mut settings = self.watch;
-        if let Some(deadline) = ctx.grpc_timeout {
-            settings.headers_timeout = settings.headers_timeout.min(deadline);
-        }
-        settings
-    }
-
     /// An HTTP/2 shard's deadline for one stream (Pingora's path has one
     /// read deadline a stream, for its head and each pause of its body):
     /// the longer of `headers_timeout_ms` and `read_timeout_ms`, shortened
-    /// by the call's own `grpc-timeout`.
+    /// by the call's own `grpc-timeout` (DESIGN §8). (gRPC calls reach
+    /// HTTP/2 shards only: an HTTP/1.1 shard's watch needs no such rule.)
     pub(crate) fn stream_deadline(&self, ctx: &RequestCtx) -> std::time::Duration {
-        let base = self.watch.headers_timeout.max(self.watch.read_timeout);
+        let base = self.stream_base();
         ctx.grpc_timeout.map_or(base, |deadline| base.min(deadline))
     }
 
     /// Whether the request's deadline is the client's own (a `grpc-timeout`
     /// shorter than the gateway's): its running out is no shard's fault.
     pub(crate) fn clients_own_deadline(&self, ctx: &RequestCtx) -> bool {
-        let base = self.watch.headers_timeout.max(self.watch.read_timeout);
-        ctx.grpc_timeout.is_some_and(|deadline| deadline < base)
+        ctx.grpc_timeout
+            .is_some_and(|deadline| deadline < self.stream_base())
+    }
+
+    /// The gateway's own deadline for an HTTP/2 stream.
+    fn stream_base(&self) -> std::time::Duration {
+        self.watch.headers_timeout.max(self.watch.read_timeout)
     }
 }

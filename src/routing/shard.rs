@@ -87,14 +87,11 @@ impl ShardProtocol {
         }
     }
 
-    /// Parses a configured name.
+    /// Parses a configured name (one of [`ShardProtocol::as_str`]'s).
     pub fn parse(name: &str) -> Option<ShardProtocol> {
-        match name {
-            "http1" => Some(ShardProtocol::Http1),
-            "h2" => Some(ShardProtocol::H2),
-            "auto" => Some(ShardProtocol::Auto),
-            _ => None,
-        }
+        [ShardProtocol::Http1, ShardProtocol::H2, ShardProtocol::Auto]
+            .into_iter()
+            .find(|p| p.as_str() == name)
     }
 
     /// Whether the shard may be spoken to in HTTP/2.

@@ -23,14 +23,7 @@ pub(super) fn check_regions(
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
     for (i, r) in regions.into_iter().enumerate() {
-        if r.id.is_empty() {
-            c.error(format!("regions[{i}].id"), "must not be empty");
-        } else if !seen.insert(r.id.clone()) {
-            c.error(
-                format!("regions[{i}].id"),
-                format!("duplicate region id `{}`", r.id),
-            );
-        }
+        unique_id(c, &format!("regions[{i}].id"), "region", &r.id, &mut seen);
         let weight = c.weight(&format!("regions[{i}].weight"), r.weight);
         out.push(Region { id: r.id, weight });
     }
@@ -87,6 +80,15 @@ pub fn shard_protocol(name: Option<&str>, tls: bool) -> Result<ShardProtocol, St
     }
 }
 
+/// An id (`what`: region, shard) must be there and be the only one.
+fn unique_id(c: &mut Checker<'_>, field: &str, what: &str, id: &str, seen: &mut BTreeSet<String>) {
+    if id.is_empty() {
+        c.error(field, "must not be empty");
+    } else if !seen.insert(id.to_string()) {
+        c.error(field, format!("duplicate {what} id `{id}`"));
+    }
+}
+
 pub(super) fn check_shards(
     c: &mut Checker<'_>,
     shards: Vec<RawShard>,
@@ -95,14 +97,7 @@ pub(super) fn check_shards(
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
     for (i, s) in shards.into_iter().enumerate() {
-        if s.id.is_empty() {
-            c.error(format!("shards[{i}].id"), "must not be empty");
-        } else if !seen.insert(s.id.clone()) {
-            c.error(
-                format!("shards[{i}].id"),
-                format!("duplicate shard id `{}`", s.id),
-            );
-        }
+        unique_id(c, &format!("shards[{i}].id"), "shard", &s.id, &mut seen);
         let mut protocol = ShardProtocol::Http1;
         match parse_shard_url(&s.url) {
             Ok((tls, host, port)) => {

@@ -167,7 +167,7 @@ impl ProxyHttp for Gateway {
         match (&ctx.peer, local) {
             // (An HTTP/2 shard's deadline is its stream's: `upstream_peer`.)
             (Some(peer), Some(local)) if !peer.protocol.may_be_h2() => {
-                ctx.watch = Watch::start(fd, local, peer.addr, self.watch_settings_for(ctx));
+                ctx.watch = Watch::start(fd, local, peer.addr, self.watch_settings());
             }
             _ => {}
         }
