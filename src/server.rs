@@ -187,16 +187,10 @@ fn fast_transport_for(
     opted_in: bool,
     control: &Control,
 ) -> Result<Option<FastPath>, String> {
-    let fast = match opted_in && control.config.fast_transport() {
+    let fast = match opted_in && control.config.server.fast_path {
         true => Some(FastPath::new(gateway.clone())?),
         false => None,
     };
-    if opted_in && control.config.server.fast_path && fast.is_none() {
-        log::info!(
-            "shards with `protocol: h2` or `auto`: every request takes Pingora's proxy path, \
-             which speaks HTTP/2 to shards (the fast transport speaks HTTP/1.1 to shards only)"
-        );
-    }
     if !opted_in && control.config.server.fast_path {
         log::info!(
             "a wrapped proxy: every request takes Pingora's proxy path, so that each of \

@@ -85,14 +85,6 @@ impl AdminApi {
             Ok(protocol) => protocol,
             Err(e) => return Reply::error(StatusCode::BAD_REQUEST, format!("protocol: {e}")),
         };
-        if protocol.may_be_h2() && self.control.config.fast_transport() {
-            return Reply::error(
-                StatusCode::BAD_REQUEST,
-                "protocol: the fast transport speaks HTTP/1.1 to shards; an h2 or auto \
-                 shard needs the configuration to name one (then every request takes \
-                 Pingora's proxy path), or server.fast_path: false",
-            );
-        }
         let weight = b.weight.unwrap_or(1.0);
         if !weight.is_finite() || weight < 0.0 {
             return Reply::error(

@@ -85,14 +85,6 @@ impl Config {
         plan.map_or(self.limits.max_body_bytes, |p| p.max_body_bytes)
     }
 
-    /// Whether requests take the fast transport (`server.fast_path`), which
-    /// speaks HTTP/1.1 to shards only for now: a configuration with an
-    /// `h2` or `auto` shard takes Pingora's proxy path, which speaks
-    /// HTTP/2 to them (issue 37 is under way).
-    pub fn fast_transport(&self) -> bool {
-        self.server.fast_path && !self.shards.iter().any(|s| s.protocol.may_be_h2())
-    }
-
     /// The largest body any tenant may send (`None`: some may send any):
     /// what the head reader refuses before the tenant is known.
     pub fn largest_max_body(&self) -> Option<u64> {

@@ -29,6 +29,7 @@ pub mod head;
 pub mod listener;
 mod pingora;
 pub mod pipeline;
+pub(crate) mod upstream;
 pub mod wrap;
 
 /// The hooks an embedder implements, at the path embedders name
@@ -94,11 +95,20 @@ impl Gateway {
         ctx.grpc_timeout.map_or(base, |deadline| base.min(deadline))
     }
 
+    /// A request's headers deadline (the fast transport's):
+    /// `upstream.headers_timeout_ms`, shortened by a gRPC call's own
+    /// `grpc-timeout` (DESIGN §8).
+    pub(crate) fn headers_timeout(&self, ctx: &RequestCtx) -> std::time::Duration {
+        let base = self.watch.headers_timeout;
+        ctx.grpc_timeout.map_or(base, |deadline| base.min(deadline))
+    }
+
     /// Whether the request's deadline is the client's own (a `grpc-timeout`
-    /// shorter than the gateway's): its running out is no shard's fault.
+    /// shorter than the gateway's headers deadline): its running out is no
+    /// shard's fault.
     pub(crate) fn clients_own_deadline(&self, ctx: &RequestCtx) -> bool {
         ctx.grpc_timeout
-            .is_some_and(|deadline| deadline < self.stream_base())
+            .is_some_and(|deadline| deadline < self.watch.headers_timeout)
     }
 
     /// The gateway's own deadline for an HTTP/2 stream.

@@ -9,11 +9,12 @@
 //! (backpressure), so an exchange holds at most one read of each body.
 
 use super::body::BodyError;
-use super::conn::{Conn, UpstreamKey};
+use crate::proxy::upstream::conn::{Conn, UpstreamKey};
 use super::downstream::Downstream;
 use super::response::{parse_response, ParsedResponse, MAX_RESPONSE_HEAD};
 use super::{poll_read_buf, FastPath};
 use crate::control::ShardPeer;
+use crate::routing::ShardProtocol;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::hooks::UpstreamFailure;
 use crate::proxy::pipeline::answer::Refusal;
@@ -35,9 +36,18 @@ pub(super) struct Request<'a> {
     pub method: &'a Method,
     pub head_only: bool,
     pub websocket: bool,
+    /// The client accepts trailers (`TE: trailers`): an HTTP/2 shard is
+    /// told so.
+    pub te_trailers: bool,
     /// The head the shard receives, and the whole body when it came with
     /// the head: what a resend or a retry sends again.
     pub bytes: Bytes,
+}
+
+/// Whether the request's shard may be spoken to in HTTP/2 (what the
+/// client accepts then matters: `te: trailers`).
+pub(super) fn may_be_h2(ctx: &RequestCtx) -> bool {
+    ctx.peer.as_ref().is_some_and(|p| p.protocol.may_be_h2())
 }
 
 /// How an exchange ended.
@@ -236,11 +246,10 @@ impl FastPath {
                 let refusal = Refusal::error(502, "upstream-unreachable");
                 return Exchanged::Closed(self.answer(client, ctx, refusal, true).await);
             };
-            if peer.protocol.may_be_h2() {
-                // This transport speaks HTTP/1.1 to shards only (issue 37
-                // under way): an h2/auto shard it meets (learned from the
-                // cluster or the state file) is not spoken to wrongly.
-                let refusal = Refusal::error(502, "shard-protocol-unsupported");
+            if request.websocket && peer.protocol == ShardProtocol::H2 {
+                // RFC 8441 to shards is not built yet: an `h2` shard is
+                // not sent an HTTP/1.1 Upgrade it cannot read.
+                let refusal = Refusal::error(502, "websocket-to-h2-shard");
                 return Exchanged::Closed(self.answer(client, ctx, refusal, true).await);
             }
             self.gateway.attempt_started(ctx);
@@ -254,7 +263,7 @@ impl FastPath {
                 _ => request.bytes.clone(),
             };
             let mut out = Outbound::new(bytes, now);
-            let failure = match self.connection(&peer).await {
+            let failure = match self.connection(&peer, request).await {
                 Err(failure) => Failed::Shard(failure),
                 Ok(connection) => {
                     match self
@@ -264,7 +273,7 @@ impl FastPath {
                             connection.reused,
                             &mut out,
                             request,
-                            &peer,
+                            (&peer, self.gateway.headers_timeout(ctx)),
                         )
                         .await
                     {
@@ -335,9 +344,10 @@ impl FastPath {
         reused: bool,
         out: &mut Outbound,
         request: &Request<'_>,
-        peer: &ShardPeer,
+        (peer, headers_timeout): (&ShardPeer, Duration),
     ) -> Result<Upstream, Failed> {
-        let settings = self.gateway.watch_settings();
+        let mut settings = self.gateway.watch_settings();
+        settings.headers_timeout = headers_timeout;
         let mut waiting = Waiting::new(settings, out.moved);
         let deadline = |out: &Outbound| match out.awaiting_body {
             // The client is slow, not the shard.
@@ -460,9 +470,10 @@ impl HeadReader {
             self.buf.reserve(4096);
             match poll_read_buf(conn, cx, &mut self.buf) {
                 Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
-                    let failure = match self.buf.is_empty() {
-                        true => self.broken,
-                        false => AttemptFailure::Reset,
+                    let failure = match (conn.failure(), self.buf.is_empty()) {
+                        (Some(failure), _) => failure,
+                        (None, true) => self.broken,
+                        (None, false) => AttemptFailure::Reset,
                     };
                     return Poll::Ready(AttemptEvent::Failed(Failed::Shard(failure)));
                 }

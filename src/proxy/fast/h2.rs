@@ -6,13 +6,13 @@
 
 use super::body::H2Body;
 use super::downstream::{Downstream, H2Client};
-use super::exchange::{Exchanged, Request};
+use super::exchange::{may_be_h2, Exchanged, Request};
 use super::request::{Outgoing, UpstreamHead};
 use super::FastPath;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::hooks::{RequestLine, RequestView};
 use crate::proxy::pipeline::answer::Refusal;
-use crate::proxy::pipeline::fields::joined_cookie;
+use crate::proxy::pipeline::fields::{accepts_trailers, joined_cookie};
 use crate::proxy::pipeline::message::content_length;
 use bytes::Bytes;
 use http::Method;
@@ -63,6 +63,8 @@ impl FastPath {
             }
             .write(&forwarding, &ctx.upstream_edit)
         });
+        let te = req.headers.get_all(http::header::TE).into_iter();
+        let te_trailers = may_be_h2(&ctx) && accepts_trailers(te.map(|v| v.as_bytes()));
         let mut client = H2Client::new(stream, body, head_only);
         let status = match request {
             Err(refusal) => self.answer(&mut client, &mut ctx, refusal, false).await,
@@ -71,6 +73,7 @@ impl FastPath {
                     method: &method,
                     head_only,
                     websocket: false,
+                    te_trailers,
                     bytes: Bytes::from(bytes),
                 };
                 match self.exchange(&mut client, &request, &mut ctx).await {

@@ -5,7 +5,7 @@
 
 use super::body::H1Body;
 use super::downstream::{Downstream, H1Client, H1Request};
-use super::exchange::{Exchanged, Request};
+use super::exchange::{may_be_h2, Exchanged, Request};
 use super::request::{head_in, Outgoing, RequestHead, UpstreamHead};
 use super::{tunnel, FastPath, WHOLE_BODY_WITH_HEAD};
 use crate::proxy::client::linger;
@@ -13,7 +13,7 @@ use crate::proxy::ctx::RequestCtx;
 use crate::proxy::head::Head;
 use crate::proxy::hooks::{RequestLine, RequestView, UpstreamEdit};
 use crate::proxy::pipeline::answer::Refusal;
-use crate::proxy::pipeline::fields::Forwarding;
+use crate::proxy::pipeline::fields::{accepts_trailers, Forwarding};
 use crate::proxy::pipeline::message::{request_target, Target};
 use bytes::{Bytes, BytesMut};
 use http::Method;
@@ -127,6 +127,7 @@ impl FastPath {
                     method: &method,
                     head_only: parsed.head_only(),
                     websocket: parsed.websocket,
+                    te_trailers: may_be_h2(&ctx) && accepts_trailers(parsed.values("te")),
                     bytes,
                 };
                 self.exchange(&mut c, &request, &mut ctx).await

@@ -24,7 +24,7 @@
 //! path calls.
 
 mod body;
-mod conn;
+
 mod downstream;
 mod exchange;
 pub(crate) mod h2;
@@ -35,7 +35,7 @@ mod response;
 pub(crate) mod tunnel;
 mod upstream;
 
-pub use conn::UpstreamKey;
+pub use crate::proxy::upstream::conn::UpstreamKey;
 
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
@@ -63,9 +63,11 @@ const WHOLE_BODY_WITH_HEAD: usize = 64 * 1024;
 pub struct FastPath {
     gateway: Gateway,
     pools: Pools,
+    /// Every shard's HTTP/2 connections.
+    h2: crate::proxy::upstream::h2::H2Pool,
     /// The pools' sweep, started by the first release.
     sweeping: std::sync::Once,
-    tls: conn::UpstreamTls,
+    tls: crate::proxy::upstream::conn::UpstreamTls,
     pool_per_shard: usize,
     idle_timeout: Duration,
     connect_timeout: Duration,
@@ -101,7 +103,7 @@ impl FastPath {
                  verified (for development only)"
             );
         }
-        let tls = conn::UpstreamTls::new(config.server.ca_file.as_deref(), upstream.tls_verify)?;
+        let tls = crate::proxy::upstream::conn::UpstreamTls::new(config.server.ca_file.as_deref(), upstream.tls_verify)?;
         // The owned fields' names as `&'static str`, for the trailers check.
         let leak = |name: &http::HeaderName| -> &'static str { Box::leak(name.as_str().into()) };
         let owned = Owned {
@@ -125,6 +127,7 @@ impl FastPath {
             tls,
             gateway,
             pools: Pools::default(),
+            h2: crate::proxy::upstream::h2::H2Pool::new(config),
             sweeping: std::sync::Once::new(),
             pool_per_shard: upstream.pool_per_shard,
         })

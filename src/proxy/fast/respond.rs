@@ -3,13 +3,14 @@
 //! up (a shard may answer before it read it all), the connection back to
 //! the pool; and shardgate's own answers.
 
-use super::conn::{Conn, UpstreamKey};
+use crate::proxy::upstream::conn::{Conn, UpstreamKey};
 use super::downstream::{Downstream, ResponseStart};
 use super::exchange::{poll_timer, Exchanged, Outbound, Upstream};
 use super::{poll_read_buf, FastPath};
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::pipeline::answer::Refusal;
-use crate::proxy::pipeline::framing::{Framing, Part};
+use crate::proxy::pipeline::framing::{trailer_fields, Framing, Part};
+use crate::proxy::pipeline::grpc;
 use bytes::{Buf, Bytes, BytesMut};
 use std::future::poll_fn;
 use std::pin::Pin;
@@ -36,6 +37,12 @@ impl FastPath {
         let (conn, mut buf, parsed) = (upstream.conn, upstream.buf, upstream.parsed);
         let status = parsed.status;
         let head = buf.split_to(parsed.head_len);
+        if ctx.grpc {
+            // A trailers-only answer carries it in its head.
+            let text = |r: &std::ops::Range<usize>| std::str::from_utf8(&head[r.clone()]).ok();
+            let fields = parsed.headers.iter().map(|(n, v)| (text(n).unwrap_or(""), &head[v.clone()]));
+            ctx.grpc_status = grpc::status_of(fields);
+        }
         let mut framing = parsed.framing.clone();
         let mut trailers = Vec::new();
         // Body bytes that break the framing before anything was sent: the
@@ -83,6 +90,10 @@ impl FastPath {
         let ended = poll_fn(|cx| relay.poll(cx, client, &mut out, &bounds)).await;
         match ended {
             End::Whole => {
+                if ctx.grpc {
+                    let trailers = trailer_fields(&relay.trailers, |_| false);
+                    ctx.grpc_status = grpc::status_of(trailers).or(ctx.grpc_status);
+                }
                 if relay.reusable && out.finished && !out.broken {
                     self.release(key, relay.conn);
                 }

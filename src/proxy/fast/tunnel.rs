@@ -11,7 +11,7 @@
 //! Pingora's stream (which keeps a write buffer and timing fields for its
 //! whole life) onto a bare socket.
 
-use super::conn::Conn;
+use crate::proxy::upstream::conn::Conn;
 use super::exchange::Upstream;
 use super::response::{response_head, Encoding, Persist};
 use super::FastPath;
@@ -227,7 +227,7 @@ impl Drop for Finish {
 }
 
 /// Sets [`keepalive`] on a shard socket of the fast transport.
-pub(super) fn keep_alive(socket: &TcpStream) {
+pub(crate) fn keep_alive(socket: &TcpStream) {
     if let Err(e) = pingora::protocols::l4::ext::set_tcp_keepalive(socket, &keepalive()) {
         log::debug!("no TCP keep-alive on a shard socket ({e})");
     }

@@ -2,8 +2,10 @@
 //! within `upstream.connect_timeout_ms`) or taken from the per-thread
 //! pool, and given back to it after a response that leaves them clean.
 
-use super::conn::{Conn, UpstreamKey};
+use crate::proxy::upstream::conn::{Conn, UpstreamKey};
+use super::exchange::Request;
 use super::FastPath;
+use crate::proxy::upstream::h2::Opened;
 use crate::control::ShardPeer;
 use crate::proxy::hooks::UpstreamFailure;
 use crate::proxy::pipeline::failure::AttemptFailure;
@@ -63,7 +65,23 @@ impl FastPath {
     /// neither expired nor has anything to read (see [`Conn::is_quiet`]),
     /// else a new one. One closed too recently for even that check to see
     /// is resent once on a fresh connection (see `after_failure`).
-    pub(super) async fn connection(&self, peer: &ShardPeer) -> Result<Connection, AttemptFailure> {
+    pub(super) async fn connection(
+        &self,
+        peer: &ShardPeer,
+        request: &Request<'_>,
+    ) -> Result<Connection, AttemptFailure> {
+        // A WebSocket handshake to an `auto` shard goes in HTTP/1.1 (it
+        // speaks both).
+        if peer.protocol.may_be_h2() && !request.websocket {
+            match self.h2.open(peer, &self.tls, request.te_trailers).await? {
+                Opened::Stream(stream, reused) => {
+                    let conn = Conn::H2(stream);
+                    return Ok(Connection { conn, reused });
+                }
+                Opened::Http1(conn) => return Ok(Connection { conn, reused: false }),
+                Opened::UseHttp1 => {}
+            }
+        }
         if let Some(conn) = self.pooled(&peer.key) {
             return Ok(Connection { conn, reused: true });
         }
@@ -110,6 +128,10 @@ impl FastPath {
     /// `upstream.pool_per_shard` per shard and thread). The first release
     /// starts the sweep.
     pub(super) fn release(&self, key: &UpstreamKey, conn: Conn) {
+        if let Conn::H2(_) = conn {
+            // A stream ends here; its connection stays in the HTTP/2 pool.
+            return;
+        }
         self.sweeping.call_once(|| {
             let every = (self.idle_timeout / 4).clamp(SWEEP_MIN, SWEEP_MAX);
             let control = Arc::downgrade(self.gateway.control());

@@ -483,13 +483,6 @@ impl ProxyHttp for Gateway {
             // The shard fell silent during the body.
             self.response_timed_out(ctx);
         }
-        if stream_timed_out && !ctx.headers_received && self.clients_own_deadline(ctx) {
-            // The call's own deadline (`grpc-timeout`) ran out: answered
-            // 504 (DEADLINE_EXCEEDED), not counted against the shard.
-            ctx.refusal = Some(Refusal::error(504, "upstream-timeout"));
-            e.set_retry(false);
-            return e;
-        }
         let failure = match verdict {
             // Once the response head arrived (it may be on its way to the
             // client already) nothing is retried: another shard's response

@@ -12,6 +12,9 @@ use crate::proxy::hooks::UpstreamFailure;
 use crate::proxy::Gateway;
 use http::Method;
 
+/// How many times a request the shards did not process is sent again.
+const MAX_UNPROCESSED_RESENDS: u32 = 3;
+
 /// How an upstream attempt failed, as a transport saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttemptFailure {
@@ -21,6 +24,10 @@ pub enum AttemptFailure {
     /// The connection broke after the request was sent, before any
     /// response byte: the shard is probed before it is judged.
     Reset,
+    /// The shard said it did not process the request: an HTTP/2 stream it
+    /// refused (`REFUSED_STREAM`), or above its GOAWAY's last stream id.
+    /// Sent again whatever the method (RFC 9113 §8.7), a few times at most.
+    Unprocessed,
     /// The shard failed (connect, timeout, liveness).
     Shard(UpstreamFailure),
     /// The shard answered with something that is not an HTTP/1.x response
@@ -37,6 +44,7 @@ impl AttemptFailure {
         match self {
             AttemptFailure::Stale => "stale-connection",
             AttemptFailure::Reset => "reset",
+            AttemptFailure::Unprocessed => "unprocessed",
             AttemptFailure::Shard(kind) => kind.as_str(),
             AttemptFailure::Invalid => "invalid-response",
         }
@@ -67,7 +75,23 @@ impl Gateway {
         ctx: &mut RequestCtx,
     ) -> Next {
         self.attempt_failed(ctx, failure.as_str());
+        if failure == AttemptFailure::Shard(UpstreamFailure::Timeout) && self.clients_own_deadline(ctx)
+        {
+            // The call's own deadline (`grpc-timeout`) ran out: answered
+            // 504 (DEADLINE_EXCEEDED), not counted against the shard.
+            return Next::Answer(Refusal::error(504, "upstream-timeout"));
+        }
         let kind = match failure {
+            AttemptFailure::Unprocessed => {
+                return match replayable && ctx.stale_retries < MAX_UNPROCESSED_RESENDS {
+                    true => {
+                        ctx.stale_retries += 1;
+                        self.control.metrics.retry();
+                        Next::Resend
+                    }
+                    false => Next::Answer(Refusal::error(502, "upstream-unreachable")),
+                };
+            }
             AttemptFailure::Stale if ctx.stale_retries == 0 => {
                 return match self.may_resend_stale(method, replayable, ctx) {
                     true => Next::Resend,

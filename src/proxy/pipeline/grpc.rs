@@ -64,13 +64,15 @@ pub fn timeout(value: &[u8]) -> Option<Duration> {
 
 /// The `grpc-status` a shard's head or trailers carry, if a number.
 pub fn status_in(fields: &HeaderMap) -> Option<u8> {
-    fields
-        .get("grpc-status")?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+    status_of(fields.iter().map(|(name, value)| (name.as_str(), value.as_bytes())))
+}
+
+/// As [`status_in`], of fields as bytes (the fast transport's).
+pub fn status_of<'a>(fields: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> Option<u8> {
+    let (_, value) = fields
+        .into_iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("grpc-status"))?;
+    std::str::from_utf8(value).ok()?.trim().parse().ok()
 }
 
 #[cfg(test)]

@@ -5,6 +5,8 @@
 //! `upstream.tls_verify: false`.
 
 pub use crate::control::UpstreamKey;
+use super::h2_stream::ShardStream;
+use crate::proxy::pipeline::failure::AttemptFailure;
 use crate::proxy::pipeline::watch::quiet;
 use pingora::tls::{ClientTlsStream, RootCertStore, ServerName, TlsConnector};
 use std::io;
@@ -15,18 +17,33 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-/// A connection to a shard.
+/// A connection to a shard, or one stream on a shared HTTP/2 connection
+/// to it (which reads and writes as an HTTP/1.1 exchange, see
+/// [`ShardStream`]).
 pub(crate) enum Conn {
     Plain(TcpStream),
     Tls(Box<ClientTlsStream<TcpStream>>),
+    H2(Box<ShardStream>),
 }
 
 impl Conn {
-    /// The TCP socket under it.
-    pub(crate) fn tcp(&self) -> &TcpStream {
+    /// The TCP socket under it (none for an HTTP/2 stream: its connection
+    /// is shared).
+    fn tcp(&self) -> Option<&TcpStream> {
         match self {
-            Conn::Plain(tcp) => tcp,
-            Conn::Tls(tls) => tls.get_ref().0,
+            Conn::Plain(tcp) => Some(tcp),
+            Conn::Tls(tls) => Some(tls.get_ref().0),
+            Conn::H2(_) => None,
+        }
+    }
+
+    /// How an HTTP/2 stream failed, when its shard said more than a
+    /// closed connection does (it refused the stream, or it shut the
+    /// connection down before reading it: unprocessed).
+    pub(crate) fn failure(&self) -> Option<AttemptFailure> {
+        match self {
+            Conn::H2(stream) => stream.failure(),
+            _ => None,
         }
     }
 
@@ -38,11 +55,15 @@ impl Conn {
     /// not know of them either): records that carry no data, a session
     /// ticket sent after the response, leave the connection quiet.
     pub(crate) fn is_quiet(&mut self) -> bool {
-        let fd = self.tcp().as_raw_fd();
+        // An HTTP/2 stream is never pooled: its connection is.
+        let Some(tcp) = self.tcp() else {
+            return false;
+        };
+        let fd = tcp.as_raw_fd();
         if quiet(fd) {
             return match self {
-                Conn::Plain(_) => true,
                 Conn::Tls(tls) => !has_plaintext(tls),
+                _ => true,
             };
         }
         let Conn::Tls(tls) = self else {
@@ -73,7 +94,11 @@ impl Conn {
                 return Poll::Ready(Ok(()));
             }
         }
-        self.tcp().poll_read_ready(cx)
+        match self.tcp() {
+            Some(tcp) => tcp.poll_read_ready(cx),
+            // Never tunnelled.
+            None => Poll::Ready(Err(io::ErrorKind::Unsupported.into())),
+        }
     }
 }
 
@@ -116,6 +141,7 @@ impl AsyncRead for Conn {
         match self.get_mut() {
             Conn::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
             Conn::Tls(tls) => Pin::new(&mut **tls).poll_read(cx, buf),
+            Conn::H2(stream) => Pin::new(&mut **stream).poll_read(cx, buf),
         }
     }
 }
@@ -129,6 +155,7 @@ impl AsyncWrite for Conn {
         match self.get_mut() {
             Conn::Plain(tcp) => Pin::new(tcp).poll_write(cx, buf),
             Conn::Tls(tls) => Pin::new(&mut **tls).poll_write(cx, buf),
+            Conn::H2(stream) => Pin::new(&mut **stream).poll_write(cx, buf),
         }
     }
 
@@ -136,6 +163,7 @@ impl AsyncWrite for Conn {
         match self.get_mut() {
             Conn::Plain(tcp) => Pin::new(tcp).poll_flush(cx),
             Conn::Tls(tls) => Pin::new(&mut **tls).poll_flush(cx),
+            Conn::H2(stream) => Pin::new(&mut **stream).poll_flush(cx),
         }
     }
 
@@ -143,12 +171,26 @@ impl AsyncWrite for Conn {
         match self.get_mut() {
             Conn::Plain(tcp) => Pin::new(tcp).poll_shutdown(cx),
             Conn::Tls(tls) => Pin::new(&mut **tls).poll_shutdown(cx),
+            Conn::H2(stream) => Pin::new(&mut **stream).poll_shutdown(cx),
         }
     }
 }
 
-/// The client side of upstream TLS, built once.
-pub(crate) struct UpstreamTls(TlsConnector);
+/// The client side of upstream TLS, built once: offering ALPN
+/// `http/1.1`, `h2`, or both (an `auto` shard picks).
+pub(crate) struct UpstreamTls {
+    http1: TlsConnector,
+    h2: TlsConnector,
+    either: TlsConnector,
+}
+
+/// What a TLS handshake offers through ALPN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Alpn {
+    Http1,
+    H2,
+    Either,
+}
 
 impl UpstreamTls {
     /// Trusts the CAs in `ca_file` (PEM), else the system's roots; with
@@ -179,18 +221,43 @@ impl UpstreamTls {
                 .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
                 .with_no_client_auth()
         };
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(UpstreamTls(TlsConnector::from(Arc::new(config))))
+        let mut offering = |alpn: &[&[u8]]| {
+            config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+            TlsConnector::from(Arc::new(config.clone()))
+        };
+        Ok(UpstreamTls {
+            http1: offering(&[b"http/1.1"]),
+            h2: offering(&[b"h2"]),
+            either: offering(&[b"h2", b"http/1.1"]),
+        })
     }
 
-    /// The TLS handshake on `tcp` for the shard named `name`.
+    /// The TLS handshake on `tcp` for the shard named `name`, offering
+    /// `http/1.1`.
     pub(crate) async fn connect(
         &self,
         name: ServerName<'static>,
         tcp: TcpStream,
     ) -> io::Result<Conn> {
-        let tls = self.0.connect(name, tcp).await?;
-        Ok(Conn::Tls(Box::new(tls)))
+        Ok(self.connect_offering(name, tcp, Alpn::Http1).await?.0)
+    }
+
+    /// The TLS handshake offering `alpn`; and whether the shard picked
+    /// `h2`.
+    pub(crate) async fn connect_offering(
+        &self,
+        name: ServerName<'static>,
+        tcp: TcpStream,
+        alpn: Alpn,
+    ) -> io::Result<(Conn, bool)> {
+        let connector = match alpn {
+            Alpn::Http1 => &self.http1,
+            Alpn::H2 => &self.h2,
+            Alpn::Either => &self.either,
+        };
+        let tls = connector.connect(name, tcp).await?;
+        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+        Ok((Conn::Tls(Box::new(tls)), h2))
     }
 }
 

@@ -1,0 +1,338 @@
+//! Pooled, multiplexed HTTP/2 connections to `h2` and `auto` shards
+//! (DESIGN §8), shared by every worker thread: a request takes a stream on
+//! the oldest connection to its shard with room (up to the shard's
+//! `SETTINGS_MAX_CONCURRENT_STREAMS`, and [`MAX_STREAMS`]); another
+//! connection opens only when all are full, up to
+//! `upstream.pool_per_shard`; beyond that a stream waits on the least busy
+//! one for a place (within the request's headers deadline). Each
+//! connection is driven by a task of its own that pings it every
+//! `upstream.liveness.after_ms` (a connection that does not answer by the
+//! next ping is a vanished host: dropped, its streams fail as a reset
+//! connection's do) and closes it once idle for
+//! `upstream.keepalive_timeout_ms`.
+//!
+//! A connection refuses what a hostile shard could make it hold: the
+//! response head (`max_header_list_size`, so headers without end are cut
+//! off), the streams it resets or that err, the data it sends ahead
+//! (stream and connection windows), server push (off). What the `h2`
+//! crate bounds itself: queued PING answers and SETTINGS acknowledgements
+//! (one at a time), CONTINUATION floods.
+
+use super::conn::{Alpn, Conn, UpstreamTls};
+use super::h2_stream::ShardStream;
+use crate::control::{ShardPeer, UpstreamKey};
+use crate::proxy::hooks::UpstreamFailure;
+use crate::proxy::pipeline::failure::AttemptFailure;
+use crate::routing::ShardProtocol;
+use bytes::Bytes;
+use h2::client::SendRequest;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::future::poll_fn;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+
+/// Streams one connection carries at most (fewer if the shard says so).
+pub(crate) const MAX_STREAMS: usize = 100;
+
+/// A stream's receive window: what a shard may send ahead of a client
+/// that reads slowly, per stream.
+const STREAM_WINDOW: u32 = 256 * 1024;
+
+/// The connection's receive window: room for every stream's window, so
+/// that no stream can hold the others back by leaving its data unread.
+const CONNECTION_WINDOW: u32 = STREAM_WINDOW * MAX_STREAMS as u32;
+
+/// Request data the `h2` crate holds per stream at most.
+const SEND_BUFFER: usize = 64 * 1024;
+
+/// A response head's decoded fields at most (as an HTTP/1.1 head's).
+const MAX_HEADER_LIST: u32 = 64 * 1024;
+
+/// How long an `auto` shard that chose HTTP/1.1 is taken at its word
+/// before it is offered `h2` again.
+const AUTO_RECHECK: Duration = Duration::from_secs(300);
+
+/// How often idle connections are pinged when `upstream.liveness` is off.
+const PING_DEFAULT: Duration = Duration::from_secs(10);
+
+/// Every shard's HTTP/2 connections (see the module documentation).
+pub(crate) struct H2Pool {
+    endpoints: Mutex<HashMap<UpstreamKey, Endpoint>>,
+    connect_timeout: Duration,
+    idle_timeout: Duration,
+    ping_every: Duration,
+    max_connections: usize,
+}
+
+/// One shard endpoint's connections.
+#[derive(Default)]
+struct Endpoint {
+    conns: Vec<H2Conn>,
+    /// Connections being opened.
+    opening: usize,
+    /// Woken when an opening ends (opened or failed).
+    opened: Arc<Notify>,
+    /// An `auto` shard chose HTTP/1.1, at this time.
+    http1_since: Option<Instant>,
+}
+
+struct H2Conn {
+    send: SendRequest<Bytes>,
+    shared: Arc<Shared>,
+}
+
+/// What a connection's streams and its driver share.
+#[derive(Default)]
+struct Shared {
+    streams: AtomicUsize,
+    /// Handed out no more (gone, going away, or idle and closing).
+    closed: AtomicBool,
+}
+
+/// A stream's place on its connection, given back when dropped.
+pub(crate) struct Slot(Arc<Shared>);
+
+impl Slot {
+    fn take(shared: &Arc<Shared>) -> Slot {
+        shared.streams.fetch_add(1, Ordering::SeqCst);
+        Slot(Arc::clone(shared))
+    }
+
+    /// The connection is going away: no new stream goes to it.
+    pub(crate) fn retire(&self) {
+        self.0.closed.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.streams.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// What a request to an HTTP/2-capable shard goes on.
+pub(crate) enum Opened {
+    /// A stream; and whether its connection served others before.
+    Stream(Box<ShardStream>, bool),
+    /// An `auto` shard chose HTTP/1.1 on the connection just opened.
+    Http1(Conn),
+    /// An `auto` shard known to speak HTTP/1.1: the HTTP/1.1 pool's.
+    UseHttp1,
+}
+
+/// A connection just opened.
+enum Connected {
+    H2(SendRequest<Bytes>, Arc<Shared>),
+    Http1(Conn),
+}
+
+impl H2Pool {
+    pub(crate) fn new(config: &crate::config::Config) -> H2Pool {
+        let upstream = &config.upstream;
+        H2Pool {
+            endpoints: Mutex::default(),
+            connect_timeout: upstream.connect_timeout,
+            idle_timeout: upstream.keepalive_timeout,
+            ping_every: upstream.liveness.as_ref().map_or(PING_DEFAULT, |l| l.after),
+            max_connections: upstream.pool_per_shard.max(1),
+        }
+    }
+
+    /// A stream to `peer` (an `h2` or `auto` shard), on a pooled
+    /// connection with room or a new one; `te_trailers`: the client
+    /// accepts trailers.
+    pub(crate) async fn open(
+        &self,
+        peer: &ShardPeer,
+        tls: &UpstreamTls,
+        te_trailers: bool,
+    ) -> Result<Opened, AttemptFailure> {
+        let connect_failed = AttemptFailure::Shard(UpstreamFailure::Connect);
+        let auto = peer.protocol == ShardProtocol::Auto;
+        let stream = |conn: &H2Conn| {
+            let slot = Slot::take(&conn.shared);
+            let tls = peer.key.tls.is_some();
+            Box::new(ShardStream::new(conn.send.clone(), slot, tls, te_trailers))
+        };
+        let deadline = tokio::time::Instant::now() + self.connect_timeout;
+        loop {
+            let opened = {
+                let mut endpoints = self.endpoints.lock();
+                let endpoint = endpoints.entry(peer.key.clone()).or_default();
+                endpoint.conns.retain(|c| !c.shared.closed.load(Ordering::SeqCst));
+                if auto && endpoint.http1_since.is_some_and(|t| t.elapsed() < AUTO_RECHECK) {
+                    return Ok(Opened::UseHttp1);
+                }
+                if let Some(conn) = endpoint.with_room() {
+                    return Ok(Opened::Stream(stream(conn), true));
+                }
+                if endpoint.conns.len() + endpoint.opening >= self.max_connections {
+                    // All full: the stream waits on the least busy one for
+                    // a place (the h2 crate holds it until one frees).
+                    if let Some(conn) = endpoint.conns.iter().min_by_key(|c| c.streams()) {
+                        return Ok(Opened::Stream(stream(conn), true));
+                    }
+                    // Every one is still opening: wait for one.
+                    Some(Arc::clone(&endpoint.opened))
+                } else {
+                    endpoint.opening += 1;
+                    None
+                }
+            };
+            if let Some(opened) = opened {
+                if tokio::time::timeout_at(deadline, opened.notified()).await.is_err() {
+                    return Err(connect_failed);
+                }
+                continue;
+            }
+            let connected = tokio::time::timeout_at(deadline, self.connect(peer, tls, auto)).await;
+            let mut endpoints = self.endpoints.lock();
+            let endpoint = endpoints.entry(peer.key.clone()).or_default();
+            endpoint.opening -= 1;
+            endpoint.opened.notify_waiters();
+            return match connected {
+                Ok(Ok(Connected::H2(send, shared))) => {
+                    let conn = H2Conn { send, shared };
+                    let stream = stream(&conn);
+                    endpoint.conns.push(conn);
+                    Ok(Opened::Stream(stream, false))
+                }
+                Ok(Ok(Connected::Http1(conn))) => {
+                    endpoint.http1_since = Some(Instant::now());
+                    Ok(Opened::Http1(conn))
+                }
+                Ok(Err(e)) => {
+                    log::debug!("connecting to {} (HTTP/2) failed: {e}", peer.addr);
+                    Err(connect_failed)
+                }
+                Err(_) => Err(connect_failed),
+            };
+        }
+    }
+
+    /// Opens a connection: TCP, TLS offering `h2` (and `http/1.1` to an
+    /// `auto` shard), the HTTP/2 handshake; its driver started.
+    async fn connect(
+        &self,
+        peer: &ShardPeer,
+        tls: &UpstreamTls,
+        auto: bool,
+    ) -> std::io::Result<Connected> {
+        let tcp = TcpStream::connect(peer.addr).await?;
+        let _ = tcp.set_nodelay(true);
+        crate::proxy::fast::tunnel::keep_alive(&tcp);
+        let io = match &peer.key.tls {
+            None => Conn::Plain(tcp),
+            Some(name) => {
+                let alpn = if auto { Alpn::Either } else { Alpn::H2 };
+                let (conn, h2) = tls.connect_offering(name.clone(), tcp, alpn).await?;
+                if auto && !h2 {
+                    return Ok(Connected::Http1(conn));
+                }
+                conn
+            }
+        };
+        let (send, connection) = h2::client::Builder::new()
+            .initial_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .max_header_list_size(MAX_HEADER_LIST)
+            .max_send_buffer_size(SEND_BUFFER)
+            .enable_push(false)
+            .handshake::<_, Bytes>(io)
+            .await
+            .map_err(std::io::Error::other)?;
+        let shared = Arc::new(Shared::default());
+        tokio::spawn(drive(
+            connection,
+            Arc::clone(&shared),
+            self.ping_every,
+            self.idle_timeout,
+        ));
+        Ok(Connected::H2(send, shared))
+    }
+}
+
+impl Endpoint {
+    /// The oldest connection with room for one more stream.
+    fn with_room(&self) -> Option<&H2Conn> {
+        self.conns.iter().find(|c| {
+            let room = c.send.current_max_send_streams().min(MAX_STREAMS);
+            c.streams() < room
+        })
+    }
+}
+
+impl H2Conn {
+    fn streams(&self) -> usize {
+        self.shared.streams.load(Ordering::SeqCst)
+    }
+}
+
+/// What woke a connection's driver.
+enum Event {
+    Closed,
+    Tick,
+    Pong(bool),
+}
+
+/// Drives one connection until it ends, is silent for a ping's round, or
+/// idles past `idle_timeout`; then marks it closed (and drops it).
+async fn drive(
+    mut connection: h2::client::Connection<Conn, Bytes>,
+    shared: Arc<Shared>,
+    ping_every: Duration,
+    idle_timeout: Duration,
+) {
+    let mut ping = connection.ping_pong();
+    let start = tokio::time::Instant::now() + ping_every;
+    let mut tick = tokio::time::interval_at(start, ping_every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut awaiting = false;
+    let mut idle = Duration::ZERO;
+    loop {
+        let pong = poll_fn(|cx| match ping.as_mut() {
+            Some(ping) if awaiting => ping.poll_pong(cx).map(|r| r.is_ok()),
+            _ => Poll::Pending,
+        });
+        let event = tokio::select! {
+            _ = &mut connection => Event::Closed,
+            _ = tick.tick() => Event::Tick,
+            answered = pong => Event::Pong(answered),
+        };
+        match event {
+            Event::Closed => break,
+            Event::Pong(answered) => {
+                awaiting = false;
+                if !answered {
+                    break;
+                }
+            }
+            Event::Tick => {
+                if awaiting {
+                    log::debug!("an HTTP/2 connection to a shard did not answer a ping: dropped");
+                    break;
+                }
+                idle = match shared.streams.load(Ordering::SeqCst) {
+                    0 => idle + ping_every,
+                    _ => Duration::ZERO,
+                };
+                if idle >= idle_timeout {
+                    shared.closed.store(true, Ordering::SeqCst);
+                    // A stream taken just before: it ends first.
+                    if shared.streams.load(Ordering::SeqCst) == 0 {
+                        break;
+                    }
+                }
+                if let Some(ping) = ping.as_mut() {
+                    awaiting = ping.send_ping(h2::Ping::opaque()).is_ok();
+                }
+            }
+        }
+    }
+    shared.closed.store(true, Ordering::SeqCst);
+}

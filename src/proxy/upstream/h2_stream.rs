@@ -1,0 +1,564 @@
+//! One request on a shared HTTP/2 connection to a shard, read and written
+//! as the HTTP/1.1 exchange the fast transport speaks to every shard: the
+//! request's HTTP/1.1 head becomes the stream's HEADERS (hop-by-hop fields
+//! left out, `Host` as the authority), its body's framing is decoded into
+//! DATA frames sent as the stream's flow control allows, its trailer
+//! section into trailing HEADERS; the response comes back as an HTTP/1.1
+//! head and body (chunked unless the shard gave a length), its trailers as
+//! the last chunk's. So the attempt loop, the headers watch, the responder,
+//! the answers and every rule of the pipeline are the ones an HTTP/1.1
+//! shard's request goes through (HTTP/1.1 is the transport's own message
+//! form, as HAProxy's HTX is its).
+//!
+//! Bounded: request bytes are taken while less than [`MAX_PENDING`] wait
+//! for the shard's flow-control window (the writer waits otherwise), and a
+//! response's DATA are read one frame at a time, their window given back
+//! only once read (the shard cannot send further ahead than the stream's
+//! window). Dropping the stream before its end resets it (`CANCEL`), and
+//! only it: the connection goes on for the other streams.
+
+use super::h2::Slot;
+use crate::proxy::pipeline::failure::AttemptFailure;
+use crate::proxy::pipeline::framing::{trailer_fields, Framing, Part};
+use crate::proxy::pipeline::message::HeadEnd;
+use bytes::{Buf, Bytes, BytesMut};
+use h2::client::{ResponseFuture, SendRequest};
+use h2::{Reason, RecvStream, SendStream};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Request bytes taken from the writer but not yet sent (waiting for the
+/// stream's window) at most.
+pub(crate) const MAX_PENDING: usize = 64 * 1024;
+
+/// The most fields a request head carries here (the front end's own
+/// bound is lower).
+const MAX_FIELDS: usize = 256;
+
+/// Fields an HTTP/2 message may not carry (RFC 9113 §8.2.2): the
+/// connection's, not the request's. (`te` is sent anew, as `trailers`.)
+const CONNECTION_SPECIFIC: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "upgrade",
+    "te",
+    "host",
+];
+
+/// A request on an HTTP/2 connection (see the module documentation).
+pub(crate) struct ShardStream {
+    /// The connection's handle, until the request is sent.
+    send_request: Option<SendRequest<Bytes>>,
+    /// Its place among the connection's streams, given back on drop.
+    slot: Slot,
+    scheme: http::uri::Scheme,
+    /// The client accepts trailers: `te: trailers` is sent.
+    te_trailers: bool,
+    /// HTTP/1.1 request bytes not yet turned into HTTP/2.
+    input: BytesMut,
+    head_end: HeadEnd,
+    up: Up,
+    /// Body content decoded, waiting for the window.
+    data: VecDeque<Bytes>,
+    /// The trailer section's field lines, as they came.
+    trailers: Vec<u8>,
+    head_only: bool,
+    down: Down,
+    /// The response in HTTP/1.1 form, not yet read.
+    output: VecDeque<Bytes>,
+    failure: Option<AttemptFailure>,
+}
+
+/// The request's side.
+enum Up {
+    /// Its head is being written.
+    Head,
+    /// Parsed, waiting for the connection to take a new stream.
+    Ready(Box<Request<()>>, Framing),
+    /// Its body going up.
+    Body(SendStream<Bytes>, Framing),
+    Done,
+    Broken,
+}
+
+/// The response's side.
+enum Down {
+    NotYet,
+    Head(ResponseFuture),
+    Body { recv: RecvStream, chunked: bool },
+    Done,
+    Broken,
+}
+
+impl ShardStream {
+    pub(crate) fn new(
+        send_request: SendRequest<Bytes>,
+        slot: Slot,
+        tls: bool,
+        te_trailers: bool,
+    ) -> ShardStream {
+        ShardStream {
+            send_request: Some(send_request),
+            slot,
+            scheme: match tls {
+                true => http::uri::Scheme::HTTPS,
+                false => http::uri::Scheme::HTTP,
+            },
+            te_trailers,
+            input: BytesMut::new(),
+            head_end: HeadEnd::default(),
+            up: Up::Head,
+            data: VecDeque::new(),
+            trailers: Vec::new(),
+            head_only: false,
+            down: Down::NotYet,
+            output: VecDeque::new(),
+            failure: None,
+        }
+    }
+
+    /// How the stream failed, if its shard said more than a broken
+    /// connection says.
+    pub(crate) fn failure(&self) -> Option<AttemptFailure> {
+        self.failure
+    }
+
+    /// Records `e` and breaks both sides; the error a reader or writer gets.
+    fn fail(&mut self, e: h2::Error) -> io::Error {
+        let before_head = matches!(self.down, Down::NotYet | Down::Head(_));
+        if before_head {
+            self.failure = Some(failure_of(&e));
+        }
+        if e.is_go_away() || self.send_request.is_some() {
+            // The connection is going away, or took no new stream.
+            self.slot.retire();
+        }
+        self.up = Up::Broken;
+        self.down = Down::Broken;
+        self.data.clear();
+        io::Error::other(e)
+    }
+
+    fn broken(&self) -> io::Error {
+        io::Error::new(io::ErrorKind::BrokenPipe, "the HTTP/2 stream failed")
+    }
+
+    /// Moves the request on as far as it goes without waiting: its head
+    /// parsed, its stream opened once the connection takes one, its body
+    /// sent as the window allows, its end. `Err` once it failed.
+    fn drive(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        loop {
+            match &mut self.up {
+                Up::Head => {
+                    let Some(end) = self.head_end.find(&self.input) else {
+                        return Ok(());
+                    };
+                    let head = self.input.split_to(end);
+                    let (request, framing) = request_of(&head, &self.scheme, self.te_trailers)?;
+                    self.head_only = request.method() == http::Method::HEAD;
+                    self.up = Up::Ready(Box::new(request), framing);
+                }
+                Up::Ready(..) => {
+                    let Some(send_request) = self.send_request.as_mut() else {
+                        return Err(self.broken());
+                    };
+                    match send_request.poll_ready(cx) {
+                        Poll::Pending => return Ok(()),
+                        Poll::Ready(Err(e)) => return Err(self.fail(e)),
+                        Poll::Ready(Ok(())) => {}
+                    }
+                    let Up::Ready(request, framing) = std::mem::replace(&mut self.up, Up::Done)
+                    else {
+                        return Err(self.broken());
+                    };
+                    let end = framing.is_done();
+                    match send_request.send_request(*request, end) {
+                        Err(e) => return Err(self.fail(e)),
+                        Ok((response, send)) => {
+                            self.send_request = None;
+                            self.down = Down::Head(response);
+                            // A reader that found nothing to await before
+                            // (polled before the writer) awaits it now.
+                            cx.waker().wake_by_ref();
+                            if !end {
+                                self.up = Up::Body(send, framing);
+                            }
+                        }
+                    }
+                }
+                Up::Body(..) => return self.send_body(cx),
+                Up::Done => return Ok(()),
+                Up::Broken => return Err(self.broken()),
+            }
+        }
+    }
+
+    /// The body's bytes decoded and sent as the window allows; its end
+    /// (trailers or an empty last DATA) once the framing says so.
+    fn send_body(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        let Up::Body(send, framing) = &mut self.up else {
+            return Ok(());
+        };
+        if !self.input.is_empty() && !framing.is_done() {
+            let bytes = self.input.split().freeze();
+            let (data, trailers) = (&mut self.data, &mut self.trailers);
+            let decoded = framing.decode(&bytes, |part| match part {
+                Part::Data(range) => data.push_back(bytes.slice(range)),
+                Part::Trailer(range) => trailers.extend_from_slice(&bytes[range]),
+                Part::Chunk(_) => {}
+            });
+            if decoded.is_err() {
+                // The transport wrote these bytes: never.
+                self.up = Up::Broken;
+                return Err(io::Error::other("a request body that breaks its framing"));
+            }
+        }
+        while let Some(front) = self.data.front_mut() {
+            if front.is_empty() {
+                self.data.pop_front();
+                continue;
+            }
+            if send.capacity() == 0 {
+                send.reserve_capacity(front.len());
+                match send.poll_capacity(cx) {
+                    Poll::Pending => return Ok(()),
+                    Poll::Ready(Some(Ok(_))) => continue,
+                    Poll::Ready(Some(Err(e))) => return Err(self.fail(e)),
+                    Poll::Ready(None) => return Err(self.broken_up()),
+                }
+            }
+            let n = send.capacity().min(front.len());
+            if let Err(e) = send.send_data(front.split_to(n), false) {
+                return Err(self.fail(e));
+            }
+        }
+        if !framing.is_done() {
+            return Ok(());
+        }
+        let ended = match trailers_of(&self.trailers) {
+            Some(fields) => send.send_trailers(fields),
+            None => send.send_data(Bytes::new(), true),
+        };
+        match ended {
+            Ok(()) => {
+                self.up = Up::Done;
+                Ok(())
+            }
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    /// The shard stopped taking the body (it answered, or reset the
+    /// stream): the response may still come.
+    fn broken_up(&mut self) -> io::Error {
+        self.up = Up::Broken;
+        self.data.clear();
+        self.broken()
+    }
+
+    /// Turns what the shard sent into HTTP/1.1 bytes in `output`; `Ready`
+    /// when there are some, or the response ended (`output` empty).
+    fn poll_response(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            if !self.output.is_empty() {
+                return Poll::Ready(Ok(()));
+            }
+            match &mut self.down {
+                Down::NotYet => {
+                    return match self.up {
+                        Up::Broken => Poll::Ready(Err(self.broken())),
+                        // `drive` is woken when the stream opens.
+                        _ => Poll::Pending,
+                    };
+                }
+                Down::Head(response) => match Pin::new(response).poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(self.fail(e))),
+                    Poll::Ready(Ok(response)) => self.start_response(response),
+                },
+                Down::Body { recv, chunked } => match recv.poll_data(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Some(Ok(data))) => {
+                        let _ = recv.flow_control().release_capacity(data.len());
+                        if data.is_empty() {
+                            continue;
+                        }
+                        if *chunked {
+                            self.output
+                                .push_back(Bytes::from(format!("{:x}\r\n", data.len())));
+                            self.output.push_back(data);
+                            self.output.push_back(Bytes::from_static(b"\r\n"));
+                        } else {
+                            self.output.push_back(data);
+                        }
+                    }
+                    Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(self.fail(e))),
+                    Poll::Ready(None) => {
+                        let chunked = *chunked;
+                        match recv.poll_trailers(cx) {
+                            Poll::Pending => return Poll::Pending,
+                            Poll::Ready(Err(e)) => return Poll::Ready(Err(self.fail(e))),
+                            Poll::Ready(Ok(trailers)) => {
+                                if chunked {
+                                    self.output.push_back(last_chunk(trailers.as_ref()));
+                                }
+                                self.down = Down::Done;
+                            }
+                        }
+                    }
+                },
+                Down::Done => return Poll::Ready(Ok(())),
+                Down::Broken => return Poll::Ready(Err(self.broken())),
+            }
+        }
+    }
+
+    /// The response's head, in HTTP/1.1 form, and how its body follows.
+    fn start_response(&mut self, response: Response<RecvStream>) {
+        let (parts, recv) = response.into_parts();
+        let status = parts.status.as_u16();
+        let bodiless = self.head_only || status < 200 || status == 204 || status == 304;
+        let has_length = parts.headers.contains_key(http::header::CONTENT_LENGTH);
+        let ended = recv.is_end_stream();
+        let chunked = !bodiless && !has_length && !ended;
+        let mut head = BytesMut::with_capacity(256);
+        head.extend_from_slice(b"HTTP/1.1 ");
+        head.extend_from_slice(parts.status.as_str().as_bytes());
+        head.extend_from_slice(b" ");
+        let reason = parts.status.canonical_reason().unwrap_or("");
+        head.extend_from_slice(reason.as_bytes());
+        head.extend_from_slice(b"\r\n");
+        for (name, value) in &parts.headers {
+            if CONNECTION_SPECIFIC.contains(&name.as_str()) {
+                continue;
+            }
+            for part in [name.as_str().as_bytes(), b": ", value.as_bytes(), b"\r\n"] {
+                head.extend_from_slice(part);
+            }
+        }
+        match (chunked, bodiless || has_length) {
+            (true, _) => head.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+            (false, false) => head.extend_from_slice(b"content-length: 0\r\n"),
+            (false, true) => {}
+        }
+        head.extend_from_slice(b"\r\n");
+        self.output.push_back(head.freeze());
+        self.down = match bodiless || ended {
+            true => Down::Done,
+            false => Down::Body { recv, chunked },
+        };
+    }
+}
+
+/// What a failed stream says of its request: unprocessed when the shard
+/// refused the stream or went away before reading it (RFC 9113 §8.7: safe
+/// to send again, whatever the method); the shard broke the protocol when
+/// the h2 library found it so; else what a reset connection says.
+fn failure_of(e: &h2::Error) -> AttemptFailure {
+    let refused = e.is_reset() && e.reason() == Some(Reason::REFUSED_STREAM);
+    if e.is_remote() && (refused || e.is_go_away()) {
+        return AttemptFailure::Unprocessed;
+    }
+    match e.is_library() {
+        true => AttemptFailure::Invalid,
+        false => AttemptFailure::Reset,
+    }
+}
+
+/// The HTTP/2 request of an HTTP/1.1 head the fast transport wrote, and
+/// its body's framing.
+fn request_of(
+    head: &[u8],
+    scheme: &http::uri::Scheme,
+    te_trailers: bool,
+) -> io::Result<(Request<()>, Framing)> {
+    let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+    let mut fields = vec![httparse::EMPTY_HEADER; MAX_FIELDS];
+    let mut parsed = httparse::Request::new(&mut fields);
+    match parsed.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        _ => return Err(invalid("an unreadable request head")),
+    }
+    let (Some(method), Some(target)) = (parsed.method, parsed.path) else {
+        return Err(invalid("an unreadable request line"));
+    };
+    let mut framing = Framing::Length(0);
+    let mut authority = None;
+    let mut headers = HeaderMap::with_capacity(parsed.headers.len() + 1);
+    for field in parsed.headers.iter() {
+        let name = field.name;
+        if name.eq_ignore_ascii_case("host") {
+            authority = Some(field.value);
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            framing = Framing::chunked();
+        } else if name.eq_ignore_ascii_case("content-length") {
+            let length = std::str::from_utf8(field.value).ok().and_then(|v| v.parse().ok());
+            framing = Framing::Length(length.ok_or_else(|| invalid("a bad length"))?);
+        }
+        if CONNECTION_SPECIFIC.iter().any(|c| name.eq_ignore_ascii_case(c)) {
+            continue;
+        }
+        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| invalid("a field name"))?;
+        let value = HeaderValue::from_bytes(field.value).map_err(|_| invalid("a field value"))?;
+        headers.append(name, value);
+    }
+    if te_trailers {
+        headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+    }
+    let authority = authority.ok_or_else(|| invalid("no Host"))?;
+    let uri = http::Uri::builder()
+        .scheme(scheme.clone())
+        .authority(authority)
+        .path_and_query(target)
+        .build()
+        .map_err(|_| invalid("a request target"))?;
+    let mut request = Request::new(());
+    *request.method_mut() =
+        http::Method::from_bytes(method.as_bytes()).map_err(|_| invalid("a method"))?;
+    *request.uri_mut() = uri;
+    *request.headers_mut() = headers;
+    Ok((request, framing))
+}
+
+/// The request's trailer fields for HTTP/2 (as the one trailer rule lets
+/// them through: the transport's writer already applied it); none if the
+/// section is empty.
+fn trailers_of(block: &[u8]) -> Option<HeaderMap> {
+    let mut fields = HeaderMap::new();
+    for (name, value) in trailer_fields(block, |_| false) {
+        let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(value),
+        ) else {
+            continue;
+        };
+        fields.append(name, value);
+    }
+    (!fields.is_empty()).then_some(fields)
+}
+
+/// A chunked body's last chunk, with the response's trailers.
+fn last_chunk(trailers: Option<&HeaderMap>) -> Bytes {
+    let mut out = BytesMut::from(&b"0\r\n"[..]);
+    for (name, value) in trailers.into_iter().flatten() {
+        for part in [name.as_str().as_bytes(), b": ", value.as_bytes(), b"\r\n"] {
+            out.extend_from_slice(part);
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+    out.freeze()
+}
+
+impl AsyncWrite for ShardStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        this.drive(cx)?;
+        let waiting = this.input.len() + this.data.iter().map(Bytes::len).sum::<usize>();
+        // The head is taken whole (the transport bounds it).
+        let room = match this.up {
+            Up::Head => buf.len(),
+            _ => MAX_PENDING.saturating_sub(waiting).min(buf.len()),
+        };
+        if room == 0 {
+            return Poll::Pending;
+        }
+        this.input.extend_from_slice(&buf[..room]);
+        this.drive(cx)?;
+        Poll::Ready(Ok(room))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        this.drive(cx)?;
+        let sent = match this.up {
+            Up::Done => true,
+            Up::Body(..) => this.input.is_empty() && this.data.is_empty(),
+            _ => false,
+        };
+        match sent {
+            true => Poll::Ready(Ok(())),
+            false => Poll::Pending,
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_flush(cx)
+    }
+}
+
+impl AsyncRead for ShardStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        // A writer done with its part still needs the stream opened.
+        if let Err(e) = this.drive(cx) {
+            if matches!(this.down, Down::NotYet | Down::Broken) {
+                return Poll::Ready(Err(e));
+            }
+        }
+        std::task::ready!(this.poll_response(cx))?;
+        while buf.remaining() > 0 {
+            let Some(front) = this.output.front_mut() else {
+                break;
+            };
+            let n = front.len().min(buf.remaining());
+            buf.put_slice(&front[..n]);
+            front.advance(n);
+            if front.is_empty() {
+                this.output.pop_front();
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_http1_head_becomes_an_http2_request_without_its_connection_fields() {
+        let head = b"POST /a?b=1 HTTP/1.1\r\nHost: app.test:8080\r\nConnection: keep-alive\r\n\
+Transfer-Encoding: chunked\r\nTE: gzip\r\nX-Forwarded-For: 1.2.3.4\r\nContent-Type: application/grpc\r\n\r\n";
+        let (request, framing) = request_of(head, &http::uri::Scheme::HTTP, true).unwrap();
+        assert_eq!(request.uri(), "http://app.test:8080/a?b=1");
+        assert_eq!(request.method(), http::Method::POST);
+        let names: Vec<&str> = request.headers().keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["x-forwarded-for", "content-type", "te"]);
+        assert_eq!(request.headers()["te"], "trailers");
+        assert!(matches!(framing, Framing::Chunked(_)));
+        let head = b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 7\r\n\r\n";
+        let (request, framing) = request_of(head, &http::uri::Scheme::HTTPS, false).unwrap();
+        assert_eq!(request.uri(), "https://a/");
+        assert!(request.headers().get("te").is_none());
+        assert!(matches!(framing, Framing::Length(7)));
+        // No Host: no authority to give.
+        assert!(request_of(b"GET / HTTP/1.1\r\n\r\n", &http::uri::Scheme::HTTP, false).is_err());
+    }
+
+    #[test]
+    fn trailers_pass_the_one_rule_both_ways() {
+        let fields = trailers_of(b"grpc-status: 0\r\nX-Sum: 1\r\n").unwrap();
+        assert_eq!(fields["grpc-status"], "0");
+        assert_eq!(fields["x-sum"], "1");
+        assert!(trailers_of(b"").is_none());
+        let mut map = HeaderMap::new();
+        map.insert("grpc-status", HeaderValue::from_static("5"));
+        assert_eq!(&last_chunk(Some(&map))[..], b"0\r\ngrpc-status: 5\r\n\r\n");
+        assert_eq!(&last_chunk(None)[..], b"0\r\n\r\n");
+    }
+}
