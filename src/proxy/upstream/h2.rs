@@ -75,8 +75,11 @@ struct Endpoint {
     conns: Vec<H2Conn>,
     /// Connections being opened.
     opening: usize,
-    /// Woken when an opening ends (opened or failed).
+    /// Requests waiting for those.
+    waiting: usize,
+    /// Woken when an opening ends (opened or failed), and how many have.
     opened: Arc<Notify>,
+    openings_ended: u64,
     /// An `auto` shard chose HTTP/1.1, at this time.
     http1_since: Option<Instant>,
 }
@@ -161,39 +164,52 @@ impl H2Pool {
         };
         let deadline = tokio::time::Instant::now() + self.connect_timeout;
         loop {
-            let opened = {
+            // Decided under the lock, which no wait holds.
+            let wait = {
                 let mut endpoints = self.endpoints.lock();
                 let endpoint = endpoints.entry(peer.key.clone()).or_default();
                 endpoint.conns.retain(|c| !c.shared.closed.load(Ordering::SeqCst));
                 if auto && endpoint.http1_since.is_some_and(|t| t.elapsed() < AUTO_RECHECK) {
                     return Ok(Opened::UseHttp1);
                 }
-                if let Some(conn) = endpoint.with_room() {
-                    return Ok(Opened::Stream(stream(conn), true));
-                }
-                if endpoint.conns.len() + endpoint.opening >= self.max_connections {
-                    // All full: the stream waits on the least busy one for
-                    // a place (the h2 crate holds it until one frees).
-                    if let Some(conn) = endpoint.conns.iter().min_by_key(|c| c.streams()) {
-                        return Ok(Opened::Stream(stream(conn), true));
+                match endpoint.choose(self.max_connections) {
+                    Choice::Take(i) => {
+                        return Ok(Opened::Stream(stream(&endpoint.conns[i]), true));
                     }
-                    // Every one is still opening: wait for one.
-                    Some(Arc::clone(&endpoint.opened))
-                } else {
-                    endpoint.opening += 1;
-                    None
+                    Choice::Open => {
+                        endpoint.opening += 1;
+                        None
+                    }
+                    Choice::Wait => {
+                        endpoint.waiting += 1;
+                        Some((Arc::clone(&endpoint.opened), endpoint.openings_ended))
+                    }
                 }
             };
-            if let Some(opened) = opened {
-                if tokio::time::timeout_at(deadline, opened.notified()).await.is_err() {
-                    return Err(connect_failed);
+            if let Some((opened, seen)) = wait {
+                let notified = opened.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                // An opening that ended before the wait was registered.
+                let ended = |e: &Endpoint| e.openings_ended != seen;
+                let missed = self.endpoints.lock().get(&peer.key).is_none_or(ended);
+                let woken = match missed {
+                    true => Ok(()),
+                    false => tokio::time::timeout_at(deadline, notified).await,
+                };
+                if let Some(endpoint) = self.endpoints.lock().get_mut(&peer.key) {
+                    endpoint.waiting -= 1;
                 }
-                continue;
+                match woken {
+                    Ok(()) => continue,
+                    Err(_) => return Err(connect_failed),
+                }
             }
             let connected = tokio::time::timeout_at(deadline, self.connect(peer, tls, auto)).await;
             let mut endpoints = self.endpoints.lock();
             let endpoint = endpoints.entry(peer.key.clone()).or_default();
             endpoint.opening -= 1;
+            endpoint.openings_ended += 1;
             endpoint.opened.notify_waiters();
             return match connected {
                 Ok(Ok(Connected::H2(send, shared))) => {
@@ -257,13 +273,35 @@ impl H2Pool {
     }
 }
 
+/// Where a request's stream goes.
+enum Choice {
+    /// On this connection.
+    Take(usize),
+    /// On a connection it opens.
+    Open,
+    /// On one being opened: it waits for it.
+    Wait,
+}
+
 impl Endpoint {
-    /// The oldest connection with room for one more stream.
-    fn with_room(&self) -> Option<&H2Conn> {
-        self.conns.iter().find(|c| {
-            let room = c.send.current_max_send_streams().min(MAX_STREAMS);
-            c.streams() < room
-        })
+    /// The oldest connection with room for one more stream; else a new one
+    /// while the connections being opened could not carry the requests
+    /// already waiting for them, and there are fewer than `max`; else the
+    /// least busy (the h2 crate holds the stream until a place frees);
+    /// else (every one is still opening) a wait.
+    fn choose(&self, max: usize) -> Choice {
+        let room = |c: &H2Conn| c.streams() < c.send.current_max_send_streams().min(MAX_STREAMS);
+        if let Some(i) = self.conns.iter().position(room) {
+            return Choice::Take(i);
+        }
+        if self.opening > 0 && self.waiting < self.opening * MAX_STREAMS {
+            return Choice::Wait;
+        }
+        if self.conns.len() + self.opening < max {
+            return Choice::Open;
+        }
+        let least_busy = (0..self.conns.len()).min_by_key(|&i| self.conns[i].streams());
+        least_busy.map_or(Choice::Wait, Choice::Take)
     }
 }
 
