@@ -36,9 +36,13 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// stream's window) at most.
 pub(crate) const MAX_PENDING: usize = 64 * 1024;
 
+/// Response bytes collected for one read at most.
+const MAX_OUTPUT: usize = 64 * 1024;
+
 /// The most fields a request head carries here (the front end's own
-/// bound is lower).
+/// bound is lower), and how many are looked for on the stack first.
 const MAX_FIELDS: usize = 256;
+const FEW_FIELDS: usize = 32;
 
 /// Fields an HTTP/2 message may not carry (RFC 9113 §8.2.2): the
 /// connection's, not the request's. (`te` is sent anew, as `trailers`.)
@@ -263,11 +267,28 @@ impl ShardStream {
         self.broken()
     }
 
-    /// Turns what the shard sent into HTTP/1.1 bytes in `output`; `Ready`
-    /// when there are some, or the response ended (`output` empty).
+    /// Turns what the shard sent into HTTP/1.1 bytes in `output`, as much
+    /// as has come (up to [`MAX_OUTPUT`]: a head, its data and trailers go
+    /// to the client in one write when they came together); `Ready` when
+    /// there are some, or the response ended (`output` empty).
     fn poll_response(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = self.collect(cx);
+        match (polled, self.output.is_empty()) {
+            (Poll::Pending, false) => Poll::Ready(Ok(())),
+            (Poll::Ready(Err(e)), false) => {
+                // What came before the error goes first; the error next.
+                drop(e);
+                Poll::Ready(Ok(()))
+            }
+            (polled, _) => polled,
+        }
+    }
+
+    /// Collects what the shard sent into `output` until nothing more has
+    /// come, the output is full, or the response ended.
+    fn collect(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         loop {
-            if !self.output.is_empty() {
+            if self.output.iter().map(Bytes::len).sum::<usize>() >= MAX_OUTPUT {
                 return Poll::Ready(Ok(()));
             }
             match &mut self.down {
@@ -380,11 +401,18 @@ fn request_of(
     te_trailers: bool,
 ) -> io::Result<(Request<()>, Framing)> {
     let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
-    let mut fields = vec![httparse::EMPTY_HEADER; MAX_FIELDS];
-    let mut parsed = httparse::Request::new(&mut fields);
-    match parsed.parse(head) {
-        Ok(httparse::Status::Complete(_)) => {}
-        _ => return Err(invalid("an unreadable request head")),
+    // Most heads fit on the stack; a longer one is parsed again.
+    let mut few = [httparse::EMPTY_HEADER; FEW_FIELDS];
+    let mut many;
+    let mut parsed = httparse::Request::new(&mut few);
+    let mut read = parsed.parse(head);
+    if let Err(httparse::Error::TooManyHeaders) = read {
+        many = vec![httparse::EMPTY_HEADER; MAX_FIELDS];
+        parsed = httparse::Request::new(&mut many);
+        read = parsed.parse(head);
+    }
+    if !matches!(read, Ok(httparse::Status::Complete(_))) {
+        return Err(invalid("an unreadable request head"));
     }
     let (Some(method), Some(target)) = (parsed.method, parsed.path) else {
         return Err(invalid("an unreadable request line"));
@@ -473,6 +501,9 @@ impl AsyncWrite for ShardStream {
         if room == 0 {
             return Poll::Pending;
         }
+        if this.input.capacity() == 0 {
+            this.input.reserve(room);
+        }
         this.input.extend_from_slice(&buf[..room]);
         this.drive(cx)?;
         Poll::Ready(Ok(room))
@@ -546,6 +577,11 @@ Transfer-Encoding: chunked\r\nTE: gzip\r\nX-Forwarded-For: 1.2.3.4\r\nContent-Ty
         assert_eq!(request.uri(), "https://a/");
         assert!(request.headers().get("te").is_none());
         assert!(matches!(framing, Framing::Length(7)));
+        // More fields than the stack holds: parsed all the same.
+        let many: String = (0..40).map(|i| format!("X-F{i}: {i}\r\n")).collect();
+        let head = format!("GET / HTTP/1.1\r\nHost: a\r\n{many}\r\n");
+        let (request, _) = request_of(head.as_bytes(), &http::uri::Scheme::HTTP, false).unwrap();
+        assert_eq!(request.headers().len(), 40);
         // No Host: no authority to give.
         assert!(request_of(b"GET / HTTP/1.1\r\n\r\n", &http::uri::Scheme::HTTP, false).is_err());
     }
