@@ -10,8 +10,8 @@
 //! ```
 //! (listen address, threads)
 
-use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, Response};
+#[path = "common/grpc_echo_shard.rs"]
+mod grpc_echo_shard;
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -26,39 +26,6 @@ fn main() {
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .unwrap_or_else(|e| panic!("bind {addr}: {e}"));
-        loop {
-            let Ok((socket, _)) = listener.accept().await else {
-                continue;
-            };
-            let _ = socket.set_nodelay(true);
-            tokio::spawn(async move {
-                let Ok(mut conn) = h2::server::handshake(socket).await else {
-                    return;
-                };
-                while let Some(Ok((request, respond))) = conn.accept().await {
-                    tokio::spawn(echo(request.into_body(), respond));
-                }
-            });
-        }
+        grpc_echo_shard::serve(listener).await;
     });
-}
-
-/// Reads the call's message(s) and sends them back, then `grpc-status: 0`.
-async fn echo(mut body: h2::RecvStream, mut respond: h2::server::SendResponse<Bytes>) {
-    let mut message = BytesMut::new();
-    while let Some(Ok(data)) = body.data().await {
-        let _ = body.flow_control().release_capacity(data.len());
-        message.extend_from_slice(&data);
-    }
-    let head = Response::builder()
-        .header("content-type", "application/grpc")
-        .body(())
-        .expect("head");
-    let Ok(mut stream) = respond.send_response(head, false) else {
-        return;
-    };
-    let _ = stream.send_data(message.freeze(), false);
-    let mut trailers = HeaderMap::new();
-    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-    let _ = stream.send_trailers(trailers);
 }

@@ -10,6 +10,8 @@
 
 #[path = "demo_shards.rs"]
 mod demo_shards;
+#[path = "common/grpc_echo_shard.rs"]
+mod grpc_echo_shard;
 
 use shardgate::config::Config;
 use shardgate::proxy::hooks::DefaultHooks;
@@ -33,13 +35,19 @@ fn main() {
             .enable_all()
             .build()
             .expect("demo runtime");
-        rt.block_on(demo_shards::serve(&[
-            ("shard-1", 3001),
-            ("shard-2", 3002),
-            ("shard-3", 3003),
-        ]));
+        rt.block_on(async {
+            // The gRPC shard (`protocol: h2`): HTTP/2 with prior knowledge.
+            match tokio::net::TcpListener::bind("127.0.0.1:3004").await {
+                Ok(listener) => drop(tokio::spawn(grpc_echo_shard::serve(listener))),
+                Err(e) => eprintln!("the gRPC demo shard (127.0.0.1:3004): {e}"),
+            }
+            demo_shards::serve(&[("shard-1", 3001), ("shard-2", 3002), ("shard-3", 3003)]).await
+        });
     });
-    println!("shardgate quickstart: demo shards on 127.0.0.1:3001-3003, gateway on http://127.0.0.1:8080");
+    println!(
+        "shardgate quickstart: demo shards on 127.0.0.1:3001-3003, a gRPC echo shard on \
+         127.0.0.1:3004, gateway on http://127.0.0.1:8080"
+    );
     println!("try:  curl http://acme.localhost:8080/   (Ctrl-C to stop)");
     match Shardgate::build(config, None, Arc::new(DefaultHooks)) {
         Ok(gateway) => gateway.run(),
