@@ -212,6 +212,8 @@ where
     h2.max_concurrent_streams(control.edge.config.h2_max_concurrent_streams);
     // The head limits HTTP/1 has, for HTTP/2's decoded header list.
     h2.max_header_list_size(limits.max_header_bytes.min(u32::MAX as usize) as u32);
+    // WebSockets over HTTP/2 (RFC 8441): extended CONNECT.
+    h2.enable_connect_protocol();
     http.h2_options = Some(h2);
     // An HTTP/2 connection with no stream open closes as an idle
     // HTTP/1 one does.

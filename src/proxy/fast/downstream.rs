@@ -346,6 +346,12 @@ impl H2Client {
         }
     }
 
+    /// A stream whose DATA are a tunnel's (RFC 8441), not a body to send
+    /// up with the handshake.
+    pub(super) fn tunnel_only(&mut self) {
+        self.body_done = true;
+    }
+
     /// Whether the client reset the stream (`RST_STREAM`) before both
     /// ends closed it: what the rapid-reset guard counts once the stream
     /// was accepted. A reset of the gateway's own does not count.

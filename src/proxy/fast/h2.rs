@@ -23,6 +23,9 @@ use pingora::protocols::l4::socket::SocketAddr;
 impl FastPath {
     /// Serves one HTTP/2 stream.
     pub async fn serve_h2(&self, mut stream: Box<H2Stream>) -> Served {
+        if super::websocket_h2::is_websocket(&stream) {
+            return self.serve_h2_websocket(stream).await;
+        }
         stream.set_write_timeout(Some(self.send_timeout));
         let gw = &self.gateway;
         let mut ctx = RequestCtx::default();
@@ -139,7 +142,7 @@ fn outgoing(req: &RequestHeader, stream: &H2Stream, max: Option<u64>) -> Result<
 /// The client's fields for the HTTP/1.1 head: `Host` comes from the
 /// authority (the plan checked it), the `Cookie` fields are joined (RFC
 /// 9113 §8.2.3).
-fn fields<'r>(req: &'r RequestHeader, cookie: Option<&'r [u8]>) -> Vec<(&'r str, &'r [u8])> {
+pub(super) fn fields<'r>(req: &'r RequestHeader, cookie: Option<&'r [u8]>) -> Vec<(&'r str, &'r [u8])> {
     let mut fields: Vec<(&str, &[u8])> = Vec::with_capacity(req.headers.len() + 1);
     if let Some(cookie) = cookie {
         fields.push(("Cookie", cookie));

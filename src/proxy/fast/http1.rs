@@ -211,6 +211,7 @@ impl FastPath {
                             client: logged.client.cloned(),
                             target: logged.target.to_owned(),
                             host: logged.host.map(str::to_owned),
+                            line: ("GET", "HTTP/1.1", 101),
                         };
                         self.spawn_tunnel(client, upstream, ctx, log);
                         return None;

@@ -33,6 +33,7 @@ mod request;
 mod respond;
 mod response;
 pub(crate) mod tunnel;
+mod websocket_h2;
 mod upstream;
 
 pub use crate::proxy::upstream::conn::UpstreamKey;

@@ -55,6 +55,9 @@ pub(super) struct TunnelLog {
     pub client: Option<SocketAddr>,
     pub target: String,
     pub host: Option<String>,
+    /// The handshake's method, protocol and status: `GET`, HTTP/1.1 and
+    /// 101; `CONNECT`, HTTP/2 and 200 over HTTP/2 (RFC 8441).
+    pub line: (&'static str, &'static str, u16),
 }
 
 /// What a tunnel's end reports (the access line, the hooks' logging
@@ -77,6 +80,7 @@ struct Ended {
     client: Option<std::net::SocketAddr>,
     target: Box<str>,
     host: Option<Box<str>>,
+    line: (&'static str, &'static str, u16),
 }
 
 impl Ended {
@@ -95,6 +99,7 @@ impl Ended {
             client: log.client.as_ref().and_then(|a| a.as_inet()).copied(),
             target: log.target.into_boxed_str(),
             host: log.host.map(String::into_boxed_str),
+            line: log.line,
         }
     }
 
@@ -203,6 +208,29 @@ impl FastPath {
     }
 }
 
+impl FastPath {
+    /// Runs a tunnel in this task, with an HTTP/2 stream as its client
+    /// side (RFC 8441); the request is finished when it ends.
+    pub(super) async fn run_h2_tunnel<C: Side>(
+        &self,
+        client: C,
+        upstream: Conn,
+        ctx: RequestCtx,
+        log: TunnelLog,
+    ) {
+        let done = Finish {
+            gateway: self.gateway.clone(),
+            ended: Ended::of(ctx, log),
+        };
+        let tunnel = Running {
+            client,
+            upstream,
+            done,
+        };
+        run_tunnel(tunnel, self.send_timeout).await;
+    }
+}
+
 /// Finishes a tunnel's request (duration, admission, access log line)
 /// exactly once, however the tunnel ends: also when the runtime drops its
 /// task at the end of a graceful shutdown.
@@ -215,14 +243,15 @@ impl Drop for Finish {
     fn drop(&mut self) {
         let mut ctx = self.ended.context();
         let client = self.ended.client.map(SocketAddr::Inet);
+        let (method, protocol, status) = self.ended.line;
         let line = RequestLine {
             client: client.as_ref(),
-            method: "GET",
+            method,
             target: &self.ended.target,
             host: self.ended.host.as_deref(),
-            protocol: "HTTP/1.1",
+            protocol,
         };
-        self.gateway.finish(&mut ctx, &line, 101);
+        self.gateway.finish(&mut ctx, &line, status);
     }
 }
 
@@ -333,7 +362,7 @@ enum End {
 
 /// One end of a tunnel: a stream that can wait until it is readable
 /// without a buffer.
-trait Side: AsyncRead + AsyncWrite + Unpin {
+pub(super) trait Side: AsyncRead + AsyncWrite + Unpin {
     /// Ready when a read would find bytes (or the end, or an error).
     fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
 }
@@ -550,6 +579,7 @@ mod tests {
             client: None,
             target: "/chat".to_string(),
             host: None,
+            line: ("GET", "HTTP/1.1", 101),
         };
         let done = Finish {
             gateway: Gateway::new(std::sync::Arc::new(control)),

@@ -1,0 +1,158 @@
+//! WebSockets over HTTP/2 (RFC 8441, DESIGN §8) with a real HTTP/2 client
+//! library (the h2 crate): the listener announces
+//! `SETTINGS_ENABLE_CONNECT_PROTOCOL`, an extended CONNECT reaches an
+//! HTTP/1.1 WebSocket shard as an Upgrade, is answered 200, and frames go
+//! both ways as the stream's DATA; refusals are answered as any request's.
+
+mod common;
+
+use bytes::{Buf, Bytes, BytesMut};
+use common::*;
+use std::time::Duration;
+
+/// The plain listener's gateway over `shards` (`(id, url, protocol)`).
+fn gateway(shards: &[(&str, String, &str)], extra: &str) -> Gateway {
+    let mut yaml = String::from(
+        "listen: [{ addr: \"127.0.0.1:{port}\" }]\nadmin: { addr: \"127.0.0.1:{admin}\" }\nstate: false\nshards:\n",
+    );
+    for (id, url, protocol) in shards {
+        yaml.push_str(&format!(
+            "  - {{ id: {id}, url: \"{url}\", protocol: {protocol} }}\n"
+        ));
+    }
+    yaml.push_str("domains:\n  fallback_suffix: .localhost\n");
+    yaml.push_str(extra);
+    Gateway::start(&yaml)
+}
+
+/// An extended CONNECT for a WebSocket as `host`: the answer's status,
+/// and the stream's two halves.
+async fn connect(
+    port: u16,
+    host: &str,
+) -> (u16, h2::SendStream<Bytes>, h2::RecvStream, bool) {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let (send, conn) = h2::client::handshake(tcp).await.expect("handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut send = send.ready().await.expect("ready");
+    // The server's SETTINGS come with its preface: wait until they did.
+    for _ in 0..100 {
+        if send.is_extended_connect_protocol_enabled() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let announced = send.is_extended_connect_protocol_enabled();
+    let mut request = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri(format!("http://{host}/chat?room=1"))
+        .header("sec-websocket-version", "13")
+        .body(())
+        .expect("request");
+    request
+        .extensions_mut()
+        .insert(h2::ext::Protocol::from_static("websocket"));
+    let (response, stream) = send.send_request(request, false).expect("send");
+    let response = tokio::time::timeout(Duration::from_secs(10), response)
+        .await
+        .expect("answered in time")
+        .expect("response");
+    let status = response.status().as_u16();
+    (status, stream, response.into_body(), announced)
+}
+
+/// A client's masked text frame (RFC 6455 §5.2), short payloads only.
+fn text_frame(text: &str) -> Bytes {
+    let mask = [0x12u8, 0x34, 0x56, 0x78];
+    let mut frame = vec![0x81, 0x80 | text.len() as u8];
+    frame.extend_from_slice(&mask);
+    frame.extend(text.bytes().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    Bytes::from(frame)
+}
+
+/// Reads a server's unmasked text frame from the stream's DATA.
+async fn read_text(body: &mut h2::RecvStream) -> String {
+    let mut buf = BytesMut::new();
+    loop {
+        if buf.len() >= 2 && buf.len() >= 2 + (buf[1] & 0x7f) as usize {
+            let len = (buf[1] & 0x7f) as usize;
+            assert_eq!(buf[0], 0x81, "a text frame");
+            buf.advance(2);
+            return String::from_utf8_lossy(&buf[..len]).into_owned();
+        }
+        let data = tokio::time::timeout(Duration::from_secs(10), body.data())
+            .await
+            .expect("a frame in time")
+            .expect("data")
+            .expect("no error");
+        let _ = body.flow_control().release_capacity(data.len());
+        buf.extend_from_slice(&data);
+    }
+}
+
+/// The handshake reaches the shard as an HTTP/1.1 Upgrade with a key of
+/// the gateway's own and the forwarding fields; the client gets 200; a
+/// frame goes up and its echo comes back; the access log says CONNECT
+/// over HTTP/2, 200.
+#[test]
+fn a_websocket_over_http2_reaches_an_http1_shard() {
+    let ws = WsBackend::start("ws1");
+    let gw = gateway(
+        &[("w1", ws.url(), "http1")],
+        "log: { access: info, access_format: json, access_path: \"{dir}/access.log\" }\n",
+    );
+    runtime().block_on(async {
+        let (status, mut up, mut down, announced) = connect(gw.port, "t.localhost").await;
+        assert!(announced, "SETTINGS_ENABLE_CONNECT_PROTOCOL");
+        assert_eq!(status, 200);
+        up.send_data(text_frame("hello"), false).expect("send");
+        assert_eq!(read_text(&mut down).await, "ws1:hello");
+        up.send_data(text_frame("again"), false).expect("send");
+        assert_eq!(read_text(&mut down).await, "ws1:again");
+        up.send_data(Bytes::new(), true).expect("end");
+    });
+    let seen = ws.handshakes.lock().unwrap().clone();
+    let first = seen.first().expect("a handshake at the shard");
+    assert_eq!(first.get("upgrade").map(String::as_str), Some("websocket"));
+    assert_eq!(first.get("sec-websocket-key").map(String::len), Some(24));
+    assert_eq!(first.get("x-forwarded-for").map(String::as_str), Some("127.0.0.1"));
+    let log = gw.dir.path().join("access.log");
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.lines().any(|l| {
+                l.contains("\"method\":\"CONNECT\"")
+                    && l.contains("\"protocol\":\"HTTP/2\"")
+                    && l.contains("\"status\":200")
+            })
+        }),
+        "{:?}",
+        std::fs::read_to_string(&log)
+    );
+}
+
+/// A refused handshake is answered as any request is (403 for a denied
+/// tenant), and one for an `h2` shard is 502 naming why (RFC 8441 to
+/// shards is not built): neither reaches a shard.
+#[test]
+fn a_refused_websocket_over_http2_is_answered() {
+    let ws = WsBackend::start("ws1");
+    let gw = gateway(
+        &[("w1", ws.url(), "http1")],
+        "limits: { deny: [banned] }\n",
+    );
+    runtime().block_on(async {
+        let (status, ..) = connect(gw.port, "banned.localhost").await;
+        assert_eq!(status, 403);
+    });
+    let h2_only = gateway(&[("w2", ws.url(), "h2")], "");
+    runtime().block_on(async {
+        let (status, ..) = connect(h2_only.port, "t.localhost").await;
+        assert_eq!(status, 502);
+    });
+    assert!(ws.handshakes.lock().unwrap().is_empty());
+}
