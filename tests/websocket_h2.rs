@@ -136,8 +136,7 @@ fn a_websocket_over_http2_reaches_an_http1_shard() {
 }
 
 /// A refused handshake is answered as any request is (403 for a denied
-/// tenant), and one for an `h2` shard is 502 naming why (RFC 8441 to
-/// shards is not built): neither reaches a shard.
+/// tenant), and reaches no shard.
 #[test]
 fn a_refused_websocket_over_http2_is_answered() {
     let ws = WsBackend::start("ws1");
@@ -149,10 +148,94 @@ fn a_refused_websocket_over_http2_is_answered() {
         let (status, ..) = connect(gw.port, "banned.localhost").await;
         assert_eq!(status, 403);
     });
-    let h2_only = gateway(&[("w2", ws.url(), "h2")], "");
-    runtime().block_on(async {
-        let (status, ..) = connect(h2_only.port, "t.localhost").await;
-        assert_eq!(status, 502);
-    });
     assert!(ws.handshakes.lock().unwrap().is_empty());
+}
+
+/// An HTTP/2 WebSocket shard (RFC 8441 on its side, `enable_connect_protocol`
+/// as its SETTINGS say) that answers each text frame with `h2ws:` and its
+/// text, unmasked; `:protocol` and the method of each handshake recorded.
+fn h2_websocket_shard(seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    listener.set_nonblocking(true).expect("nonblocking");
+    runtime().spawn(async move {
+        let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+        while let Ok((socket, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut builder = h2::server::Builder::new();
+                builder.enable_connect_protocol();
+                let Ok(mut conn) = builder.handshake::<_, Bytes>(socket).await else {
+                    return;
+                };
+                while let Some(Ok((request, respond))) = conn.accept().await {
+                    let protocol = request.extensions().get::<h2::ext::Protocol>();
+                    let protocol = protocol.map(|p| p.as_str().to_string()).unwrap_or_default();
+                    seen.lock().unwrap().push(format!("{} {protocol}", request.method()));
+                    tokio::spawn(echo_frames(request.into_body(), respond));
+                }
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// Answers 200, then each client text frame with a server one.
+async fn echo_frames(mut body: h2::RecvStream, mut respond: h2::server::SendResponse<Bytes>) {
+    let answer = http::Response::builder().status(200).body(()).expect("answer");
+    let Ok(mut send) = respond.send_response(answer, false) else {
+        return;
+    };
+    let mut buf = BytesMut::new();
+    while let Some(Ok(data)) = body.data().await {
+        let _ = body.flow_control().release_capacity(data.len());
+        buf.extend_from_slice(&data);
+        // Whole masked frames with short payloads (as the tests send).
+        while buf.len() >= 6 && buf.len() >= 6 + (buf[1] & 0x7f) as usize {
+            let len = (buf[1] & 0x7f) as usize;
+            let mask = [buf[2], buf[3], buf[4], buf[5]];
+            let text: Vec<u8> = (0..len).map(|i| buf[6 + i] ^ mask[i % 4]).collect();
+            buf.advance(6 + len);
+            let reply = format!("h2ws:{}", String::from_utf8_lossy(&text));
+            let mut frame = vec![0x81, reply.len() as u8];
+            frame.extend_from_slice(reply.as_bytes());
+            let _ = send.send_data(Bytes::from(frame), false);
+        }
+    }
+    let _ = send.send_data(Bytes::new(), true);
+}
+
+/// To an `h2` shard a handshake goes as an extended CONNECT, from an
+/// HTTP/2 client (RFC 8441 on both sides) and from an HTTP/1.1 one (a real
+/// WebSocket client, which checks the 101's `Sec-WebSocket-Accept` the
+/// gateway computes); frames go both ways.
+#[test]
+fn a_websocket_reaches_an_h2_shard_as_an_extended_connect() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let shard = h2_websocket_shard(seen.clone());
+    let gw = gateway(&[("w2", shard, "h2")], "");
+    runtime().block_on(async {
+        let (status, mut up, mut down, _) = connect(gw.port, "t.localhost").await;
+        assert_eq!(status, 200);
+        up.send_data(text_frame("over h2"), false).expect("send");
+        assert_eq!(read_text(&mut down).await, "h2ws:over h2");
+        let mut req = format!("ws://127.0.0.1:{}/chat", gw.port)
+            .into_client_request()
+            .expect("request");
+        req.headers_mut().insert("host", "t.localhost".parse().expect("host"));
+        let connected = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio_tungstenite::connect_async(req),
+        );
+        let (mut ws, response) = connected.await.expect("in time").expect("handshake");
+        assert_eq!(response.status(), 101);
+        ws.send(Message::Text("over h1".into())).await.expect("send");
+        let echoed = tokio::time::timeout(Duration::from_secs(10), ws.next()).await;
+        let echoed = echoed.expect("in time").expect("a message").expect("ok");
+        assert_eq!(echoed.into_text().expect("text").as_str(), "h2ws:over h1");
+    });
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen, ["CONNECT websocket", "CONNECT websocket"]);
 }

@@ -14,7 +14,6 @@ use super::downstream::Downstream;
 use super::response::{parse_response, ParsedResponse, MAX_RESPONSE_HEAD};
 use super::{poll_read_buf, FastPath};
 use crate::control::ShardPeer;
-use crate::routing::ShardProtocol;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::hooks::UpstreamFailure;
 use crate::proxy::pipeline::answer::Refusal;
@@ -246,12 +245,6 @@ impl FastPath {
                 let refusal = Refusal::error(502, "upstream-unreachable");
                 return Exchanged::Closed(self.answer(client, ctx, refusal, true).await);
             };
-            if request.websocket && peer.protocol == ShardProtocol::H2 {
-                // RFC 8441 to shards is not built yet: an `h2` shard is
-                // not sent an HTTP/1.1 Upgrade it cannot read.
-                let refusal = Refusal::error(502, "websocket-to-h2-shard");
-                return Exchanged::Closed(self.answer(client, ctx, refusal, true).await);
-            }
             self.gateway.attempt_started(ctx);
             // The first attempt starts with the request (no clock read).
             let now = match ctx.attempts {

@@ -6,6 +6,7 @@ use crate::proxy::upstream::conn::{Conn, UpstreamKey};
 use super::exchange::Request;
 use super::FastPath;
 use crate::proxy::upstream::h2::Opened;
+use crate::routing::ShardProtocol;
 use crate::control::ShardPeer;
 use crate::proxy::hooks::UpstreamFailure;
 use crate::proxy::pipeline::failure::AttemptFailure;
@@ -71,8 +72,13 @@ impl FastPath {
         request: &Request<'_>,
     ) -> Result<Connection, AttemptFailure> {
         // A WebSocket handshake to an `auto` shard goes in HTTP/1.1 (it
-        // speaks both).
-        if peer.protocol.may_be_h2() && !request.websocket {
+        // speaks both); to an `h2` shard as an extended CONNECT.
+        let h2 = match peer.protocol {
+            ShardProtocol::H2 => true,
+            ShardProtocol::Auto => !request.websocket,
+            ShardProtocol::Http1 => false,
+        };
+        if h2 {
             match self.h2.open(peer, &self.tls, request.te_trailers).await? {
                 Opened::Stream(stream, reused) => {
                     let conn = Conn::H2(stream);

@@ -94,10 +94,10 @@ impl Conn {
                 return Poll::Ready(Ok(()));
             }
         }
-        match self.tcp() {
-            Some(tcp) => tcp.poll_read_ready(cx),
-            // Never tunnelled.
-            None => Poll::Ready(Err(io::ErrorKind::Unsupported.into())),
+        match self {
+            Conn::H2(stream) => stream.poll_readable(cx),
+            Conn::Plain(tcp) => tcp.poll_read_ready(cx),
+            Conn::Tls(tls) => tls.get_ref().0.poll_read_ready(cx),
         }
     }
 }

@@ -262,12 +262,25 @@ impl H2Pool {
             .handshake::<_, Bytes>(io)
             .await
             .map_err(std::io::Error::other)?;
+        let mut connection = connection;
+        let mut ping = connection.ping_pong();
+        // The shard's SETTINGS open its side of the connection: the answer
+        // to a first PING comes after them, so its limits (and whether it
+        // takes extended CONNECT) are known before any stream goes.
+        if let Some(ping) = ping.as_mut() {
+            ping.send_ping(h2::Ping::opaque()).map_err(std::io::Error::other)?;
+            let pong = poll_fn(|cx| ping.poll_pong(cx));
+            tokio::select! {
+                _ = &mut connection => return Err(std::io::ErrorKind::ConnectionReset.into()),
+                answered = pong => drop(answered.map_err(std::io::Error::other)?),
+            }
+        }
         let shared = Arc::new(Shared::default());
         tokio::spawn(drive(
             connection,
+            ping,
             Arc::clone(&shared),
-            self.ping_every,
-            self.idle_timeout,
+            (self.ping_every, self.idle_timeout),
         ));
         Ok(Connected::H2(send, shared))
     }
@@ -322,11 +335,10 @@ enum Event {
 /// idles past `idle_timeout`; then marks it closed (and drops it).
 async fn drive(
     mut connection: h2::client::Connection<Conn, Bytes>,
+    mut ping: Option<h2::PingPong>,
     shared: Arc<Shared>,
-    ping_every: Duration,
-    idle_timeout: Duration,
+    (ping_every, idle_timeout): (Duration, Duration),
 ) {
-    let mut ping = connection.ping_pong();
     let start = tokio::time::Instant::now() + ping_every;
     let mut tick = tokio::time::interval_at(start, ping_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -18,13 +18,14 @@
 //! only it: the connection goes on for the other streams.
 
 use super::h2::Slot;
+use super::h2_message::{last_chunk, request_of, response_head, trailers_of, BodyForm, Outgoing};
 use crate::proxy::pipeline::failure::AttemptFailure;
-use crate::proxy::pipeline::framing::{trailer_fields, Framing, Part};
+use crate::proxy::pipeline::framing::{Framing, Part};
 use crate::proxy::pipeline::message::HeadEnd;
 use bytes::{Buf, Bytes, BytesMut};
 use h2::client::{ResponseFuture, SendRequest};
 use h2::{Reason, RecvStream, SendStream};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
+use http::{Request, Response};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
@@ -39,22 +40,6 @@ pub(crate) const MAX_PENDING: usize = 64 * 1024;
 /// Response bytes collected for one read at most.
 const MAX_OUTPUT: usize = 64 * 1024;
 
-/// The most fields a request head carries here (the front end's own
-/// bound is lower), and how many are looked for on the stack first.
-const MAX_FIELDS: usize = 256;
-const FEW_FIELDS: usize = 32;
-
-/// Fields an HTTP/2 message may not carry (RFC 9113 §8.2.2): the
-/// connection's, not the request's. (`te` is sent anew, as `trailers`.)
-const CONNECTION_SPECIFIC: [&str; 7] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "transfer-encoding",
-    "upgrade",
-    "te",
-    "host",
-];
 
 /// A request on an HTTP/2 connection (see the module documentation).
 pub(crate) struct ShardStream {
@@ -74,6 +59,8 @@ pub(crate) struct ShardStream {
     /// The trailer section's field lines, as they came.
     trailers: Vec<u8>,
     head_only: bool,
+    /// A WebSocket handshake sent as an extended CONNECT: its key.
+    websocket_key: Option<Box<str>>,
     down: Down,
     /// The response in HTTP/1.1 form, not yet read.
     output: VecDeque<Bytes>,
@@ -122,6 +109,7 @@ impl ShardStream {
             data: VecDeque::new(),
             trailers: Vec::new(),
             head_only: false,
+            websocket_key: None,
             down: Down::NotYet,
             output: VecDeque::new(),
             failure: None,
@@ -165,8 +153,13 @@ impl ShardStream {
                         return Ok(());
                     };
                     let head = self.input.split_to(end);
-                    let (request, framing) = request_of(&head, &self.scheme, self.te_trailers)?;
+                    let Outgoing {
+                        request,
+                        framing,
+                        websocket_key,
+                    } = request_of(&head, &self.scheme, self.te_trailers)?;
                     self.head_only = request.method() == http::Method::HEAD;
+                    self.websocket_key = websocket_key;
                     self.up = Up::Ready(Box::new(request), framing);
                 }
                 Up::Ready(..) => {
@@ -177,6 +170,15 @@ impl ShardStream {
                         Poll::Pending => return Ok(()),
                         Poll::Ready(Err(e)) => return Err(self.fail(e)),
                         Poll::Ready(Ok(())) => {}
+                    }
+                    if self.websocket_key.is_some()
+                        && !send_request.is_extended_connect_protocol_enabled()
+                    {
+                        // RFC 8441 §3: the shard must have said it takes
+                        // extended CONNECT.
+                        self.failure = Some(AttemptFailure::Invalid);
+                        self.up = Up::Broken;
+                        return Err(io::Error::other("the shard takes no extended CONNECT"));
                     }
                     let Up::Ready(request, framing) = std::mem::replace(&mut self.up, Up::Done)
                     else {
@@ -344,37 +346,25 @@ impl ShardStream {
     /// The response's head, in HTTP/1.1 form, and how its body follows.
     fn start_response(&mut self, response: Response<RecvStream>) {
         let (parts, recv) = response.into_parts();
-        let status = parts.status.as_u16();
-        let bodiless = self.head_only || status < 200 || status == 204 || status == 304;
-        let has_length = parts.headers.contains_key(http::header::CONTENT_LENGTH);
         let ended = recv.is_end_stream();
-        let chunked = !bodiless && !has_length && !ended;
-        let mut head = BytesMut::with_capacity(256);
-        head.extend_from_slice(b"HTTP/1.1 ");
-        head.extend_from_slice(parts.status.as_str().as_bytes());
-        head.extend_from_slice(b" ");
-        let reason = parts.status.canonical_reason().unwrap_or("");
-        head.extend_from_slice(reason.as_bytes());
-        head.extend_from_slice(b"\r\n");
-        for (name, value) in &parts.headers {
-            if CONNECTION_SPECIFIC.contains(&name.as_str()) {
-                continue;
-            }
-            for part in [name.as_str().as_bytes(), b": ", value.as_bytes(), b"\r\n"] {
-                head.extend_from_slice(part);
-            }
-        }
-        match (chunked, bodiless || has_length) {
-            (true, _) => head.extend_from_slice(b"transfer-encoding: chunked\r\n"),
-            (false, false) => head.extend_from_slice(b"content-length: 0\r\n"),
-            (false, true) => {}
-        }
-        head.extend_from_slice(b"\r\n");
-        self.output.push_back(head.freeze());
-        self.down = match bodiless || ended {
-            true => Down::Done,
-            false => Down::Body { recv, chunked },
+        let key = self.websocket_key.as_deref();
+        let (head, form) = response_head(&parts, self.head_only, ended, key);
+        self.output.push_back(head);
+        self.down = match form {
+            BodyForm::None => Down::Done,
+            BodyForm::Chunked => Down::Body { recv, chunked: true },
+            BodyForm::Raw => Down::Body {
+                recv,
+                chunked: false,
+            },
         };
+    }
+
+    /// Ready when a read would find bytes, the end or an error (a
+    /// tunnel's wait, holding no buffer).
+    pub(crate) fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let _ = self.drive(cx);
+        self.poll_response(cx)
     }
 }
 
@@ -391,97 +381,6 @@ fn failure_of(e: &h2::Error) -> AttemptFailure {
         true => AttemptFailure::Invalid,
         false => AttemptFailure::Reset,
     }
-}
-
-/// The HTTP/2 request of an HTTP/1.1 head the fast transport wrote, and
-/// its body's framing.
-fn request_of(
-    head: &[u8],
-    scheme: &http::uri::Scheme,
-    te_trailers: bool,
-) -> io::Result<(Request<()>, Framing)> {
-    let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
-    // Most heads fit on the stack; a longer one is parsed again.
-    let mut few = [httparse::EMPTY_HEADER; FEW_FIELDS];
-    let mut many;
-    let mut parsed = httparse::Request::new(&mut few);
-    let mut read = parsed.parse(head);
-    if let Err(httparse::Error::TooManyHeaders) = read {
-        many = vec![httparse::EMPTY_HEADER; MAX_FIELDS];
-        parsed = httparse::Request::new(&mut many);
-        read = parsed.parse(head);
-    }
-    if !matches!(read, Ok(httparse::Status::Complete(_))) {
-        return Err(invalid("an unreadable request head"));
-    }
-    let (Some(method), Some(target)) = (parsed.method, parsed.path) else {
-        return Err(invalid("an unreadable request line"));
-    };
-    let mut framing = Framing::Length(0);
-    let mut authority = None;
-    let mut headers = HeaderMap::with_capacity(parsed.headers.len() + 1);
-    for field in parsed.headers.iter() {
-        let name = field.name;
-        if name.eq_ignore_ascii_case("host") {
-            authority = Some(field.value);
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            framing = Framing::chunked();
-        } else if name.eq_ignore_ascii_case("content-length") {
-            let length = std::str::from_utf8(field.value).ok().and_then(|v| v.parse().ok());
-            framing = Framing::Length(length.ok_or_else(|| invalid("a bad length"))?);
-        }
-        if CONNECTION_SPECIFIC.iter().any(|c| name.eq_ignore_ascii_case(c)) {
-            continue;
-        }
-        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| invalid("a field name"))?;
-        let value = HeaderValue::from_bytes(field.value).map_err(|_| invalid("a field value"))?;
-        headers.append(name, value);
-    }
-    if te_trailers {
-        headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
-    }
-    let authority = authority.ok_or_else(|| invalid("no Host"))?;
-    let uri = http::Uri::builder()
-        .scheme(scheme.clone())
-        .authority(authority)
-        .path_and_query(target)
-        .build()
-        .map_err(|_| invalid("a request target"))?;
-    let mut request = Request::new(());
-    *request.method_mut() =
-        http::Method::from_bytes(method.as_bytes()).map_err(|_| invalid("a method"))?;
-    *request.uri_mut() = uri;
-    *request.headers_mut() = headers;
-    Ok((request, framing))
-}
-
-/// The request's trailer fields for HTTP/2 (as the one trailer rule lets
-/// them through: the transport's writer already applied it); none if the
-/// section is empty.
-fn trailers_of(block: &[u8]) -> Option<HeaderMap> {
-    let mut fields = HeaderMap::new();
-    for (name, value) in trailer_fields(block, |_| false) {
-        let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_bytes(value),
-        ) else {
-            continue;
-        };
-        fields.append(name, value);
-    }
-    (!fields.is_empty()).then_some(fields)
-}
-
-/// A chunked body's last chunk, with the response's trailers.
-fn last_chunk(trailers: Option<&HeaderMap>) -> Bytes {
-    let mut out = BytesMut::from(&b"0\r\n"[..]);
-    for (name, value) in trailers.into_iter().flatten() {
-        for part in [name.as_str().as_bytes(), b": ", value.as_bytes(), b"\r\n"] {
-            out.extend_from_slice(part);
-        }
-    }
-    out.extend_from_slice(b"\r\n");
-    out.freeze()
 }
 
 impl AsyncWrite for ShardStream {
@@ -523,8 +422,17 @@ impl AsyncWrite for ShardStream {
         }
     }
 
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.poll_flush(cx)
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        std::task::ready!(self.as_mut().poll_flush(cx))?;
+        // A tunnel's end (a WebSocket's bytes have no framing to end them).
+        let this = self.get_mut();
+        if let Up::Body(send, _) = &mut this.up {
+            if let Err(e) = send.send_data(Bytes::new(), true) {
+                return Poll::Ready(Err(this.fail(e)));
+            }
+            this.up = Up::Done;
+        }
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -554,47 +462,5 @@ impl AsyncRead for ShardStream {
             }
         }
         Poll::Ready(Ok(()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_http1_head_becomes_an_http2_request_without_its_connection_fields() {
-        let head = b"POST /a?b=1 HTTP/1.1\r\nHost: app.test:8080\r\nConnection: keep-alive\r\n\
-Transfer-Encoding: chunked\r\nTE: gzip\r\nX-Forwarded-For: 1.2.3.4\r\nContent-Type: application/grpc\r\n\r\n";
-        let (request, framing) = request_of(head, &http::uri::Scheme::HTTP, true).unwrap();
-        assert_eq!(request.uri(), "http://app.test:8080/a?b=1");
-        assert_eq!(request.method(), http::Method::POST);
-        let names: Vec<&str> = request.headers().keys().map(|n| n.as_str()).collect();
-        assert_eq!(names, ["x-forwarded-for", "content-type", "te"]);
-        assert_eq!(request.headers()["te"], "trailers");
-        assert!(matches!(framing, Framing::Chunked(_)));
-        let head = b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 7\r\n\r\n";
-        let (request, framing) = request_of(head, &http::uri::Scheme::HTTPS, false).unwrap();
-        assert_eq!(request.uri(), "https://a/");
-        assert!(request.headers().get("te").is_none());
-        assert!(matches!(framing, Framing::Length(7)));
-        // More fields than the stack holds: parsed all the same.
-        let many: String = (0..40).map(|i| format!("X-F{i}: {i}\r\n")).collect();
-        let head = format!("GET / HTTP/1.1\r\nHost: a\r\n{many}\r\n");
-        let (request, _) = request_of(head.as_bytes(), &http::uri::Scheme::HTTP, false).unwrap();
-        assert_eq!(request.headers().len(), 40);
-        // No Host: no authority to give.
-        assert!(request_of(b"GET / HTTP/1.1\r\n\r\n", &http::uri::Scheme::HTTP, false).is_err());
-    }
-
-    #[test]
-    fn trailers_pass_the_one_rule_both_ways() {
-        let fields = trailers_of(b"grpc-status: 0\r\nX-Sum: 1\r\n").unwrap();
-        assert_eq!(fields["grpc-status"], "0");
-        assert_eq!(fields["x-sum"], "1");
-        assert!(trailers_of(b"").is_none());
-        let mut map = HeaderMap::new();
-        map.insert("grpc-status", HeaderValue::from_static("5"));
-        assert_eq!(&last_chunk(Some(&map))[..], b"0\r\ngrpc-status: 5\r\n\r\n");
-        assert_eq!(&last_chunk(None)[..], b"0\r\n\r\n");
     }
 }

@@ -6,4 +6,5 @@
 
 pub(crate) mod conn;
 pub(crate) mod h2;
+mod h2_message;
 pub(crate) mod h2_stream;

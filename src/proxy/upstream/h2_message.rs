@@ -1,0 +1,294 @@
+//! The HTTP/1.1 message the fast transport writes and reads, as HTTP/2:
+//! a request head as the stream's HEADERS (its connection fields left
+//! out, `Host` as the authority; a WebSocket Upgrade as an extended
+//! CONNECT, RFC 8441), a trailer section as trailing HEADERS, and the
+//! response's head and trailers back in HTTP/1.1 form (a 2xx to an
+//! extended CONNECT as the 101 the transport awaits).
+
+use crate::proxy::pipeline::framing::{trailer_fields, Framing};
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, Request};
+use std::io;
+
+/// The most fields a request head carries here (the front end's own
+/// bound is lower), and how many are looked for on the stack first.
+const MAX_FIELDS: usize = 256;
+const FEW_FIELDS: usize = 32;
+
+/// Fields an HTTP/2 message may not carry (RFC 9113 §8.2.2): the
+/// connection's, not the request's. (`te` is sent anew, as `trailers`.)
+pub(super) const CONNECTION_SPECIFIC: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "upgrade",
+    "te",
+    "host",
+];
+
+/// The GUID of a WebSocket handshake's accept value (RFC 6455 §1.3).
+const WEBSOCKET_GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+
+/// An HTTP/1.1 request as an HTTP/2 one.
+pub(super) struct Outgoing {
+    pub request: Request<()>,
+    /// How its body's bytes are read (a WebSocket's: as they come).
+    pub framing: Framing,
+    /// A WebSocket Upgrade, sent as an extended CONNECT: its
+    /// `Sec-WebSocket-Key`, for the accept value the client awaits.
+    pub websocket_key: Option<Box<str>>,
+}
+
+/// The HTTP/2 request of an HTTP/1.1 head the fast transport wrote, and
+/// its body's framing.
+pub(super) fn request_of(
+    head: &[u8],
+    scheme: &http::uri::Scheme,
+    te_trailers: bool,
+) -> io::Result<Outgoing> {
+    let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+    // Most heads fit on the stack; a longer one is parsed again.
+    let mut few = [httparse::EMPTY_HEADER; FEW_FIELDS];
+    let mut many;
+    let mut parsed = httparse::Request::new(&mut few);
+    let mut read = parsed.parse(head);
+    if let Err(httparse::Error::TooManyHeaders) = read {
+        many = vec![httparse::EMPTY_HEADER; MAX_FIELDS];
+        parsed = httparse::Request::new(&mut many);
+        read = parsed.parse(head);
+    }
+    if !matches!(read, Ok(httparse::Status::Complete(_))) {
+        return Err(invalid("an unreadable request head"));
+    }
+    let (Some(method), Some(target)) = (parsed.method, parsed.path) else {
+        return Err(invalid("an unreadable request line"));
+    };
+    let mut framing = Framing::Length(0);
+    let mut authority = None;
+    let mut websocket_key = None;
+    let mut headers = HeaderMap::with_capacity(parsed.headers.len() + 1);
+    for field in parsed.headers.iter() {
+        let name = field.name;
+        if name.eq_ignore_ascii_case("host") {
+            authority = Some(field.value);
+        } else if name.eq_ignore_ascii_case("sec-websocket-key") {
+            // RFC 8441 §5: an extended CONNECT carries no key.
+            websocket_key = std::str::from_utf8(field.value).ok().map(Box::from);
+            continue;
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            framing = Framing::chunked();
+        } else if name.eq_ignore_ascii_case("content-length") {
+            let length = std::str::from_utf8(field.value).ok().and_then(|v| v.parse().ok());
+            framing = Framing::Length(length.ok_or_else(|| invalid("a bad length"))?);
+        }
+        if CONNECTION_SPECIFIC.iter().any(|c| name.eq_ignore_ascii_case(c)) {
+            continue;
+        }
+        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| invalid("a field name"))?;
+        let value = HeaderValue::from_bytes(field.value).map_err(|_| invalid("a field value"))?;
+        headers.append(name, value);
+    }
+    if te_trailers {
+        headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+    }
+    let authority = authority.ok_or_else(|| invalid("no Host"))?;
+    let uri = http::Uri::builder()
+        .scheme(scheme.clone())
+        .authority(authority)
+        .path_and_query(target)
+        .build()
+        .map_err(|_| invalid("a request target"))?;
+    let mut request = Request::new(());
+    *request.method_mut() =
+        http::Method::from_bytes(method.as_bytes()).map_err(|_| invalid("a method"))?;
+    *request.uri_mut() = uri;
+    *request.headers_mut() = headers;
+    // The transport writes an Upgrade for WebSocket handshakes only.
+    let upgrade = parsed.headers.iter().any(|f| f.name.eq_ignore_ascii_case("upgrade"));
+    if upgrade {
+        *request.method_mut() = http::Method::CONNECT;
+        let protocol = h2::ext::Protocol::from_static("websocket");
+        request.extensions_mut().insert(protocol);
+        framing = Framing::UntilClose;
+        websocket_key.get_or_insert_with(Box::default);
+    } else {
+        websocket_key = None;
+    }
+    Ok(Outgoing {
+        request,
+        framing,
+        websocket_key,
+    })
+}
+
+/// How a response's body follows its head in HTTP/1.1 form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum BodyForm {
+    /// None (by rule, or the stream ended with its head).
+    None,
+    /// In chunks, with the trailers in the last one.
+    Chunked,
+    /// As its DATA came: a shard's length, or a WebSocket's bytes.
+    Raw,
+}
+
+/// A response head in HTTP/1.1 form, and how its body follows: chunked
+/// unless the shard gave a length (or there is none); a 2xx answer to an
+/// extended CONNECT is the 101 a WebSocket handshake awaits, its accept
+/// value computed from `websocket_key`.
+pub(super) fn response_head(
+    parts: &http::response::Parts,
+    head_only: bool,
+    ended: bool,
+    websocket_key: Option<&str>,
+) -> (Bytes, BodyForm) {
+    let status = parts.status.as_u16();
+    let mut head = BytesMut::with_capacity(256);
+    let switched = websocket_key.filter(|_| parts.status.is_success());
+    if let Some(key) = switched {
+        head.extend_from_slice(b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\n");
+        head.extend_from_slice(b"upgrade: websocket\r\nsec-websocket-accept: ");
+        head.extend_from_slice(websocket_accept(key).as_bytes());
+        head.extend_from_slice(b"\r\n");
+    } else {
+        for part in ["HTTP/1.1 ", parts.status.as_str(), " "] {
+            head.extend_from_slice(part.as_bytes());
+        }
+        let reason = parts.status.canonical_reason().unwrap_or("");
+        head.extend_from_slice(reason.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    let bodiless = head_only || status < 200 || status == 204 || status == 304;
+    let has_length = parts.headers.contains_key(http::header::CONTENT_LENGTH);
+    for (name, value) in &parts.headers {
+        let tunnel_length = switched.is_some() && name == http::header::CONTENT_LENGTH;
+        if CONNECTION_SPECIFIC.contains(&name.as_str()) || tunnel_length {
+            continue;
+        }
+        for part in [name.as_str().as_bytes(), b": ", value.as_bytes(), b"\r\n"] {
+            head.extend_from_slice(part);
+        }
+    }
+    let form = match () {
+        _ if switched.is_some() => BodyForm::Raw,
+        _ if bodiless || ended => BodyForm::None,
+        _ if has_length => BodyForm::Raw,
+        _ => BodyForm::Chunked,
+    };
+    match form {
+        BodyForm::Chunked => head.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        BodyForm::None if !bodiless && !has_length => {
+            head.extend_from_slice(b"content-length: 0\r\n")
+        }
+        _ => {}
+    }
+    head.extend_from_slice(b"\r\n");
+    (head.freeze(), form)
+}
+
+/// `Sec-WebSocket-Accept` for `key` (RFC 6455 §4.2.2).
+fn websocket_accept(key: &str) -> String {
+    use base64::Engine;
+    let mut sha1 = ring::digest::Context::new(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY);
+    sha1.update(key.trim().as_bytes());
+    sha1.update(WEBSOCKET_GUID);
+    base64::engine::general_purpose::STANDARD.encode(sha1.finish())
+}
+
+/// The request's trailer fields for HTTP/2 (as the one trailer rule lets
+/// them through: the transport's writer already applied it); none if the
+/// section is empty.
+pub(super) fn trailers_of(block: &[u8]) -> Option<HeaderMap> {
+    let mut fields = HeaderMap::new();
+    for (name, value) in trailer_fields(block, |_| false) {
+        let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(value),
+        ) else {
+            continue;
+        };
+        fields.append(name, value);
+    }
+    (!fields.is_empty()).then_some(fields)
+}
+
+/// A chunked body's last chunk, with the response's trailers.
+pub(super) fn last_chunk(trailers: Option<&HeaderMap>) -> Bytes {
+    let mut out = BytesMut::from(&b"0\r\n"[..]);
+    for (name, value) in trailers.into_iter().flatten() {
+        for part in [name.as_str().as_bytes(), b": ", value.as_bytes(), b"\r\n"] {
+            out.extend_from_slice(part);
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+    out.freeze()
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_http1_head_becomes_an_http2_request_without_its_connection_fields() {
+        let head = b"POST /a?b=1 HTTP/1.1\r\nHost: app.test:8080\r\nConnection: keep-alive\r\n\
+Transfer-Encoding: chunked\r\nTE: gzip\r\nX-Forwarded-For: 1.2.3.4\r\nContent-Type: application/grpc\r\n\r\n";
+        let Outgoing { request, framing, .. } = request_of(head, &http::uri::Scheme::HTTP, true).unwrap();
+        assert_eq!(request.uri(), "http://app.test:8080/a?b=1");
+        assert_eq!(request.method(), http::Method::POST);
+        let names: Vec<&str> = request.headers().keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["x-forwarded-for", "content-type", "te"]);
+        assert_eq!(request.headers()["te"], "trailers");
+        assert!(matches!(framing, Framing::Chunked(_)));
+        let head = b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 7\r\n\r\n";
+        let Outgoing { request, framing, .. } = request_of(head, &http::uri::Scheme::HTTPS, false).unwrap();
+        assert_eq!(request.uri(), "https://a/");
+        assert!(request.headers().get("te").is_none());
+        assert!(matches!(framing, Framing::Length(7)));
+        // More fields than the stack holds: parsed all the same.
+        let many: String = (0..40).map(|i| format!("X-F{i}: {i}\r\n")).collect();
+        let head = format!("GET / HTTP/1.1\r\nHost: a\r\n{many}\r\n");
+        let request = request_of(head.as_bytes(), &http::uri::Scheme::HTTP, false).unwrap().request;
+        assert_eq!(request.headers().len(), 40);
+        // No Host: no authority to give.
+        assert!(request_of(b"GET / HTTP/1.1\r\n\r\n", &http::uri::Scheme::HTTP, false).is_err());
+    }
+
+    #[test]
+    fn a_websocket_upgrade_is_an_extended_connect_and_its_2xx_a_101() {
+        let head = b"GET /chat HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+        let out = request_of(head, &http::uri::Scheme::HTTP, false).unwrap();
+        assert_eq!(out.request.method(), http::Method::CONNECT);
+        let protocol = out.request.extensions().get::<h2::ext::Protocol>();
+        assert_eq!(protocol.map(|p| p.as_str()), Some("websocket"));
+        assert!(out.request.headers().get("sec-websocket-key").is_none());
+        assert!(matches!(out.framing, Framing::UntilClose));
+        let key = out.websocket_key.unwrap();
+        let ok = http::Response::builder().status(200).body(()).unwrap().into_parts().0;
+        let (head, form) = response_head(&ok, false, false, Some(&key));
+        let head = String::from_utf8_lossy(&head).to_string();
+        // RFC 6455's own example.
+        assert!(head.contains("sec-websocket-accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n"), "{head}");
+        assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+        assert_eq!(form, BodyForm::Raw);
+        let no = http::Response::builder().status(403).body(()).unwrap().into_parts().0;
+        let (head, form) = response_head(&no, false, false, Some(&key));
+        assert!(head.starts_with(b"HTTP/1.1 403 "));
+        assert_eq!(form, BodyForm::Chunked);
+    }
+
+    #[test]
+    fn trailers_pass_the_one_rule_both_ways() {
+        let fields = trailers_of(b"grpc-status: 0\r\nX-Sum: 1\r\n").unwrap();
+        assert_eq!(fields["grpc-status"], "0");
+        assert_eq!(fields["x-sum"], "1");
+        assert!(trailers_of(b"").is_none());
+        let mut map = HeaderMap::new();
+        map.insert("grpc-status", HeaderValue::from_static("5"));
+        assert_eq!(&last_chunk(Some(&map))[..], b"0\r\ngrpc-status: 5\r\n\r\n");
+        assert_eq!(&last_chunk(None)[..], b"0\r\n\r\n");
+    }
+}
+
