@@ -18,6 +18,12 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 
+/// The `grpc-status` in a response head (`head`, as `parsed` read it).
+fn grpc_status_in_head(head: &[u8], parsed: &super::response::ParsedResponse) -> Option<u8> {
+    let text = |r: &std::ops::Range<usize>| std::str::from_utf8(&head[r.clone()]).unwrap_or("");
+    grpc::status_of(parsed.headers.iter().map(|(n, v)| (text(n), &head[v.clone()])))
+}
+
 /// Response bodies are read from the shard in reads of up to this much.
 const BODY_READ: usize = 16 * 1024;
 
@@ -39,9 +45,7 @@ impl FastPath {
         let head = buf.split_to(parsed.head_len);
         if ctx.grpc {
             // A trailers-only answer carries it in its head.
-            let text = |r: &std::ops::Range<usize>| std::str::from_utf8(&head[r.clone()]).ok();
-            let fields = parsed.headers.iter().map(|(n, v)| (text(n).unwrap_or(""), &head[v.clone()]));
-            ctx.grpc_status = grpc::status_of(fields);
+            ctx.grpc_status = grpc_status_in_head(&head, &parsed);
         }
         let mut framing = parsed.framing.clone();
         let mut trailers = Vec::new();
@@ -82,17 +86,12 @@ impl FastPath {
             shard: ShardSilence::default(),
             sleep: None,
         };
-        let bounds = Bounds {
-            send: self.send_timeout,
-            body: self.body_timeout,
-            read: self.gateway.watch_settings().read_timeout,
-        };
+        let bounds = self.bounds();
         let ended = poll_fn(|cx| relay.poll(cx, client, &mut out, &bounds)).await;
         match ended {
             End::Whole => {
                 if ctx.grpc {
-                    let trailers = trailer_fields(&relay.trailers, |_| false);
-                    ctx.grpc_status = grpc::status_of(trailers).or(ctx.grpc_status);
+                    ctx.grpc_status = relay.grpc_status().or(ctx.grpc_status);
                 }
                 if relay.reusable && out.finished && !out.broken {
                     self.release(key, relay.conn);
@@ -111,6 +110,16 @@ impl FastPath {
                 client.abort();
                 Exchanged::Closed(status)
             }
+        }
+    }
+
+    /// A response's time bounds: a stalled client, a paused request body,
+    /// a silent shard.
+    fn bounds(&self) -> Bounds {
+        Bounds {
+            send: self.send_timeout,
+            body: self.body_timeout,
+            read: self.gateway.watch_settings().read_timeout,
         }
     }
 
@@ -188,6 +197,11 @@ struct Bounds {
 }
 
 impl Relay {
+    /// The `grpc-status` in the trailer section, once read.
+    fn grpc_status(&self) -> Option<u8> {
+        grpc::status_of(trailer_fields(&self.trailers, |_| false))
+    }
+
     /// One pass: the client sent to, the shard read from while the
     /// client keeps up, the request body sent on, then the deadlines.
     fn poll<D: Downstream>(

@@ -206,28 +206,39 @@ impl H2Pool {
                 }
             }
             let connected = tokio::time::timeout_at(deadline, self.connect(peer, tls, auto)).await;
-            let mut endpoints = self.endpoints.lock();
-            let endpoint = endpoints.entry(peer.key.clone()).or_default();
-            endpoint.opening -= 1;
-            endpoint.openings_ended += 1;
-            endpoint.opened.notify_waiters();
-            return match connected {
-                Ok(Ok(Connected::H2(send, shared))) => {
-                    let conn = H2Conn { send, shared };
-                    let stream = stream(&conn);
-                    endpoint.conns.push(conn);
-                    Ok(Opened::Stream(stream, false))
-                }
-                Ok(Ok(Connected::Http1(conn))) => {
-                    endpoint.http1_since = Some(Instant::now());
-                    Ok(Opened::Http1(conn))
-                }
-                Ok(Err(e)) => {
-                    log::debug!("connecting to {} (HTTP/2) failed: {e}", peer.addr);
-                    Err(connect_failed)
-                }
-                Err(_) => Err(connect_failed),
-            };
+            let connected = connected.unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()));
+            return self.opened(peer, connected, stream);
+        }
+    }
+
+    /// An opening ended: the waiters woken; a new connection pooled and a
+    /// stream taken on it, or an `auto` shard's choice of HTTP/1.1 noted.
+    fn opened(
+        &self,
+        peer: &ShardPeer,
+        connected: std::io::Result<Connected>,
+        stream: impl Fn(&H2Conn) -> Box<ShardStream>,
+    ) -> Result<Opened, AttemptFailure> {
+        let mut endpoints = self.endpoints.lock();
+        let endpoint = endpoints.entry(peer.key.clone()).or_default();
+        endpoint.opening -= 1;
+        endpoint.openings_ended += 1;
+        endpoint.opened.notify_waiters();
+        match connected {
+            Ok(Connected::H2(send, shared)) => {
+                let conn = H2Conn { send, shared };
+                let stream = stream(&conn);
+                endpoint.conns.push(conn);
+                Ok(Opened::Stream(stream, false))
+            }
+            Ok(Connected::Http1(conn)) => {
+                endpoint.http1_since = Some(Instant::now());
+                Ok(Opened::Http1(conn))
+            }
+            Err(e) => {
+                log::debug!("connecting to {} (HTTP/2) failed: {e}", peer.addr);
+                Err(AttemptFailure::Shard(UpstreamFailure::Connect))
+            }
         }
     }
 
@@ -272,7 +283,9 @@ impl H2Pool {
             let pong = poll_fn(|cx| ping.poll_pong(cx));
             tokio::select! {
                 _ = &mut connection => return Err(std::io::ErrorKind::ConnectionReset.into()),
-                answered = pong => drop(answered.map_err(std::io::Error::other)?),
+                answered = pong => {
+                    answered.map_err(std::io::Error::other)?;
+                }
             }
         }
         let shared = Arc::new(Shared::default());
