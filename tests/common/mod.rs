@@ -1624,3 +1624,41 @@ pub fn retried_after_a_reset(gw: &Gateway, resetter: &Resetter) -> Response {
     }
     panic!("no tenant placed on the resetting shard");
 }
+
+/// Serves each connection to loopback `port` (0: any) with `serve` on the
+/// shared runtime until the sender returned is dropped (the listener and
+/// every connection's task stop then); and the port bound. The same port
+/// is retried a while: its last listener may still be closing.
+pub fn serve_each<F, Fut>(port: u16, serve: F) -> (u16, tokio::sync::watch::Sender<()>)
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut bound = None;
+    eventually(Duration::from_secs(5), || {
+        bound = StdListener::bind(("127.0.0.1", port)).ok();
+        bound.is_some()
+    });
+    let listener = bound.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    listener.set_nonblocking(true).expect("nonblocking");
+    let (stop, stopped) = tokio::sync::watch::channel(());
+    runtime().spawn(until_stopped(stopped.clone(), async move {
+        let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+        while let Ok((tcp, _)) = listener.accept().await {
+            tokio::spawn(until_stopped(stopped.clone(), serve(tcp)));
+        }
+    }));
+    (port, stop)
+}
+
+/// Runs `work` until it ends or the sender of `stop` is dropped.
+async fn until_stopped(
+    mut stop: tokio::sync::watch::Receiver<()>,
+    work: impl std::future::Future<Output = ()>,
+) {
+    tokio::select! {
+        _ = work => {}
+        _ = stop.changed() => {}
+    }
+}

@@ -144,8 +144,22 @@ impl ShardStream {
 
     /// Moves the request on as far as it goes without waiting: its head
     /// parsed, its stream opened once the connection takes one, its body
-    /// sent as the window allows, its end. `Err` once it failed.
+    /// sent as the window allows, its end. `Err` once it failed; then the
+    /// task is woken once, so that a reader which found nothing to await (the
+    /// stream never opened: a GOAWAY, a refused extended CONNECT) reads
+    /// the failure now, not at the attempt's next timer.
     fn drive(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        let was_broken = matches!(self.up, Up::Broken);
+        let driven = self.drive_up(cx);
+        if driven.is_err() && !was_broken {
+            // Once, as it fails (a woken reader that finds the response
+            // going on must not be woken again and again).
+            cx.waker().wake_by_ref();
+        }
+        driven
+    }
+
+    fn drive_up(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
         loop {
             match &mut self.up {
                 Up::Head => {
