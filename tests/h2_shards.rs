@@ -110,6 +110,9 @@ async fn answer(call: Call, mut respond: SendResponse<Bytes>, seen: Arc<Seen>, d
         record([path, String::new(), String::new()]);
         return respond.send_reset(reason);
     }
+    if path == "/early" {
+        return answer_early(respond).await;
+    }
     let mut body = call.into_body();
     let mut data = Vec::new();
     while let Some(Ok(chunk)) = body.data().await {
@@ -128,6 +131,22 @@ async fn answer(call: Call, mut respond: SendResponse<Bytes>, seen: Arc<Seen>, d
     let mut fields = http::HeaderMap::new();
     fields.insert("x-answer-sum", http::HeaderValue::from_static("7"));
     let _ = send.send_trailers(fields);
+}
+
+/// An answer before the request's body: 200 KiB and a trailer, then the
+/// request's side reset with `NO_ERROR` (as hyper and tonic servers do:
+/// "the rest of your body is not needed").
+async fn answer_early(mut respond: SendResponse<Bytes>) {
+    let Ok(mut send) = respond.send_response(http::Response::new(()), false) else {
+        return;
+    };
+    let _ = send.send_data(Bytes::from(vec![b'e'; 200 * 1024]), false);
+    let mut fields = http::HeaderMap::new();
+    fields.insert("x-answer-sum", http::HeaderValue::from_static("7"));
+    let _ = send.send_trailers(fields);
+    // Once the answer went (a reset would drop what is still queued).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    send.send_reset(Reason::NO_ERROR);
 }
 
 /// A gateway in front of `shards` (`(id, url, more fields)`).
@@ -293,6 +312,43 @@ fn trailers_pass_between_an_http1_client_and_an_http2_shard() {
     let trailer = "\r\n0\r\nx-answer-sum: 7\r\n\r\n";
     assert!(answer.ends_with(trailer), "{answer}");
     assert_eq!(shard.streams(), [strings(["/up", "hello world", "42"])]);
+}
+
+/// A shard that answers before the body ended, then resets the request's
+/// side (`NO_ERROR`): the client still gets the whole answer and its
+/// trailers, though the rest of its body can no longer go up (a review
+/// finding: that failed write once threw away the response it was reading).
+#[test]
+fn an_early_answer_is_relayed_whole_after_the_shard_stops_the_upload() {
+    let shard = H2Shard::start(Duration::ZERO);
+    let gw = before(&shard, "liveness: false", "");
+    // A small receive buffer: the answer waits in the gateway (in the
+    // stream's window) while the client sends the rest of its body.
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", gw.port).parse().unwrap();
+    socket.connect(&addr.into()).expect("connect");
+    let mut tcp: std::net::TcpStream = socket.into();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let head = "POST /early HTTP/1.1\r\nHost: t.localhost\r\nTransfer-Encoding: chunked\r\nTE: trailers\r\nConnection: close\r\n\r\n5\r\nhello\r\n";
+    tcp.write_all(head.as_bytes()).unwrap();
+    // The answer's head, then more body while its data is on its way.
+    let mut first = [0u8; 300];
+    let n = tcp.read(&mut first).expect("the answer starts");
+    assert!(first[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&first[..n]));
+    std::thread::sleep(Duration::from_millis(500));
+    for _ in 0..20 {
+        let _ = tcp.write_all(b"400\r\n");
+        let _ = tcp.write_all(&[b'x'; 1024]);
+        let _ = tcp.write_all(b"\r\n");
+    }
+    let _ = tcp.write_all(b"0\r\n\r\n");
+    let mut answer = first[..n].to_vec();
+    let _ = tcp.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer).to_lowercase();
+    assert!(answer.ends_with("\r\n0\r\nx-answer-sum: 7\r\n\r\n"), "{}", &answer[answer.len().saturating_sub(200)..]);
+    let body: usize = answer.bytes().filter(|&b| b == b'e').count();
+    assert!(body >= 200 * 1024, "{body} bytes of the body");
 }
 
 // Frame types and flags (RFC 9113 §6).

@@ -39,6 +39,8 @@ pub struct RequestCtx {
     /// Retries after a stale pooled connection (at most one; not counted
     /// against `retry.attempts`).
     pub(crate) stale_retries: u32,
+    /// Resends of a request the shard did not process (HTTP/2).
+    pub(crate) unprocessed_resends: u32,
     /// The next attempt's shard is chosen already (Pingora's path: a
     /// stale resend goes to the same shard, not routed again).
     pub(crate) shard_chosen: bool,
@@ -67,6 +69,9 @@ pub struct RequestCtx {
     /// A gRPC call's own deadline (`grpc-timeout`): it shortens the
     /// headers deadline.
     pub(crate) grpc_timeout: Option<std::time::Duration>,
+    /// The attempt's deadline is the call's own (a `grpc-timeout` shorter
+    /// than the gateway's): its running out is no shard's fault.
+    pub(crate) clients_deadline: bool,
     pub(crate) retry_ticket: Option<GaugeTicket>,
     /// The largest body this request may have: its tenant's plan's (or
     /// `limits`'), once planned.
@@ -105,6 +110,7 @@ impl Default for RequestCtx {
             failed: SmallVec::new(),
             attempts: 0,
             stale_retries: 0,
+            unprocessed_resends: 0,
             shard_chosen: false,
             fresh_connection: false,
             watch: None,
@@ -117,6 +123,7 @@ impl Default for RequestCtx {
             grpc: false,
             grpc_status: None,
             grpc_timeout: None,
+            clients_deadline: false,
             retry_ticket: None,
             max_body: None,
             upstream_edit: Default::default(),

@@ -85,30 +85,29 @@ impl Gateway {
         self.watch
     }
 
-    /// An HTTP/2 shard's deadline for one stream (Pingora's path has one
+    /// An HTTP/2 shard's deadline for one stream on Pingora's path (one
     /// read deadline a stream, for its head and each pause of its body):
     /// the longer of `headers_timeout_ms` and `read_timeout_ms`, shortened
-    /// by the call's own `grpc-timeout` (DESIGN §8). (gRPC calls reach
-    /// HTTP/2 shards only: an HTTP/1.1 shard's watch needs no such rule.)
-    pub(crate) fn stream_deadline(&self, ctx: &RequestCtx) -> std::time::Duration {
-        let base = self.stream_base();
-        ctx.grpc_timeout.map_or(base, |deadline| base.min(deadline))
+    /// by the call's own `grpc-timeout` ([`Gateway::call_deadline`]).
+    pub(crate) fn stream_deadline(&self, ctx: &mut RequestCtx) -> std::time::Duration {
+        self.call_deadline(ctx, self.stream_base())
     }
 
-    /// A request's headers deadline (the fast transport's):
-    /// `upstream.headers_timeout_ms`, shortened by a gRPC call's own
-    /// `grpc-timeout` (DESIGN §8).
-    pub(crate) fn headers_timeout(&self, ctx: &RequestCtx) -> std::time::Duration {
-        let base = self.watch.headers_timeout;
-        ctx.grpc_timeout.map_or(base, |deadline| base.min(deadline))
+    /// A request's headers deadline on the fast transport:
+    /// `upstream.headers_timeout_ms`, shortened by the call's own
+    /// `grpc-timeout` ([`Gateway::call_deadline`]).
+    pub(crate) fn headers_timeout(&self, ctx: &mut RequestCtx) -> std::time::Duration {
+        self.call_deadline(ctx, self.watch.headers_timeout)
     }
 
-    /// Whether the request's deadline is the client's own (a `grpc-timeout`
-    /// shorter than the gateway's headers deadline): its running out is no
-    /// shard's fault.
-    pub(crate) fn clients_own_deadline(&self, ctx: &RequestCtx) -> bool {
-        ctx.grpc_timeout
-            .is_some_and(|deadline| deadline < self.watch.headers_timeout)
+    /// The one rule of a call's own deadline (DESIGN §8): the gateway's
+    /// `base`, shortened by a shorter `grpc-timeout`; and when it is, its
+    /// running out is the client's, no shard's fault (noted in `ctx` for
+    /// the failure rules).
+    fn call_deadline(&self, ctx: &mut RequestCtx, base: std::time::Duration) -> std::time::Duration {
+        let own = ctx.grpc_timeout.filter(|&deadline| deadline < base);
+        ctx.clients_deadline = own.is_some();
+        own.unwrap_or(base)
     }
 
     /// The gateway's own deadline for an HTTP/2 stream.

@@ -75,17 +75,16 @@ impl Gateway {
         ctx: &mut RequestCtx,
     ) -> Next {
         self.attempt_failed(ctx, failure.as_str());
-        if failure == AttemptFailure::Shard(UpstreamFailure::Timeout) && self.clients_own_deadline(ctx)
-        {
+        if failure == AttemptFailure::Shard(UpstreamFailure::Timeout) && ctx.clients_deadline {
             // The call's own deadline (`grpc-timeout`) ran out: answered
             // 504 (DEADLINE_EXCEEDED), not counted against the shard.
             return Next::Answer(Refusal::error(504, "upstream-timeout"));
         }
         let kind = match failure {
             AttemptFailure::Unprocessed => {
-                return match replayable && ctx.stale_retries < MAX_UNPROCESSED_RESENDS {
+                return match replayable && ctx.unprocessed_resends < MAX_UNPROCESSED_RESENDS {
                     true => {
-                        ctx.stale_retries += 1;
+                        ctx.unprocessed_resends += 1;
                         self.control.metrics.retry();
                         Next::Resend
                     }
@@ -141,7 +140,7 @@ impl Gateway {
     ) -> bool {
         // A resend after a stale pooled connection does not count: it says
         // nothing about the shard.
-        let attempts = ctx.attempts - ctx.stale_retries;
+        let attempts = ctx.attempts - ctx.stale_retries - ctx.unprocessed_resends;
         match self.retry.check(method, attempts, sent, replayable) {
             RetryVerdict::Allowed => match self.retry.admit_retry(self.requests_in_flight()) {
                 Some(ticket) => {

@@ -57,6 +57,10 @@ const MAX_HEADER_LIST: u32 = 64 * 1024;
 /// before it is offered `h2` again.
 const AUTO_RECHECK: Duration = Duration::from_secs(300);
 
+/// How many ping intervals an answer may take before the connection is
+/// taken for a vanished host.
+const PONG_ROUNDS: u32 = 3;
+
 /// How often idle connections are pinged when `upstream.liveness` is off.
 const PING_DEFAULT: Duration = Duration::from_secs(10);
 
@@ -93,6 +97,8 @@ struct H2Conn {
 #[derive(Default)]
 struct Shared {
     streams: AtomicUsize,
+    /// Streams ever taken (the driver tells idle from busy by it).
+    taken: AtomicUsize,
     /// Handed out no more (gone, going away, or idle and closing).
     closed: AtomicBool,
 }
@@ -101,9 +107,14 @@ struct Shared {
 pub(crate) struct Slot(Arc<Shared>);
 
 impl Slot {
-    fn take(shared: &Arc<Shared>) -> Slot {
+    /// A place on the connection, unless it closed meanwhile (its driver
+    /// closes an idle one without the pool's lock: the count goes up
+    /// first, then `closed` is read, as the driver does the reverse).
+    fn take(shared: &Arc<Shared>) -> Option<Slot> {
         shared.streams.fetch_add(1, Ordering::SeqCst);
-        Slot(Arc::clone(shared))
+        shared.taken.fetch_add(1, Ordering::SeqCst);
+        let slot = Slot(Arc::clone(shared));
+        (!shared.closed.load(Ordering::SeqCst)).then_some(slot)
     }
 
     /// The connection is going away: no new stream goes to it.
@@ -158,9 +169,9 @@ impl H2Pool {
         let connect_failed = AttemptFailure::Shard(UpstreamFailure::Connect);
         let auto = peer.protocol == ShardProtocol::Auto;
         let stream = |conn: &H2Conn| {
-            let slot = Slot::take(&conn.shared);
+            let slot = Slot::take(&conn.shared)?;
             let tls = peer.key.tls.is_some();
-            Box::new(ShardStream::new(conn.send.clone(), slot, tls, te_trailers))
+            Some(Box::new(ShardStream::new(conn.send.clone(), slot, tls, te_trailers)))
         };
         let deadline = tokio::time::Instant::now() + self.connect_timeout;
         loop {
@@ -173,9 +184,11 @@ impl H2Pool {
                     return Ok(Opened::UseHttp1);
                 }
                 match endpoint.choose(self.max_connections) {
-                    Choice::Take(i) => {
-                        return Ok(Opened::Stream(stream(&endpoint.conns[i]), true));
-                    }
+                    Choice::Take(i) => match stream(&endpoint.conns[i]) {
+                        Some(stream) => return Ok(Opened::Stream(stream, true)),
+                        // Closed just now: dropped from the list next turn.
+                        None => continue,
+                    },
                     Choice::Open => {
                         endpoint.opening += 1;
                         None
@@ -187,49 +200,43 @@ impl H2Pool {
                 }
             };
             if let Some((opened, seen)) = wait {
+                // Counted out however the wait ends (also if the request
+                // is dropped meanwhile).
+                let _waiting = Counted::waiting(self, &peer.key);
                 let notified = opened.notified();
                 tokio::pin!(notified);
                 notified.as_mut().enable();
                 // An opening that ended before the wait was registered.
                 let ended = |e: &Endpoint| e.openings_ended != seen;
                 let missed = self.endpoints.lock().get(&peer.key).is_none_or(ended);
-                let woken = match missed {
-                    true => Ok(()),
-                    false => tokio::time::timeout_at(deadline, notified).await,
-                };
-                if let Some(endpoint) = self.endpoints.lock().get_mut(&peer.key) {
-                    endpoint.waiting -= 1;
+                if !missed && tokio::time::timeout_at(deadline, notified).await.is_err() {
+                    return Err(connect_failed);
                 }
-                match woken {
-                    Ok(()) => continue,
-                    Err(_) => return Err(connect_failed),
-                }
+                continue;
             }
+            let opening = Counted::opening(self, &peer.key);
             let connected = tokio::time::timeout_at(deadline, self.connect(peer, tls, auto)).await;
             let connected = connected.unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()));
-            return self.opened(peer, connected, stream);
+            return opening.end(|endpoint| Self::opened(peer, endpoint, connected, stream));
         }
     }
 
-    /// An opening ended: the waiters woken; a new connection pooled and a
-    /// stream taken on it, or an `auto` shard's choice of HTTP/1.1 noted.
+    /// An opening ended (the caller holds the lock and wakes the
+    /// waiters): a new connection pooled and a stream taken on it, or an
+    /// `auto` shard's choice of HTTP/1.1 noted.
     fn opened(
-        &self,
         peer: &ShardPeer,
+        endpoint: &mut Endpoint,
         connected: std::io::Result<Connected>,
-        stream: impl Fn(&H2Conn) -> Box<ShardStream>,
+        stream: impl Fn(&H2Conn) -> Option<Box<ShardStream>>,
     ) -> Result<Opened, AttemptFailure> {
-        let mut endpoints = self.endpoints.lock();
-        let endpoint = endpoints.entry(peer.key.clone()).or_default();
-        endpoint.opening -= 1;
-        endpoint.openings_ended += 1;
-        endpoint.opened.notify_waiters();
+        let connect_failed = AttemptFailure::Shard(UpstreamFailure::Connect);
         match connected {
             Ok(Connected::H2(send, shared)) => {
                 let conn = H2Conn { send, shared };
                 let stream = stream(&conn);
                 endpoint.conns.push(conn);
-                Ok(Opened::Stream(stream, false))
+                stream.map(|s| Opened::Stream(s, false)).ok_or(connect_failed)
             }
             Ok(Connected::Http1(conn)) => {
                 endpoint.http1_since = Some(Instant::now());
@@ -237,7 +244,7 @@ impl H2Pool {
             }
             Err(e) => {
                 log::debug!("connecting to {} (HTTP/2) failed: {e}", peer.addr);
-                Err(AttemptFailure::Shard(UpstreamFailure::Connect))
+                Err(connect_failed)
             }
         }
     }
@@ -299,6 +306,62 @@ impl H2Pool {
     }
 }
 
+/// A request counted among an endpoint's openings or waiters, counted
+/// out when dropped (an opening's end also wakes the waiters): a request
+/// dropped mid-way (the client gone, a shutdown) leaves no count behind.
+struct Counted<'a> {
+    pool: &'a H2Pool,
+    key: &'a UpstreamKey,
+    opening: bool,
+}
+
+impl<'a> Counted<'a> {
+    /// An opening (the caller counted it in, under the lock).
+    fn opening(pool: &'a H2Pool, key: &'a UpstreamKey) -> Self {
+        Counted {
+            pool,
+            key,
+            opening: true,
+        }
+    }
+
+    /// A waiter (the caller counted it in, under the lock).
+    fn waiting(pool: &'a H2Pool, key: &'a UpstreamKey) -> Self {
+        Counted {
+            pool,
+            key,
+            opening: false,
+        }
+    }
+
+    /// Ends an opening under the lock: `f` sees the endpoint first, then
+    /// the waiters are woken (they find what `f` pooled).
+    fn end<R>(self, f: impl FnOnce(&mut Endpoint) -> R) -> R {
+        let mut endpoints = self.pool.endpoints.lock();
+        let endpoint = endpoints.entry(self.key.clone()).or_default();
+        let out = f(endpoint);
+        drop(endpoints);
+        drop(self);
+        out
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        let mut endpoints = self.pool.endpoints.lock();
+        let Some(endpoint) = endpoints.get_mut(self.key) else {
+            return;
+        };
+        if !self.opening {
+            endpoint.waiting -= 1;
+            return;
+        }
+        endpoint.opening -= 1;
+        endpoint.openings_ended += 1;
+        endpoint.opened.notify_waiters();
+    }
+}
+
 /// Where a request's stream goes.
 enum Choice {
     /// On this connection.
@@ -355,11 +418,13 @@ async fn drive(
     let start = tokio::time::Instant::now() + ping_every;
     let mut tick = tokio::time::interval_at(start, ping_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut awaiting = false;
+    // Ticks since the last PING went unanswered (0: none awaited).
+    let mut awaiting = 0u32;
     let mut idle = Duration::ZERO;
+    let mut taken = shared.taken.load(Ordering::SeqCst);
     loop {
         let pong = poll_fn(|cx| match ping.as_mut() {
-            Some(ping) if awaiting => ping.poll_pong(cx).map(|r| r.is_ok()),
+            Some(ping) if awaiting > 0 => ping.poll_pong(cx).map(|r| r.is_ok()),
             _ => Poll::Pending,
         });
         let event = tokio::select! {
@@ -370,20 +435,27 @@ async fn drive(
         match event {
             Event::Closed => break,
             Event::Pong(answered) => {
-                awaiting = false;
+                awaiting = 0;
                 if !answered {
                     break;
                 }
             }
             Event::Tick => {
-                if awaiting {
-                    log::debug!("an HTTP/2 connection to a shard did not answer a ping: dropped");
-                    break;
+                if awaiting > 0 {
+                    // Behind a large response's DATA, or a shard's pause,
+                    // an answer may take a while: a few rounds.
+                    awaiting += 1;
+                    if awaiting > PONG_ROUNDS {
+                        log::debug!("an HTTP/2 connection to a shard did not answer a ping: dropped");
+                        break;
+                    }
                 }
-                idle = match shared.streams.load(Ordering::SeqCst) {
-                    0 => idle + ping_every,
-                    _ => Duration::ZERO,
-                };
+                // Idle: no stream open now, and none taken since the last
+                // tick (short calls between ticks keep it busy).
+                let now_taken = shared.taken.load(Ordering::SeqCst);
+                let quiet = shared.streams.load(Ordering::SeqCst) == 0 && now_taken == taken;
+                taken = now_taken;
+                idle = if quiet { idle + ping_every } else { Duration::ZERO };
                 if idle >= idle_timeout {
                     shared.closed.store(true, Ordering::SeqCst);
                     // A stream taken just before: it ends first.
@@ -391,8 +463,8 @@ async fn drive(
                         break;
                     }
                 }
-                if let Some(ping) = ping.as_mut() {
-                    awaiting = ping.send_ping(h2::Ping::opaque()).is_ok();
+                if let (0, Some(ping)) = (awaiting, ping.as_mut()) {
+                    awaiting = u32::from(ping.send_ping(h2::Ping::opaque()).is_ok());
                 }
             }
         }

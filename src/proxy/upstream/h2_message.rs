@@ -93,12 +93,7 @@ pub(super) fn request_of(
         headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
     }
     let authority = authority.ok_or_else(|| invalid("no Host"))?;
-    let uri = http::Uri::builder()
-        .scheme(scheme.clone())
-        .authority(authority)
-        .path_and_query(target)
-        .build()
-        .map_err(|_| invalid("a request target"))?;
+    let uri = uri_of(scheme, authority, target).map_err(|_| invalid("a request target"))?;
     let mut request = Request::new(());
     *request.method_mut() =
         http::Method::from_bytes(method.as_bytes()).map_err(|_| invalid("a method"))?;
@@ -120,6 +115,39 @@ pub(super) fn request_of(
         framing,
         websocket_key,
     })
+}
+
+/// The request's URI. A target HTTP/1.1 lets through and a URI does not
+/// (`<`, a backtick) has those bytes percent-encoded, as a browser would
+/// have sent them.
+fn uri_of(
+    scheme: &http::uri::Scheme,
+    authority: &[u8],
+    target: &str,
+) -> Result<http::Uri, http::Error> {
+    let uri = |target: &str| {
+        http::Uri::builder()
+            .scheme(scheme.clone())
+            .authority(authority)
+            .path_and_query(target)
+            .build()
+    };
+    uri(target).or_else(|_| uri(&percent_encoded(target)))
+}
+
+/// `target` with every byte a URI's path and query may not hold
+/// percent-encoded (RFC 3986 §2.1; a `%` stays: it is one already).
+fn percent_encoded(target: &str) -> String {
+    const KEPT: &[u8] = b"-._~!$&'()*+,;=:@/?%[]";
+    let mut out = String::with_capacity(target.len() + 8);
+    for &b in target.as_bytes() {
+        if b.is_ascii_alphanumeric() || KEPT.contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// How a response's body follows its head in HTTP/1.1 form.
@@ -251,6 +279,10 @@ Transfer-Encoding: chunked\r\nTE: gzip\r\nX-Forwarded-For: 1.2.3.4\r\nContent-Ty
         let head = format!("GET / HTTP/1.1\r\nHost: a\r\n{many}\r\n");
         let request = request_of(head.as_bytes(), &http::uri::Scheme::HTTP, false).unwrap().request;
         assert_eq!(request.headers().len(), 40);
+        // Bytes a URI may not hold, percent-encoded.
+        let head = b"GET /a?q=<b>`c`{d} HTTP/1.1\r\nHost: a\r\n\r\n";
+        let request = request_of(head, &http::uri::Scheme::HTTP, false).unwrap().request;
+        assert_eq!(request.uri(), "http://a/a?q=%3Cb%3E%60c%60%7Bd%7D");
         // No Host: no authority to give.
         assert!(request_of(b"GET / HTTP/1.1\r\n\r\n", &http::uri::Scheme::HTTP, false).is_err());
     }

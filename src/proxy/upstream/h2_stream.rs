@@ -12,10 +12,11 @@
 //!
 //! Bounded: request bytes are taken while less than [`MAX_PENDING`] wait
 //! for the shard's flow-control window (the writer waits otherwise), and a
-//! response's DATA are read one frame at a time, their window given back
-//! only once read (the shard cannot send further ahead than the stream's
-//! window). Dropping the stream before its end resets it (`CANCEL`), and
-//! only it: the connection goes on for the other streams.
+//! response's DATA are taken while the reader holds less than 64 KiB of
+//! them, their window given back as they are taken (the shard cannot send
+//! further ahead than the stream's window and that). Dropping the stream
+//! before its end resets it (`CANCEL`), and only it: the connection goes
+//! on for the other streams.
 
 use super::h2::Slot;
 use super::h2_message::{last_chunk, request_of, response_head, trailers_of, BodyForm, Outgoing};
@@ -37,8 +38,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// stream's window) at most.
 pub(crate) const MAX_PENDING: usize = 64 * 1024;
 
-/// Response bytes collected for one read at most.
+/// Response bytes collected for one read at most, and pieces of them.
 const MAX_OUTPUT: usize = 64 * 1024;
+const MAX_PIECES: usize = 96;
 
 
 /// A request on an HTTP/2 connection (see the module documentation).
@@ -62,8 +64,9 @@ pub(crate) struct ShardStream {
     /// A WebSocket handshake sent as an extended CONNECT: its key.
     websocket_key: Option<Box<str>>,
     down: Down,
-    /// The response in HTTP/1.1 form, not yet read.
+    /// The response in HTTP/1.1 form, not yet read, and its length.
     output: VecDeque<Bytes>,
+    output_len: usize,
     failure: Option<AttemptFailure>,
 }
 
@@ -112,6 +115,7 @@ impl ShardStream {
             websocket_key: None,
             down: Down::NotYet,
             output: VecDeque::new(),
+            output_len: 0,
             failure: None,
         }
     }
@@ -122,20 +126,50 @@ impl ShardStream {
         self.failure
     }
 
-    /// Records `e` and breaks both sides; the error a reader or writer gets.
+    /// Records `e` and breaks both sides; the error a reader or writer
+    /// gets. (An error of the request's side alone, once the stream
+    /// opened, is [`ShardStream::fail_up`]'s: the response may go on.)
     fn fail(&mut self, e: h2::Error) -> io::Error {
         let before_head = matches!(self.down, Down::NotYet | Down::Head(_));
+        let failure = match self.send_request.is_some() {
+            // The stream never opened: the request never left.
+            true => AttemptFailure::Unprocessed,
+            false => failure_of(&e),
+        };
         if before_head {
-            self.failure = Some(failure_of(&e));
+            self.failure = Some(failure);
         }
-        if e.is_go_away() || self.send_request.is_some() {
-            // The connection is going away, or took no new stream.
+        if e.is_go_away() || failure == AttemptFailure::Unprocessed {
+            // The connection is going away, refused the stream, or took no
+            // new one: the request goes again on another.
             self.slot.retire();
         }
         self.up = Up::Broken;
         self.down = Down::Broken;
         self.data.clear();
         io::Error::other(e)
+    }
+
+    /// The request's side failed after the stream opened (the shard reset
+    /// it after answering early, say): only that side stops; the response
+    /// goes on, and its side reports its own errors.
+    fn fail_up(&mut self, e: h2::Error) -> io::Error {
+        if matches!(self.down, Down::NotYet) {
+            return self.fail(e);
+        }
+        self.broken_up();
+        io::Error::other(e)
+    }
+
+    /// A request this transport cannot put in HTTP/2 terms: nothing was
+    /// sent, and the shard is not to blame.
+    fn unconvertible(&mut self, e: io::Error) -> io::Error {
+        self.failure = Some(AttemptFailure::Invalid);
+        self.up = Up::Broken;
+        self.down = Down::Broken;
+        self.input.clear();
+        self.data.clear();
+        e
     }
 
     fn broken(&self) -> io::Error {
@@ -171,7 +205,10 @@ impl ShardStream {
                         request,
                         framing,
                         websocket_key,
-                    } = request_of(&head, &self.scheme, self.te_trailers)?;
+                    } = match request_of(&head, &self.scheme, self.te_trailers) {
+                        Ok(outgoing) => outgoing,
+                        Err(e) => return Err(self.unconvertible(e)),
+                    };
                     self.head_only = request.method() == http::Method::HEAD;
                     self.websocket_key = websocket_key;
                     self.up = Up::Ready(Box::new(request), framing);
@@ -250,13 +287,13 @@ impl ShardStream {
                 match send.poll_capacity(cx) {
                     Poll::Pending => return Ok(()),
                     Poll::Ready(Some(Ok(_))) => continue,
-                    Poll::Ready(Some(Err(e))) => return Err(self.fail(e)),
+                    Poll::Ready(Some(Err(e))) => return Err(self.fail_up(e)),
                     Poll::Ready(None) => return Err(self.broken_up()),
                 }
             }
             let n = send.capacity().min(front.len());
             if let Err(e) = send.send_data(front.split_to(n), false) {
-                return Err(self.fail(e));
+                return Err(self.fail_up(e));
             }
         }
         if !framing.is_done() {
@@ -271,7 +308,7 @@ impl ShardStream {
                 self.up = Up::Done;
                 Ok(())
             }
-            Err(e) => Err(self.fail(e)),
+            Err(e) => Err(self.fail_up(e)),
         }
     }
 
@@ -304,7 +341,8 @@ impl ShardStream {
     /// come, the output is full, or the response ended.
     fn collect(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         loop {
-            if self.output.iter().map(Bytes::len).sum::<usize>() >= MAX_OUTPUT {
+            // Bytes, and pieces (a shard's 1-byte frames are 3 pieces each).
+            if self.output_len >= MAX_OUTPUT || self.output.len() >= MAX_PIECES {
                 return Poll::Ready(Ok(()));
             }
             match &mut self.down {
@@ -327,13 +365,13 @@ impl ShardStream {
                         if data.is_empty() {
                             continue;
                         }
-                        if *chunked {
-                            self.output
-                                .push_back(Bytes::from(format!("{:x}\r\n", data.len())));
-                            self.output.push_back(data);
-                            self.output.push_back(Bytes::from_static(b"\r\n"));
-                        } else {
-                            self.output.push_back(data);
+                        let chunked = *chunked;
+                        if chunked {
+                            self.put(Bytes::from(format!("{:x}\r\n", data.len())));
+                        }
+                        self.put(data);
+                        if chunked {
+                            self.put(Bytes::from_static(b"\r\n"));
                         }
                     }
                     Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(self.fail(e))),
@@ -344,7 +382,7 @@ impl ShardStream {
                             Poll::Ready(Err(e)) => return Poll::Ready(Err(self.fail(e))),
                             Poll::Ready(Ok(trailers)) => {
                                 if chunked {
-                                    self.output.push_back(last_chunk(trailers.as_ref()));
+                                    self.put(last_chunk(trailers.as_ref()));
                                 }
                                 self.down = Down::Done;
                             }
@@ -357,13 +395,19 @@ impl ShardStream {
         }
     }
 
+    /// Queues response bytes for the reader.
+    fn put(&mut self, bytes: Bytes) {
+        self.output_len += bytes.len();
+        self.output.push_back(bytes);
+    }
+
     /// The response's head, in HTTP/1.1 form, and how its body follows.
     fn start_response(&mut self, response: Response<RecvStream>) {
         let (parts, recv) = response.into_parts();
         let ended = recv.is_end_stream();
         let key = self.websocket_key.as_deref();
         let (head, form) = response_head(&parts, self.head_only, ended, key);
-        self.output.push_back(head);
+        self.put(head);
         self.down = match form {
             BodyForm::None => Down::Done,
             BodyForm::Chunked => Down::Body { recv, chunked: true },
@@ -442,7 +486,7 @@ impl AsyncWrite for ShardStream {
         let this = self.get_mut();
         if let Up::Body(send, _) = &mut this.up {
             if let Err(e) = send.send_data(Bytes::new(), true) {
-                return Poll::Ready(Err(this.fail(e)));
+                return Poll::Ready(Err(this.fail_up(e)));
             }
             this.up = Up::Done;
         }
@@ -457,9 +501,10 @@ impl AsyncRead for ShardStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        // A writer done with its part still needs the stream opened.
+        // A writer done with its part still needs the stream opened. (A
+        // broken response side reports itself, after what it holds.)
         if let Err(e) = this.drive(cx) {
-            if matches!(this.down, Down::NotYet | Down::Broken) {
+            if matches!(this.down, Down::NotYet) {
                 return Poll::Ready(Err(e));
             }
         }
@@ -471,6 +516,7 @@ impl AsyncRead for ShardStream {
             let n = front.len().min(buf.remaining());
             buf.put_slice(&front[..n]);
             front.advance(n);
+            this.output_len -= n;
             if front.is_empty() {
                 this.output.pop_front();
             }
