@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::gateway_with_protocols as gateway;
 use common::*;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
@@ -44,21 +45,6 @@ impl Drop for GrpcShard {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// A gateway in front of `shards` (`(id, url, protocol)`).
-fn gateway(shards: &[(&str, String, &str)], extra: &str) -> Gateway {
-    let mut yaml = String::from(
-        "listen: [{ addr: \"127.0.0.1:{port}\" }]\nadmin: { addr: \"127.0.0.1:{admin}\" }\nstate: false\nshards:\n",
-    );
-    for (id, url, protocol) in shards {
-        yaml.push_str(&format!(
-            "  - {{ id: {id}, url: \"{url}\", protocol: {protocol} }}\n"
-        ));
-    }
-    yaml.push_str("domains:\n  fallback_suffix: .localhost\n");
-    yaml.push_str(extra);
-    Gateway::start(&yaml)
 }
 
 /// One call of `case` through the gateway, as `authority`.

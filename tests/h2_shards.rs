@@ -8,6 +8,7 @@
 mod common;
 
 use bytes::Bytes;
+use common::gateway_with_fields as gateway;
 use common::*;
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream};
@@ -147,19 +148,6 @@ async fn answer_early(mut respond: SendResponse<Bytes>) {
     // Once the answer went (a reset would drop what is still queued).
     tokio::time::sleep(Duration::from_millis(300)).await;
     send.send_reset(Reason::NO_ERROR);
-}
-
-/// A gateway in front of `shards` (`(id, url, more fields)`).
-fn gateway(shards: &[(&str, String, &str)], extra: &str) -> Gateway {
-    let mut yaml = String::from(
-        "listen: [{ addr: \"127.0.0.1:{port}\" }]\nadmin: { addr: \"127.0.0.1:{admin}\" }\nstate: false\nshards:\n",
-    );
-    for (id, url, more) in shards {
-        yaml.push_str(&format!("  - {{ id: {id}, url: \"{url}\", {more} }}\n"));
-    }
-    yaml.push_str("domains:\n  fallback_suffix: .localhost\n");
-    yaml.push_str(extra);
-    Gateway::start(&yaml)
 }
 
 /// A gateway in front of `shard` alone (as `h2`), with `upstream`'s
@@ -335,7 +323,11 @@ fn an_early_answer_is_relayed_whole_after_the_shard_stops_the_upload() {
     // The answer's head, then more body while its data is on its way.
     let mut first = [0u8; 300];
     let n = tcp.read(&mut first).expect("the answer starts");
-    assert!(first[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&first[..n]));
+    assert!(
+        first[..n].starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&first[..n])
+    );
     std::thread::sleep(Duration::from_millis(500));
     for _ in 0..20 {
         let _ = tcp.write_all(b"400\r\n");
@@ -346,7 +338,11 @@ fn an_early_answer_is_relayed_whole_after_the_shard_stops_the_upload() {
     let mut answer = first[..n].to_vec();
     let _ = tcp.read_to_end(&mut answer);
     let answer = String::from_utf8_lossy(&answer).to_lowercase();
-    assert!(answer.ends_with("\r\n0\r\nx-answer-sum: 7\r\n\r\n"), "{}", &answer[answer.len().saturating_sub(200)..]);
+    assert!(
+        answer.ends_with("\r\n0\r\nx-answer-sum: 7\r\n\r\n"),
+        "{}",
+        &answer[answer.len().saturating_sub(200)..]
+    );
     let body: usize = answer.bytes().filter(|&b| b == b'e').count();
     assert!(body >= 200 * 1024, "{body} bytes of the body");
 }

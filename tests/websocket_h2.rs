@@ -7,30 +7,13 @@
 mod common;
 
 use bytes::{Buf, Bytes, BytesMut};
+use common::gateway_with_protocols as gateway;
 use common::*;
 use std::time::Duration;
 
-/// The plain listener's gateway over `shards` (`(id, url, protocol)`).
-fn gateway(shards: &[(&str, String, &str)], extra: &str) -> Gateway {
-    let mut yaml = String::from(
-        "listen: [{ addr: \"127.0.0.1:{port}\" }]\nadmin: { addr: \"127.0.0.1:{admin}\" }\nstate: false\nshards:\n",
-    );
-    for (id, url, protocol) in shards {
-        yaml.push_str(&format!(
-            "  - {{ id: {id}, url: \"{url}\", protocol: {protocol} }}\n"
-        ));
-    }
-    yaml.push_str("domains:\n  fallback_suffix: .localhost\n");
-    yaml.push_str(extra);
-    Gateway::start(&yaml)
-}
-
 /// An extended CONNECT for a WebSocket as `host`: the answer's status,
 /// and the stream's two halves.
-async fn connect(
-    port: u16,
-    host: &str,
-) -> (u16, h2::SendStream<Bytes>, h2::RecvStream, bool) {
+async fn connect(port: u16, host: &str) -> (u16, h2::SendStream<Bytes>, h2::RecvStream, bool) {
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .expect("connect");
@@ -119,7 +102,10 @@ fn a_websocket_over_http2_reaches_an_http1_shard() {
     let first = seen.first().expect("a handshake at the shard");
     assert_eq!(first.get("upgrade").map(String::as_str), Some("websocket"));
     assert_eq!(first.get("sec-websocket-key").map(String::len), Some(24));
-    assert_eq!(first.get("x-forwarded-for").map(String::as_str), Some("127.0.0.1"));
+    assert_eq!(
+        first.get("x-forwarded-for").map(String::as_str),
+        Some("127.0.0.1")
+    );
     let log = gw.dir.path().join("access.log");
     assert!(
         eventually(Duration::from_secs(10), || {
@@ -140,10 +126,7 @@ fn a_websocket_over_http2_reaches_an_http1_shard() {
 #[test]
 fn a_refused_websocket_over_http2_is_answered() {
     let ws = WsBackend::start("ws1");
-    let gw = gateway(
-        &[("w1", ws.url(), "http1")],
-        "limits: { deny: [banned] }\n",
-    );
+    let gw = gateway(&[("w1", ws.url(), "http1")], "limits: { deny: [banned] }\n");
     runtime().block_on(async {
         let (status, ..) = connect(gw.port, "banned.localhost").await;
         assert_eq!(status, 403);
@@ -171,7 +154,9 @@ fn h2_websocket_shard(seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>) -> St
                 while let Some(Ok((request, respond))) = conn.accept().await {
                     let protocol = request.extensions().get::<h2::ext::Protocol>();
                     let protocol = protocol.map(|p| p.as_str().to_string()).unwrap_or_default();
-                    seen.lock().unwrap().push(format!("{} {protocol}", request.method()));
+                    seen.lock()
+                        .unwrap()
+                        .push(format!("{} {protocol}", request.method()));
                     tokio::spawn(echo_frames(request.into_body(), respond));
                 }
             });
@@ -182,7 +167,10 @@ fn h2_websocket_shard(seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>) -> St
 
 /// Answers 200, then each client text frame with a server one.
 async fn echo_frames(mut body: h2::RecvStream, mut respond: h2::server::SendResponse<Bytes>) {
-    let answer = http::Response::builder().status(200).body(()).expect("answer");
+    let answer = http::Response::builder()
+        .status(200)
+        .body(())
+        .expect("answer");
     let Ok(mut send) = respond.send_response(answer, false) else {
         return;
     };
@@ -224,14 +212,17 @@ fn a_websocket_reaches_an_h2_shard_as_an_extended_connect() {
         let mut req = format!("ws://127.0.0.1:{}/chat", gw.port)
             .into_client_request()
             .expect("request");
-        req.headers_mut().insert("host", "t.localhost".parse().expect("host"));
+        req.headers_mut()
+            .insert("host", "t.localhost".parse().expect("host"));
         let connected = tokio::time::timeout(
             Duration::from_secs(10),
             tokio_tungstenite::connect_async(req),
         );
         let (mut ws, response) = connected.await.expect("in time").expect("handshake");
         assert_eq!(response.status(), 101);
-        ws.send(Message::Text("over h1".into())).await.expect("send");
+        ws.send(Message::Text("over h1".into()))
+            .await
+            .expect("send");
         let echoed = tokio::time::timeout(Duration::from_secs(10), ws.next()).await;
         let echoed = echoed.expect("in time").expect("a message").expect("ok");
         assert_eq!(echoed.into_text().expect("text").as_str(), "h2ws:over h1");

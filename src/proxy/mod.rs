@@ -104,7 +104,11 @@ impl Gateway {
     /// `base`, shortened by a shorter `grpc-timeout`; and when it is, its
     /// running out is the client's, no shard's fault (noted in `ctx` for
     /// the failure rules).
-    fn call_deadline(&self, ctx: &mut RequestCtx, base: std::time::Duration) -> std::time::Duration {
+    fn call_deadline(
+        &self,
+        ctx: &mut RequestCtx,
+        base: std::time::Duration,
+    ) -> std::time::Duration {
         let own = ctx.grpc_timeout.filter(|&deadline| deadline < base);
         ctx.clients_deadline = own.is_some();
         own.unwrap_or(base)

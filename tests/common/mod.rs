@@ -48,6 +48,33 @@ pub fn config_yaml(head: &str, shards: &[(&str, String)], extra: &str) -> String
     yaml
 }
 
+/// A gateway on a plain listener in front of `shards` (`(id, url, more
+/// fields)`, e.g. `protocol: h2`), any `<tenant>.localhost` a tenant,
+/// with `extra` sections.
+pub fn gateway_with_fields(shards: &[(&str, String, &str)], extra: &str) -> Gateway {
+    let mut yaml = String::from(
+        "listen: [{ addr: \"127.0.0.1:{port}\" }]\nadmin: { addr: \"127.0.0.1:{admin}\" }\nstate: false\nshards:\n",
+    );
+    for (id, url, more) in shards {
+        yaml.push_str(&format!("  - {{ id: {id}, url: \"{url}\", {more} }}\n"));
+    }
+    yaml.push_str("domains:\n  fallback_suffix: .localhost\n");
+    yaml.push_str(extra);
+    Gateway::start(&yaml)
+}
+
+/// As [`gateway_with_fields`], each shard's third part its `protocol`.
+pub fn gateway_with_protocols(shards: &[(&str, String, &str)], extra: &str) -> Gateway {
+    let fields: Vec<String> = shards
+        .iter()
+        .map(|(_, _, p)| format!("protocol: {p}"))
+        .collect();
+    let shards: Vec<(&str, String, &str)> = (shards.iter().zip(&fields))
+        .map(|((id, url, _), more)| (*id, url.clone(), more.as_str()))
+        .collect();
+    gateway_with_fields(&shards, extra)
+}
+
 /// A loopback port nobody listens on, for a gateway, a Redis or a dead
 /// shard, that nothing else will take before the caller binds it.
 ///

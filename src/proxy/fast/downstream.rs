@@ -13,6 +13,7 @@ use crate::proxy::client::poll_watch;
 use crate::proxy::hooks::ResponseEdit;
 use crate::proxy::pipeline::answer::Refusal;
 use crate::proxy::pipeline::framing::{put_chunk, put_last_chunk, trailer_fields};
+use crate::proxy::upstream::h2_stream::poll_window;
 use bytes::{Bytes, BytesMut};
 use pingora::protocols::http::v2::server::HttpSession as H2Stream;
 use pingora::protocols::Stream;
@@ -466,16 +467,15 @@ impl Downstream for H2Client {
         };
         let closed = |_| io::Error::from(io::ErrorKind::BrokenPipe);
         while !self.queued.is_empty() {
-            writer.reserve_capacity(self.queued.len());
-            match ready!(writer.poll_capacity(cx)) {
-                Some(Ok(n)) => {
-                    let chunk = self.queued.split_to(n.min(self.queued.len()));
+            match ready!(poll_window(writer, self.queued.len(), cx)) {
+                Ok(n) => {
+                    let chunk = self.queued.split_to(n);
                     let last = self.queued.is_empty() && matches!(self.end, Some(None));
                     writer.send_data(chunk, last).map_err(closed)?;
                     self.ended |= last;
                 }
-                Some(Err(e)) => return Poll::Ready(Err(closed(e))),
-                None => return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
+                Err(Some(e)) => return Poll::Ready(Err(closed(e))),
+                Err(None) => return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
             }
         }
         if let (Some(end), false) = (self.end.take(), self.ended) {

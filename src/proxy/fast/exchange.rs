@@ -9,7 +9,6 @@
 //! (backpressure), so an exchange holds at most one read of each body.
 
 use super::body::BodyError;
-use crate::proxy::upstream::conn::{Conn, UpstreamKey};
 use super::downstream::Downstream;
 use super::response::{parse_response, ParsedResponse, MAX_RESPONSE_HEAD};
 use super::{poll_read_buf, FastPath};
@@ -20,6 +19,7 @@ use crate::proxy::pipeline::answer::Refusal;
 use crate::proxy::pipeline::failure::{AttemptFailure, Next};
 use crate::proxy::pipeline::message::HeadEnd;
 use crate::proxy::pipeline::watch::{Verdict, Waiting};
+use crate::proxy::upstream::conn::{Conn, UpstreamKey};
 use crate::trace::TraceContext;
 use bytes::{Buf, Bytes, BytesMut};
 use http::Method;

@@ -142,7 +142,10 @@ fn outgoing(req: &RequestHeader, stream: &H2Stream, max: Option<u64>) -> Result<
 /// The client's fields for the HTTP/1.1 head: `Host` comes from the
 /// authority (the plan checked it), the `Cookie` fields are joined (RFC
 /// 9113 §8.2.3).
-pub(super) fn fields<'r>(req: &'r RequestHeader, cookie: Option<&'r [u8]>) -> Vec<(&'r str, &'r [u8])> {
+pub(super) fn fields<'r>(
+    req: &'r RequestHeader,
+    cookie: Option<&'r [u8]>,
+) -> Vec<(&'r str, &'r [u8])> {
     let mut fields: Vec<(&str, &[u8])> = Vec::with_capacity(req.headers.len() + 1);
     if let Some(cookie) = cookie {
         fields.push(("Cookie", cookie));

@@ -33,8 +33,8 @@ mod request;
 mod respond;
 mod response;
 pub(crate) mod tunnel;
-mod websocket_h2;
 mod upstream;
+mod websocket_h2;
 
 pub use crate::proxy::upstream::conn::UpstreamKey;
 
@@ -104,7 +104,10 @@ impl FastPath {
                  verified (for development only)"
             );
         }
-        let tls = crate::proxy::upstream::conn::UpstreamTls::new(config.server.ca_file.as_deref(), upstream.tls_verify)?;
+        let tls = crate::proxy::upstream::conn::UpstreamTls::new(
+            config.server.ca_file.as_deref(),
+            upstream.tls_verify,
+        )?;
         // The owned fields' names as `&'static str`, for the trailers check.
         let leak = |name: &http::HeaderName| -> &'static str { Box::leak(name.as_str().into()) };
         let owned = Owned {

@@ -3,7 +3,6 @@
 //! up (a shard may answer before it read it all), the connection back to
 //! the pool; and shardgate's own answers.
 
-use crate::proxy::upstream::conn::{Conn, UpstreamKey};
 use super::downstream::{Downstream, ResponseStart};
 use super::exchange::{poll_timer, Exchanged, Outbound, Upstream};
 use super::{poll_read_buf, FastPath};
@@ -11,6 +10,7 @@ use crate::proxy::ctx::RequestCtx;
 use crate::proxy::pipeline::answer::Refusal;
 use crate::proxy::pipeline::framing::{trailer_fields, Framing, Part};
 use crate::proxy::pipeline::grpc;
+use crate::proxy::upstream::conn::{Conn, UpstreamKey};
 use bytes::{Buf, Bytes, BytesMut};
 use std::future::poll_fn;
 use std::pin::Pin;
@@ -21,7 +21,12 @@ use tokio::time::{Instant, Sleep};
 /// The `grpc-status` in a response head (`head`, as `parsed` read it).
 fn grpc_status_in_head(head: &[u8], parsed: &super::response::ParsedResponse) -> Option<u8> {
     let text = |r: &std::ops::Range<usize>| std::str::from_utf8(&head[r.clone()]).unwrap_or("");
-    grpc::status_of(parsed.headers.iter().map(|(n, v)| (text(n), &head[v.clone()])))
+    grpc::status_of(
+        parsed
+            .headers
+            .iter()
+            .map(|(n, v)| (text(n), &head[v.clone()])),
+    )
 }
 
 /// Response bodies are read from the shard in reads of up to this much.

@@ -11,13 +11,13 @@
 //! Pingora's stream (which keeps a write buffer and timing fields for its
 //! whole life) onto a bare socket.
 
-use crate::proxy::upstream::conn::Conn;
 use super::exchange::Upstream;
 use super::response::{response_head, Encoding, Persist};
 use super::FastPath;
 use crate::control::keepalive;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::hooks::RequestLine;
+use crate::proxy::upstream::conn::Conn;
 use crate::proxy::Gateway;
 use bytes::BytesMut;
 use pingora::protocols::l4::socket::SocketAddr;
@@ -178,32 +178,34 @@ impl FastPath {
         ctx: RequestCtx,
         log: TunnelLog,
     ) {
-        let done = Finish {
-            gateway: self.gateway.clone(),
-            ended: Ended::of(ctx, log),
-        };
         let send_timeout = self.send_timeout;
         match bare(client) {
             Ok(Ok(client)) => {
-                let tunnel = Running {
-                    client,
-                    upstream,
-                    done,
-                };
+                let tunnel = self.running(client, upstream, ctx, log);
                 tokio::spawn(run_tunnel(tunnel, send_timeout));
             }
             Err(client) => {
-                let tunnel = Running {
-                    client,
-                    upstream,
-                    done,
-                };
+                let tunnel = self.running(client, upstream, ctx, log);
                 tokio::spawn(run_tunnel(tunnel, send_timeout));
             }
             Ok(Err(e)) => {
                 log::warn!("tunnel: the client socket could not be registered ({e})");
-                drop(done);
+                // Finished as it is dropped.
+                drop(self.running((), upstream, ctx, log));
             }
+        }
+    }
+
+    /// A tunnel about to run, its request finished when it is dropped.
+    fn running<C>(&self, client: C, upstream: Conn, ctx: RequestCtx, log: TunnelLog) -> Running<C> {
+        let done = Finish {
+            gateway: self.gateway.clone(),
+            ended: Ended::of(ctx, log),
+        };
+        Running {
+            client,
+            upstream,
+            done,
         }
     }
 }
@@ -218,15 +220,7 @@ impl FastPath {
         ctx: RequestCtx,
         log: TunnelLog,
     ) {
-        let done = Finish {
-            gateway: self.gateway.clone(),
-            ended: Ended::of(ctx, log),
-        };
-        let tunnel = Running {
-            client,
-            upstream,
-            done,
-        };
+        let tunnel = self.running(client, upstream, ctx, log);
         run_tunnel(tunnel, self.send_timeout).await;
     }
 }

@@ -2,14 +2,14 @@
 //! within `upstream.connect_timeout_ms`) or taken from the per-thread
 //! pool, and given back to it after a response that leaves them clean.
 
-use crate::proxy::upstream::conn::{Conn, UpstreamKey};
 use super::exchange::Request;
 use super::FastPath;
-use crate::proxy::upstream::h2::Opened;
-use crate::routing::ShardProtocol;
 use crate::control::ShardPeer;
 use crate::proxy::hooks::UpstreamFailure;
 use crate::proxy::pipeline::failure::AttemptFailure;
+use crate::proxy::upstream::conn::{Conn, UpstreamKey};
+use crate::proxy::upstream::h2::Opened;
+use crate::routing::ShardProtocol;
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
@@ -84,7 +84,12 @@ impl FastPath {
                     let conn = Conn::H2(stream);
                     return Ok(Connection { conn, reused });
                 }
-                Opened::Http1(conn) => return Ok(Connection { conn, reused: false }),
+                Opened::Http1(conn) => {
+                    return Ok(Connection {
+                        conn,
+                        reused: false,
+                    })
+                }
                 Opened::UseHttp1 => {}
             }
         }

@@ -19,6 +19,7 @@ use super::FastPath;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::hooks::{RequestLine, RequestView};
 use crate::proxy::pipeline::fields::joined_cookie;
+use crate::proxy::upstream::h2_stream::poll_window;
 use bytes::{Buf, Bytes};
 use http::Method;
 use pingora::protocols::http::v2::server::HttpSession as H2Stream;
@@ -123,7 +124,9 @@ impl FastPath {
         let started = head.and_then(|mut head| {
             head.set_status(200).map_err(|_| ())?;
             head.remove_header("sec-websocket-accept");
-            session.write_response_header(Box::new(head), false).map_err(|_| ())
+            session
+                .write_response_header(Box::new(head), false)
+                .map_err(|_| ())
         });
         let writer = session.take_response_body_writer();
         let (Ok(()), Some(mut send)) = (started, writer) else {
@@ -217,15 +220,11 @@ impl AsyncWrite for H2Side {
         if buf.is_empty() {
             return Poll::Ready(Ok(0));
         }
-        while send.capacity() == 0 {
-            send.reserve_capacity(buf.len());
-            match std::task::ready!(send.poll_capacity(cx)) {
-                Some(Ok(_)) => {}
-                Some(Err(e)) => return Poll::Ready(Err(io::Error::other(e))),
-                None => return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
-            }
-        }
-        let n = send.capacity().min(buf.len());
+        let n = match std::task::ready!(poll_window(send, buf.len(), cx)) {
+            Ok(n) => n,
+            Err(Some(e)) => return Poll::Ready(Err(io::Error::other(e))),
+            Err(None) => return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
+        };
         let data = Bytes::copy_from_slice(&buf[..n]);
         send.send_data(data, false).map_err(io::Error::other)?;
         Poll::Ready(Ok(n))

@@ -64,7 +64,11 @@ pub fn timeout(value: &[u8]) -> Option<Duration> {
 
 /// The `grpc-status` a shard's head or trailers carry, if a number.
 pub fn status_in(fields: &HeaderMap) -> Option<u8> {
-    status_of(fields.iter().map(|(name, value)| (name.as_str(), value.as_bytes())))
+    status_of(
+        fields
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_bytes())),
+    )
 }
 
 /// As [`status_in`], of fields as bytes (the fast transport's).

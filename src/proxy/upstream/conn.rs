@@ -4,8 +4,8 @@
 //! `server.ca_file` (else the system's roots) unless
 //! `upstream.tls_verify: false`.
 
-pub use crate::control::UpstreamKey;
 use super::h2_stream::ShardStream;
+pub use crate::control::UpstreamKey;
 use crate::proxy::pipeline::failure::AttemptFailure;
 use crate::proxy::pipeline::watch::quiet;
 use pingora::tls::{ClientTlsStream, RootCertStore, ServerName, TlsConnector};

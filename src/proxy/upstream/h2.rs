@@ -171,7 +171,12 @@ impl H2Pool {
         let stream = |conn: &H2Conn| {
             let slot = Slot::take(&conn.shared)?;
             let tls = peer.key.tls.is_some();
-            Some(Box::new(ShardStream::new(conn.send.clone(), slot, tls, te_trailers)))
+            Some(Box::new(ShardStream::new(
+                conn.send.clone(),
+                slot,
+                tls,
+                te_trailers,
+            )))
         };
         let deadline = tokio::time::Instant::now() + self.connect_timeout;
         loop {
@@ -179,8 +184,14 @@ impl H2Pool {
             let wait = {
                 let mut endpoints = self.endpoints.lock();
                 let endpoint = endpoints.entry(peer.key.clone()).or_default();
-                endpoint.conns.retain(|c| !c.shared.closed.load(Ordering::SeqCst));
-                if auto && endpoint.http1_since.is_some_and(|t| t.elapsed() < AUTO_RECHECK) {
+                endpoint
+                    .conns
+                    .retain(|c| !c.shared.closed.load(Ordering::SeqCst));
+                if auto
+                    && endpoint
+                        .http1_since
+                        .is_some_and(|t| t.elapsed() < AUTO_RECHECK)
+                {
                     return Ok(Opened::UseHttp1);
                 }
                 match endpoint.choose(self.max_connections) {
@@ -236,7 +247,9 @@ impl H2Pool {
                 let conn = H2Conn { send, shared };
                 let stream = stream(&conn);
                 endpoint.conns.push(conn);
-                stream.map(|s| Opened::Stream(s, false)).ok_or(connect_failed)
+                stream
+                    .map(|s| Opened::Stream(s, false))
+                    .ok_or(connect_failed)
             }
             Ok(Connected::Http1(conn)) => {
                 endpoint.http1_since = Some(Instant::now());
@@ -286,7 +299,8 @@ impl H2Pool {
         // to a first PING comes after them, so its limits (and whether it
         // takes extended CONNECT) are known before any stream goes.
         if let Some(ping) = ping.as_mut() {
-            ping.send_ping(h2::Ping::opaque()).map_err(std::io::Error::other)?;
+            ping.send_ping(h2::Ping::opaque())
+                .map_err(std::io::Error::other)?;
             let pong = poll_fn(|cx| ping.poll_pong(cx));
             tokio::select! {
                 _ = &mut connection => return Err(std::io::ErrorKind::ConnectionReset.into()),
@@ -446,7 +460,9 @@ async fn drive(
                     // an answer may take a while: a few rounds.
                     awaiting += 1;
                     if awaiting > PONG_ROUNDS {
-                        log::debug!("an HTTP/2 connection to a shard did not answer a ping: dropped");
+                        log::debug!(
+                            "an HTTP/2 connection to a shard did not answer a ping: dropped"
+                        );
                         break;
                     }
                 }
@@ -455,7 +471,11 @@ async fn drive(
                 let now_taken = shared.taken.load(Ordering::SeqCst);
                 let quiet = shared.streams.load(Ordering::SeqCst) == 0 && now_taken == taken;
                 taken = now_taken;
-                idle = if quiet { idle + ping_every } else { Duration::ZERO };
+                idle = if quiet {
+                    idle + ping_every
+                } else {
+                    Duration::ZERO
+                };
                 if idle >= idle_timeout {
                     shared.closed.store(true, Ordering::SeqCst);
                     // A stream taken just before: it ends first.

@@ -79,10 +79,15 @@ pub(super) fn request_of(
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
             framing = Framing::chunked();
         } else if name.eq_ignore_ascii_case("content-length") {
-            let length = std::str::from_utf8(field.value).ok().and_then(|v| v.parse().ok());
+            let length = std::str::from_utf8(field.value)
+                .ok()
+                .and_then(|v| v.parse().ok());
             framing = Framing::Length(length.ok_or_else(|| invalid("a bad length"))?);
         }
-        if CONNECTION_SPECIFIC.iter().any(|c| name.eq_ignore_ascii_case(c)) {
+        if CONNECTION_SPECIFIC
+            .iter()
+            .any(|c| name.eq_ignore_ascii_case(c))
+        {
             continue;
         }
         let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| invalid("a field name"))?;
@@ -99,22 +104,34 @@ pub(super) fn request_of(
         http::Method::from_bytes(method.as_bytes()).map_err(|_| invalid("a method"))?;
     *request.uri_mut() = uri;
     *request.headers_mut() = headers;
-    // The transport writes an Upgrade for WebSocket handshakes only.
-    let upgrade = parsed.headers.iter().any(|f| f.name.eq_ignore_ascii_case("upgrade"));
-    if upgrade {
-        *request.method_mut() = http::Method::CONNECT;
-        let protocol = h2::ext::Protocol::from_static("websocket");
-        request.extensions_mut().insert(protocol);
-        framing = Framing::UntilClose;
-        websocket_key.get_or_insert_with(Box::default);
-    } else {
-        websocket_key = None;
-    }
-    Ok(Outgoing {
+    let outgoing = Outgoing {
         request,
         framing,
         websocket_key,
-    })
+    };
+    // The transport writes an Upgrade for WebSocket handshakes only.
+    let upgrade = parsed
+        .headers
+        .iter()
+        .any(|f| f.name.eq_ignore_ascii_case("upgrade"));
+    Ok(outgoing.upgraded(upgrade))
+}
+
+impl Outgoing {
+    /// A WebSocket handshake as an extended CONNECT (RFC 8441 §4), with
+    /// its key kept for the accept value; else no key.
+    fn upgraded(mut self, upgrade: bool) -> Outgoing {
+        if !upgrade {
+            self.websocket_key = None;
+            return self;
+        }
+        *self.request.method_mut() = http::Method::CONNECT;
+        let protocol = h2::ext::Protocol::from_static("websocket");
+        self.request.extensions_mut().insert(protocol);
+        self.framing = Framing::UntilClose;
+        self.websocket_key.get_or_insert_with(Box::default);
+        self
+    }
 }
 
 /// The request's URI. A target HTTP/1.1 lets through and a URI does not
@@ -253,7 +270,6 @@ pub(super) fn last_chunk(trailers: Option<&HeaderMap>) -> Bytes {
     out.freeze()
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,7 +278,9 @@ mod tests {
     fn an_http1_head_becomes_an_http2_request_without_its_connection_fields() {
         let head = b"POST /a?b=1 HTTP/1.1\r\nHost: app.test:8080\r\nConnection: keep-alive\r\n\
 Transfer-Encoding: chunked\r\nTE: gzip\r\nX-Forwarded-For: 1.2.3.4\r\nContent-Type: application/grpc\r\n\r\n";
-        let Outgoing { request, framing, .. } = request_of(head, &http::uri::Scheme::HTTP, true).unwrap();
+        let Outgoing {
+            request, framing, ..
+        } = request_of(head, &http::uri::Scheme::HTTP, true).unwrap();
         assert_eq!(request.uri(), "http://app.test:8080/a?b=1");
         assert_eq!(request.method(), http::Method::POST);
         let names: Vec<&str> = request.headers().keys().map(|n| n.as_str()).collect();
@@ -270,18 +288,24 @@ Transfer-Encoding: chunked\r\nTE: gzip\r\nX-Forwarded-For: 1.2.3.4\r\nContent-Ty
         assert_eq!(request.headers()["te"], "trailers");
         assert!(matches!(framing, Framing::Chunked(_)));
         let head = b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 7\r\n\r\n";
-        let Outgoing { request, framing, .. } = request_of(head, &http::uri::Scheme::HTTPS, false).unwrap();
+        let Outgoing {
+            request, framing, ..
+        } = request_of(head, &http::uri::Scheme::HTTPS, false).unwrap();
         assert_eq!(request.uri(), "https://a/");
         assert!(request.headers().get("te").is_none());
         assert!(matches!(framing, Framing::Length(7)));
         // More fields than the stack holds: parsed all the same.
         let many: String = (0..40).map(|i| format!("X-F{i}: {i}\r\n")).collect();
         let head = format!("GET / HTTP/1.1\r\nHost: a\r\n{many}\r\n");
-        let request = request_of(head.as_bytes(), &http::uri::Scheme::HTTP, false).unwrap().request;
+        let request = request_of(head.as_bytes(), &http::uri::Scheme::HTTP, false)
+            .unwrap()
+            .request;
         assert_eq!(request.headers().len(), 40);
         // Bytes a URI may not hold, percent-encoded.
         let head = b"GET /a?q=<b>`c`{d} HTTP/1.1\r\nHost: a\r\n\r\n";
-        let request = request_of(head, &http::uri::Scheme::HTTP, false).unwrap().request;
+        let request = request_of(head, &http::uri::Scheme::HTTP, false)
+            .unwrap()
+            .request;
         assert_eq!(request.uri(), "http://a/a?q=%3Cb%3E%60c%60%7Bd%7D");
         // No Host: no authority to give.
         assert!(request_of(b"GET / HTTP/1.1\r\n\r\n", &http::uri::Scheme::HTTP, false).is_err());
@@ -289,7 +313,8 @@ Transfer-Encoding: chunked\r\nTE: gzip\r\nX-Forwarded-For: 1.2.3.4\r\nContent-Ty
 
     #[test]
     fn a_websocket_upgrade_is_an_extended_connect_and_its_2xx_a_101() {
-        let head = b"GET /chat HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+        let head =
+            b"GET /chat HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
 Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
         let out = request_of(head, &http::uri::Scheme::HTTP, false).unwrap();
         assert_eq!(out.request.method(), http::Method::CONNECT);
@@ -298,14 +323,27 @@ Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n
         assert!(out.request.headers().get("sec-websocket-key").is_none());
         assert!(matches!(out.framing, Framing::UntilClose));
         let key = out.websocket_key.unwrap();
-        let ok = http::Response::builder().status(200).body(()).unwrap().into_parts().0;
+        let ok = http::Response::builder()
+            .status(200)
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0;
         let (head, form) = response_head(&ok, false, false, Some(&key));
         let head = String::from_utf8_lossy(&head).to_string();
         // RFC 6455's own example.
-        assert!(head.contains("sec-websocket-accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n"), "{head}");
+        assert!(
+            head.contains("sec-websocket-accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n"),
+            "{head}"
+        );
         assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
         assert_eq!(form, BodyForm::Raw);
-        let no = http::Response::builder().status(403).body(()).unwrap().into_parts().0;
+        let no = http::Response::builder()
+            .status(403)
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0;
         let (head, form) = response_head(&no, false, false, Some(&key));
         assert!(head.starts_with(b"HTTP/1.1 403 "));
         assert_eq!(form, BodyForm::Chunked);
@@ -323,4 +361,3 @@ Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n
         assert_eq!(&last_chunk(None)[..], b"0\r\n\r\n");
     }
 }
-

@@ -42,7 +42,6 @@ pub(crate) const MAX_PENDING: usize = 64 * 1024;
 const MAX_OUTPUT: usize = 64 * 1024;
 const MAX_PIECES: usize = 96;
 
-
 /// A request on an HTTP/2 connection (see the module documentation).
 pub(crate) struct ShardStream {
     /// The connection's handle, until the request is sent.
@@ -282,16 +281,12 @@ impl ShardStream {
                 self.data.pop_front();
                 continue;
             }
-            if send.capacity() == 0 {
-                send.reserve_capacity(front.len());
-                match send.poll_capacity(cx) {
-                    Poll::Pending => return Ok(()),
-                    Poll::Ready(Some(Ok(_))) => continue,
-                    Poll::Ready(Some(Err(e))) => return Err(self.fail_up(e)),
-                    Poll::Ready(None) => return Err(self.broken_up()),
-                }
-            }
-            let n = send.capacity().min(front.len());
+            let n = match poll_window(send, front.len(), cx) {
+                Poll::Pending => return Ok(()),
+                Poll::Ready(Ok(n)) => n,
+                Poll::Ready(Err(Some(e))) => return Err(self.fail_up(e)),
+                Poll::Ready(Err(None)) => return Err(self.broken_up()),
+            };
             if let Err(e) = send.send_data(front.split_to(n), false) {
                 return Err(self.fail_up(e));
             }
@@ -410,7 +405,10 @@ impl ShardStream {
         self.put(head);
         self.down = match form {
             BodyForm::None => Down::Done,
-            BodyForm::Chunked => Down::Body { recv, chunked: true },
+            BodyForm::Chunked => Down::Body {
+                recv,
+                chunked: true,
+            },
             BodyForm::Raw => Down::Body {
                 recv,
                 chunked: false,
@@ -423,6 +421,29 @@ impl ShardStream {
     pub(crate) fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let _ = self.drive(cx);
         self.poll_response(cx)
+    }
+}
+
+/// Waits until `send` may carry some of `want` bytes (its flow-control
+/// window, HTTP/2's backpressure): how many; or why not (`None`: the
+/// stream closed). The one way both sides of the gateway send DATA they
+/// hold no more of than they may.
+pub(crate) fn poll_window(
+    send: &mut SendStream<Bytes>,
+    want: usize,
+    cx: &mut Context<'_>,
+) -> Poll<Result<usize, Option<h2::Error>>> {
+    loop {
+        let have = send.capacity();
+        if have > 0 {
+            return Poll::Ready(Ok(have.min(want)));
+        }
+        send.reserve_capacity(want);
+        match std::task::ready!(send.poll_capacity(cx)) {
+            Some(Ok(_)) => {}
+            Some(Err(e)) => return Poll::Ready(Err(Some(e))),
+            None => return Poll::Ready(Err(None)),
+        }
     }
 }
 
