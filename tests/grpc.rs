@@ -10,6 +10,7 @@ use common::gateway_with_protocols as gateway;
 use common::*;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 const PEER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/grpc_peer.py");
@@ -22,9 +23,20 @@ struct GrpcShard {
 
 impl GrpcShard {
     fn start(name: &str) -> GrpcShard {
+        GrpcShard::serve(name, &[])
+    }
+
+    /// A shard over TLS with `dir/NAME.crt` and `dir/NAME.key`.
+    fn start_tls(name: &str, dir: &Path) -> GrpcShard {
+        let pem = |ext: &str| dir.join(format!("{name}.{ext}")).display().to_string();
+        GrpcShard::serve(name, &[pem("crt"), pem("key")])
+    }
+
+    fn serve(name: &str, tls: &[String]) -> GrpcShard {
         let port = free_port();
         let mut child = Command::new("python3")
             .args([PEER, "server", &port.to_string(), name])
+            .args(tls)
             .stdout(Stdio::piped())
             .spawn()
             .expect("python3 with grpcio (scripts/prereqs.sh installs it)");
@@ -38,6 +50,10 @@ impl GrpcShard {
     fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
+
+    fn tls_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
 }
 
 impl Drop for GrpcShard {
@@ -49,9 +65,16 @@ impl Drop for GrpcShard {
 
 /// One call of `case` through the gateway, as `authority`.
 fn call_as(gw: &Gateway, case: &str, authority: &str) -> Value {
-    let target = format!("127.0.0.1:{}", gw.port);
+    call_over(gw.port, case, authority, &[])
+}
+
+/// One call of `case` to `port`, as `authority`, over TLS trusting the
+/// CA `tls` names if it names one.
+fn call_over(port: u16, case: &str, authority: &str, tls: &[String]) -> Value {
+    let target = format!("127.0.0.1:{port}");
     let out = Command::new("python3")
         .args([PEER, "client", &target, case, authority])
+        .args(tls)
         .output()
         .expect("python3");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -67,7 +90,46 @@ fn call(gw: &Gateway, case: &str) -> Value {
 fn every_kind_of_grpc_call_passes_through_over_h2c() {
     let shard = GrpcShard::start("g1");
     let gw = gateway(&[("g1", shard.url(), "h2")], "");
-    let unary = call(&gw, "unary");
+    every_kind_passes(|case| call(&gw, case));
+}
+
+/// The same calls over TLS end to end: the client to a TLS listener (ALPN
+/// h2), the gateway to a shard that speaks gRPC over TLS only, trusting
+/// the CA of `server.ca_file`.
+#[test]
+fn every_kind_of_grpc_call_passes_through_over_tls() {
+    let dir = tempfile::tempdir().expect("dir");
+    let ca = dir.path().join("ca.pem");
+    let leaf = rcgen::generate_simple_self_signed(vec!["t.localhost".into(), "127.0.0.1".into()]);
+    let leaf = leaf.expect("certificate");
+    std::fs::write(&ca, leaf.cert.pem()).expect("ca");
+    let certs = dir.path().join("certs");
+    std::fs::create_dir(&certs).expect("certs");
+    for at in [&certs, dir.path()] {
+        std::fs::write(at.join("g1.crt"), leaf.cert.pem()).expect("crt");
+        std::fs::write(at.join("g1.key"), leaf.key_pair.serialize_pem()).expect("key");
+    }
+    let shard = GrpcShard::start_tls("g1", dir.path());
+    // The shard refuses a client that does not speak TLS.
+    let ca = ca.display().to_string();
+    let direct = call_over(shard.port, "unary", "t.localhost", &[]);
+    assert_eq!(direct["code"], "UNAVAILABLE", "{direct}");
+    let gw = Gateway::start(&format!(
+        "listen: [{{ addr: \"127.0.0.1:{{port}}\", tls: true }}]\n\
+         admin: {{ addr: \"127.0.0.1:{{admin}}\" }}\nstate: false\n\
+         tls: {{ certs: \"{}\" }}\nserver: {{ ca_file: \"{ca}\" }}\n\
+         shards: [{{ id: g1, url: \"{}\", protocol: h2 }}]\n\
+         domains: {{ fallback_suffix: .localhost }}\n",
+        certs.display(),
+        shard.tls_url(),
+    ));
+    let tls = [ca];
+    every_kind_passes(|case| call_over(gw.port, case, "t.localhost", &tls));
+}
+
+/// Every kind of call, made by `call`, gets through whole.
+fn every_kind_passes(call: impl Fn(&str) -> Value) {
+    let unary = call("unary");
     assert_eq!(unary["code"], "OK", "{unary}");
     assert_eq!(unary["reply"], "hello");
     // The shard's metadata both ways: initial (headers) and trailing
@@ -75,27 +137,27 @@ fn every_kind_of_grpc_call_passes_through_over_h2c() {
     assert_eq!(unary["initial"]["shard"], "g1", "{unary}");
     assert_eq!(unary["trailing"]["echo-trailer"], "t1", "{unary}");
     // The shard's status and message, as it sent them.
-    let failed = call(&gw, "fail:5 not here");
+    let failed = call("fail:5 not here");
     assert_eq!(
         (failed["code"].as_str(), failed["details"].as_str()),
         (Some("NOT_FOUND"), Some("not here"))
     );
-    let streamed = call(&gw, "server-stream");
+    let streamed = call("server-stream");
     assert_eq!(
         streamed["replies"],
         serde_json::json!(["0", "1", "2", "3", "4"])
     );
-    assert_eq!(call(&gw, "client-stream")["reply"], "a,b,c");
+    assert_eq!(call("client-stream")["reply"], "a,b,c");
     // Full duplex: each answer reached the client before its next request
     // went (the client sends it only then).
-    let bidi = call(&gw, "bidi");
+    let bidi = call("bidi");
     assert_eq!(
         bidi["replies"],
         serde_json::json!(["m0", "m1", "m2"]),
         "{bidi}"
     );
     // Many calls in flight on one client connection.
-    let many = call(&gw, "many:64");
+    let many = call("many:64");
     assert_eq!(many["ok"], 64, "{many}");
 }
 

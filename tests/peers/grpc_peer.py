@@ -4,11 +4,15 @@
 Messages are raw bytes (no protobuf): the methods of `test.Echo` are
 registered with a generic handler, and the client calls them by path.
 
-    grpc_peer.py server PORT NAME      serve until killed; prints "ready"
-    grpc_peer.py client TARGET CASE [AUTHORITY]
+    grpc_peer.py server PORT NAME [CERT KEY]
+                                       serve until killed (over TLS with
+                                       CERT and KEY, PEM files, if given);
+                                       prints "ready"
+    grpc_peer.py client TARGET CASE [AUTHORITY [CA]]
                                        one case against TARGET (host:port),
-                                       as AUTHORITY (t.localhost); prints
-                                       one JSON line
+                                       as AUTHORITY (t.localhost), over TLS
+                                       trusting CA (a PEM file) if given;
+                                       prints one JSON line
 
 The server's methods:
   Unary        echoes the request; initial metadata `shard: NAME`,
@@ -29,7 +33,7 @@ from concurrent import futures
 import grpc
 
 
-def server(port, name):
+def server(port, name, cert=None, key=None):
     def unary(request, context):
         context.send_initial_metadata((("shard", name),))
         sent = dict(context.invocation_metadata())
@@ -66,10 +70,19 @@ def server(port, name):
     }
     srv = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
     srv.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("test.Echo", handlers),))
-    srv.add_insecure_port(f"127.0.0.1:{port}")
+    if cert:
+        pair = (_read(key), _read(cert))
+        srv.add_secure_port(f"127.0.0.1:{port}", grpc.ssl_server_credentials((pair,)))
+    else:
+        srv.add_insecure_port(f"127.0.0.1:{port}")
     srv.start()
     print("ready", flush=True)
     srv.wait_for_termination()
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def _code(value):
@@ -79,10 +92,16 @@ def _code(value):
     raise ValueError(value)
 
 
-def client(target, case, authority="t.localhost"):
-    # The tenant comes from the authority (the Host of HTTP/2).
+def client(target, case, authority="t.localhost", ca=None):
+    # The tenant comes from the authority (the Host of HTTP/2); over TLS it
+    # is also the name sent (SNI) and checked against the certificate.
     options = (("grpc.default_authority", authority),)
-    channel = grpc.insecure_channel(target, options=options)
+    if ca:
+        options += (("grpc.ssl_target_name_override", authority),)
+        credentials = grpc.ssl_channel_credentials(root_certificates=_read(ca))
+        channel = grpc.secure_channel(target, credentials, options=options)
+    else:
+        channel = grpc.insecure_channel(target, options=options)
     path = lambda method: f"/test.Echo/{method}"
     out = {}
     try:
@@ -150,6 +169,6 @@ def client(target, case, authority="t.localhost"):
 
 if __name__ == "__main__":
     if sys.argv[1] == "server":
-        server(int(sys.argv[2]), sys.argv[3])
+        server(int(sys.argv[2]), *sys.argv[3:6])
     else:
-        client(*sys.argv[2:5])
+        client(*sys.argv[2:6])
