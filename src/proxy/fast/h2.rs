@@ -24,7 +24,9 @@ impl FastPath {
     /// Serves one HTTP/2 stream.
     pub async fn serve_h2(&self, mut stream: Box<H2Stream>) -> Served {
         if super::websocket_h2::is_websocket(&stream) {
-            return self.serve_h2_websocket(stream).await;
+            // Boxed: a tunnel's future is three times a request's, and
+            // every stream's future (boxed when taken) would be as large.
+            return Box::pin(self.serve_h2_websocket(stream)).await;
         }
         stream.set_write_timeout(Some(self.send_timeout));
         let gw = &self.gateway;

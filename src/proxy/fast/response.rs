@@ -162,7 +162,10 @@ pub(super) fn h2_response_head(
         edit.apply(&mut head).map_err(|_| ())?;
     }
     if let Some((name, value)) = id {
-        // Over the shard's and the edit's.
+        // Over the shard's and the edit's; never indexed (HPACK), being
+        // new with each response (as an HTTP/2 shard is sent it).
+        let mut value = http::HeaderValue::from_str(value).map_err(|_| ())?;
+        value.set_sensitive(true);
         head.insert_header(name.clone(), value).map_err(|_| ())?;
     }
     Ok(head)

@@ -8,7 +8,7 @@ use crate::control::ShardPeer;
 use crate::proxy::hooks::UpstreamFailure;
 use crate::proxy::pipeline::failure::AttemptFailure;
 use crate::proxy::upstream::conn::{Conn, UpstreamKey};
-use crate::proxy::upstream::h2::Opened;
+use crate::proxy::upstream::h2::{FieldRules, Opened};
 use crate::routing::ShardProtocol;
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
@@ -79,7 +79,11 @@ impl FastPath {
             ShardProtocol::Http1 => false,
         };
         if h2 {
-            match self.h2.open(peer, &self.tls, request.te_trailers).await? {
+            let rules = FieldRules {
+                te_trailers: request.te_trailers,
+                request_id: self.gateway.control().config.request_id.header.clone(),
+            };
+            match self.h2.open(peer, &self.tls, rules).await? {
                 Opened::Stream(stream, reused) => {
                     let conn = Conn::H2(stream);
                     return Ok(Connection { conn, reused });

@@ -19,6 +19,7 @@
 //! (one at a time), CONTINUATION floods.
 
 use super::conn::{Alpn, Conn, UpstreamTls};
+pub(crate) use super::h2_message::FieldRules;
 use super::h2_stream::ShardStream;
 use crate::control::{ShardPeer, UpstreamKey};
 use crate::proxy::hooks::UpstreamFailure;
@@ -158,13 +159,13 @@ impl H2Pool {
     }
 
     /// A stream to `peer` (an `h2` or `auto` shard), on a pooled
-    /// connection with room or a new one; `te_trailers`: the client
-    /// accepts trailers.
+    /// connection with room or a new one, its request's fields sent by
+    /// `rules`.
     pub(crate) async fn open(
         &self,
         peer: &ShardPeer,
         tls: &UpstreamTls,
-        te_trailers: bool,
+        rules: FieldRules,
     ) -> Result<Opened, AttemptFailure> {
         let connect_failed = AttemptFailure::Shard(UpstreamFailure::Connect);
         let auto = peer.protocol == ShardProtocol::Auto;
@@ -175,7 +176,7 @@ impl H2Pool {
                 conn.send.clone(),
                 slot,
                 tls,
-                te_trailers,
+                rules.clone(),
             )))
         };
         let deadline = tokio::time::Instant::now() + self.connect_timeout;

@@ -27,6 +27,25 @@ pub(super) const CONNECTION_SPECIFIC: [&str; 7] = [
     "host",
 ];
 
+/// How a request's fields go to an HTTP/2 shard.
+#[derive(Clone, Debug)]
+pub(crate) struct FieldRules {
+    /// The client accepts trailers: `te: trailers` is sent.
+    pub te_trailers: bool,
+    /// The gateway's request-ID field. Its value, new with each request
+    /// (as `traceparent`'s), is sent never indexed (RFC 7541 §6.2.3): in
+    /// the compression table the connection's requests share, it would
+    /// only push out what repeats, and lengthen every lookup.
+    pub request_id: HeaderName,
+}
+
+impl FieldRules {
+    /// Whether a value of `name` is new with each request.
+    fn unique(&self, name: &HeaderName) -> bool {
+        *name == self.request_id || name == "traceparent"
+    }
+}
+
 /// The GUID of a WebSocket handshake's accept value (RFC 6455 §1.3).
 const WEBSOCKET_GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 
@@ -41,11 +60,11 @@ pub(super) struct Outgoing {
 }
 
 /// The HTTP/2 request of an HTTP/1.1 head the fast transport wrote, and
-/// its body's framing.
+/// its body's framing. Field values are slices of `head` (not copies).
 pub(super) fn request_of(
-    head: &[u8],
+    head: &Bytes,
     scheme: &http::uri::Scheme,
-    te_trailers: bool,
+    rules: &FieldRules,
 ) -> io::Result<Outgoing> {
     let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
     // Most heads fit on the stack; a longer one is parsed again.
@@ -91,10 +110,12 @@ pub(super) fn request_of(
             continue;
         }
         let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| invalid("a field name"))?;
-        let value = HeaderValue::from_bytes(field.value).map_err(|_| invalid("a field value"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice_ref(field.value));
+        let mut value = value.map_err(|_| invalid("a field value"))?;
+        value.set_sensitive(rules.unique(&name));
         headers.append(name, value);
     }
-    if te_trailers {
+    if rules.te_trailers {
         headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
     }
     let authority = authority.ok_or_else(|| invalid("no Host"))?;
@@ -274,13 +295,25 @@ pub(super) fn last_chunk(trailers: Option<&HeaderMap>) -> Bytes {
 mod tests {
     use super::*;
 
+    fn rules(te_trailers: bool) -> FieldRules {
+        FieldRules {
+            te_trailers,
+            request_id: HeaderName::from_static("x-request-id"),
+        }
+    }
+
     #[test]
     fn an_http1_head_becomes_an_http2_request_without_its_connection_fields() {
         let head = b"POST /a?b=1 HTTP/1.1\r\nHost: app.test:8080\r\nConnection: keep-alive\r\n\
 Transfer-Encoding: chunked\r\nTE: gzip\r\nX-Forwarded-For: 1.2.3.4\r\nContent-Type: application/grpc\r\n\r\n";
         let Outgoing {
             request, framing, ..
-        } = request_of(head, &http::uri::Scheme::HTTP, true).unwrap();
+        } = request_of(
+            &Bytes::from_static(head),
+            &http::uri::Scheme::HTTP,
+            &rules(true),
+        )
+        .unwrap();
         assert_eq!(request.uri(), "http://app.test:8080/a?b=1");
         assert_eq!(request.method(), http::Method::POST);
         let names: Vec<&str> = request.headers().keys().map(|n| n.as_str()).collect();
@@ -290,25 +323,50 @@ Transfer-Encoding: chunked\r\nTE: gzip\r\nX-Forwarded-For: 1.2.3.4\r\nContent-Ty
         let head = b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 7\r\n\r\n";
         let Outgoing {
             request, framing, ..
-        } = request_of(head, &http::uri::Scheme::HTTPS, false).unwrap();
+        } = request_of(
+            &Bytes::from_static(head),
+            &http::uri::Scheme::HTTPS,
+            &rules(false),
+        )
+        .unwrap();
         assert_eq!(request.uri(), "https://a/");
         assert!(request.headers().get("te").is_none());
         assert!(matches!(framing, Framing::Length(7)));
         // More fields than the stack holds: parsed all the same.
         let many: String = (0..40).map(|i| format!("X-F{i}: {i}\r\n")).collect();
         let head = format!("GET / HTTP/1.1\r\nHost: a\r\n{many}\r\n");
-        let request = request_of(head.as_bytes(), &http::uri::Scheme::HTTP, false)
+        let request = request_of(&Bytes::from(head), &http::uri::Scheme::HTTP, &rules(false))
             .unwrap()
             .request;
         assert_eq!(request.headers().len(), 40);
         // Bytes a URI may not hold, percent-encoded.
         let head = b"GET /a?q=<b>`c`{d} HTTP/1.1\r\nHost: a\r\n\r\n";
-        let request = request_of(head, &http::uri::Scheme::HTTP, false)
-            .unwrap()
-            .request;
+        let request = request_of(
+            &Bytes::from_static(head),
+            &http::uri::Scheme::HTTP,
+            &rules(false),
+        )
+        .unwrap()
+        .request;
         assert_eq!(request.uri(), "http://a/a?q=%3Cb%3E%60c%60%7Bd%7D");
+        // A value new with each request is never indexed; others may be.
+        let head = b"GET / HTTP/1.1\r\nHost: a\r\nX-Request-Id: 7\r\ntraceparent: 00-1\r\nAccept: */*\r\n\r\n";
+        let request = request_of(
+            &Bytes::from_static(head),
+            &http::uri::Scheme::HTTP,
+            &rules(false),
+        )
+        .unwrap()
+        .request;
+        let sensitive = |name: &str| request.headers()[name].is_sensitive();
+        assert!(sensitive("x-request-id") && sensitive("traceparent") && !sensitive("accept"));
         // No Host: no authority to give.
-        assert!(request_of(b"GET / HTTP/1.1\r\n\r\n", &http::uri::Scheme::HTTP, false).is_err());
+        assert!(request_of(
+            &Bytes::from_static(b"GET / HTTP/1.1\r\n\r\n"),
+            &http::uri::Scheme::HTTP,
+            &rules(false)
+        )
+        .is_err());
     }
 
     #[test]
@@ -316,7 +374,12 @@ Transfer-Encoding: chunked\r\nTE: gzip\r\nX-Forwarded-For: 1.2.3.4\r\nContent-Ty
         let head =
             b"GET /chat HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
 Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
-        let out = request_of(head, &http::uri::Scheme::HTTP, false).unwrap();
+        let out = request_of(
+            &Bytes::from_static(head),
+            &http::uri::Scheme::HTTP,
+            &rules(false),
+        )
+        .unwrap();
         assert_eq!(out.request.method(), http::Method::CONNECT);
         let protocol = out.request.extensions().get::<h2::ext::Protocol>();
         assert_eq!(protocol.map(|p| p.as_str()), Some("websocket"));

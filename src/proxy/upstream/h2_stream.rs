@@ -19,7 +19,9 @@
 //! on for the other streams.
 
 use super::h2::Slot;
-use super::h2_message::{last_chunk, request_of, response_head, trailers_of, BodyForm, Outgoing};
+use super::h2_message::{
+    last_chunk, request_of, response_head, trailers_of, BodyForm, FieldRules, Outgoing,
+};
 use crate::proxy::pipeline::failure::AttemptFailure;
 use crate::proxy::pipeline::framing::{Framing, Part};
 use crate::proxy::pipeline::message::HeadEnd;
@@ -49,8 +51,7 @@ pub(crate) struct ShardStream {
     /// Its place among the connection's streams, given back on drop.
     slot: Slot,
     scheme: http::uri::Scheme,
-    /// The client accepts trailers: `te: trailers` is sent.
-    te_trailers: bool,
+    rules: FieldRules,
     /// HTTP/1.1 request bytes not yet turned into HTTP/2.
     input: BytesMut,
     head_end: HeadEnd,
@@ -95,7 +96,7 @@ impl ShardStream {
         send_request: SendRequest<Bytes>,
         slot: Slot,
         tls: bool,
-        te_trailers: bool,
+        rules: FieldRules,
     ) -> ShardStream {
         ShardStream {
             send_request: Some(send_request),
@@ -104,7 +105,7 @@ impl ShardStream {
                 true => http::uri::Scheme::HTTPS,
                 false => http::uri::Scheme::HTTP,
             },
-            te_trailers,
+            rules,
             input: BytesMut::new(),
             head_end: HeadEnd::default(),
             up: Up::Head,
@@ -199,12 +200,12 @@ impl ShardStream {
                     let Some(end) = self.head_end.find(&self.input) else {
                         return Ok(());
                     };
-                    let head = self.input.split_to(end);
+                    let head = self.input.split_to(end).freeze();
                     let Outgoing {
                         request,
                         framing,
                         websocket_key,
-                    } = match request_of(&head, &self.scheme, self.te_trailers) {
+                    } = match request_of(&head, &self.scheme, &self.rules) {
                         Ok(outgoing) => outgoing,
                         Err(e) => return Err(self.unconvertible(e)),
                     };
