@@ -12,7 +12,7 @@ export RUSTC_BOOTSTRAP=1
 cargo fuzz build -O
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-for target in domain config request upstream; do
+for target in domain config request upstream proxy_header; do
   echo "fuzzing $target for ${seconds}s"
   if ! cargo fuzz run -O "$target" -- -max_total_time="$seconds" >"$log" 2>&1; then
     tail -n 40 "$log" >&2

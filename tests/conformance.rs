@@ -308,12 +308,7 @@ fn a_client_that_leaves_a_tls_listener_frees_its_admission() {
         "",
     );
     let gw = Gateway::start(&yaml);
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(cert.cert.der().clone()).expect("root");
-    let client = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client));
+    let connector = connector_trusting(&cert);
     let port = gw.port;
     let stream = runtime().block_on(async move {
         use tokio::io::AsyncWriteExt;

@@ -4,6 +4,7 @@
 //! and every error names the field (and, where the YAML parser knows it,
 //! the line and column).
 
+mod cidr;
 mod locate;
 mod raw;
 mod validate;
@@ -18,6 +19,7 @@ use std::time::Duration;
 
 pub use crate::access_log::{AccessFormat, LogConfig};
 pub use crate::trace::TracingConfig;
+pub use cidr::Cidr;
 pub use validate::{parse_shard_url, shard_protocol};
 
 /// The validated configuration.
@@ -242,6 +244,9 @@ pub struct Listener {
     pub tls: ListenerTls,
     /// A plain listener answering 308 to `https` (ACME challenges aside).
     pub redirect_https: bool,
+    /// `proxy_protocol`: each connection opens with a PROXY header, taken
+    /// only from peers in these blocks (`proxy_protocol_from`).
+    pub proxy_protocol: Option<Vec<Cidr>>,
 }
 
 /// What a listener does with TLS.

@@ -137,6 +137,9 @@ pub struct RawListen {
     pub tls: Option<RawListenTls>,
     #[serde(default)]
     pub redirect_https: bool,
+    #[serde(default)]
+    pub proxy_protocol: bool,
+    pub proxy_protocol_from: Option<Vec<String>>,
 }
 
 /// `listen[].tls`: `true` (the `tls` section) or the old `{cert, key}`.

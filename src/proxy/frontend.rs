@@ -14,7 +14,7 @@ use super::pipeline::answer::Refusal;
 use super::pipeline::edge::{edge_answer, EdgeAnswer};
 use super::pipeline::framing::Framing;
 use super::Gateway;
-use crate::tls::{Edge, Roles};
+use crate::tls::{Edge, Role, Roles};
 use bytes::BytesMut;
 use pingora::apps::{HttpServerApp, ServerApp};
 use pingora::protocols::http::ServerSession;
@@ -104,6 +104,22 @@ impl<A> Frontend<A> {
         }
     }
 
+    /// The connection, its client named by the PROXY header that opens
+    /// it on a listener taking them (DESIGN §10); `None`: closed.
+    async fn proxied(&self, stream: Stream, role: Option<&Role>) -> Option<Stream> {
+        let Some(from) = role.and_then(|r| r.proxy_from.as_deref()) else {
+            return Some(stream);
+        };
+        let deadline = self.limits.header_timeout;
+        match super::proxy_protocol::accept(stream, from, deadline).await {
+            Ok(stream) => Some(stream),
+            Err(refused) => {
+                log::debug!("PROXY protocol: connection closed: {refused:?}");
+                None
+            }
+        }
+    }
+
     /// [`Frontend::log`] for an HTTP/1 head answered on `stream`: its
     /// request line if readable, else `-`.
     fn log_head(&self, ctx: &mut RequestCtx, stream: &Stream, head: &[u8], status: u16) {
@@ -171,6 +187,7 @@ where
             },
             None => None,
         };
+        let stream = self.proxied(stream, role.as_ref()).await?;
         let stream = match role.as_ref().and_then(|r| r.tls.as_ref()) {
             // Boxed, as the other large futures below: this one's state
             // would otherwise sit in every connection's, silent ones too.

@@ -29,6 +29,7 @@ pub mod head;
 pub mod listener;
 mod pingora;
 pub mod pipeline;
+pub mod proxy_protocol;
 pub(crate) mod upstream;
 pub mod wrap;
 

@@ -114,6 +114,8 @@ pub struct Role {
     /// 308 to `https` (on this port, if not 443) for all but ACME
     /// challenges.
     pub redirect_https: Option<u16>,
+    /// Each connection opens with a PROXY header, from a peer in these.
+    pub proxy_from: Option<Arc<[crate::config::Cidr]>>,
 }
 
 /// The roles of all listeners, found by the address a connection came in on.
@@ -160,17 +162,18 @@ impl Roles {
                 Some(resolver) => Some(Arc::new(Handshake::new(&edge.config, resolver, failures)?)),
             };
             let redirect_https = l.redirect_https.then_some(https_port);
+            let proxy_from = l.proxy_protocol.as_deref().map(Arc::from);
             by_addr.push((
                 l.addr,
                 Role {
                     tls,
                     redirect_https,
+                    proxy_from,
                 },
             ));
         }
-        let all_plain = by_addr
-            .iter()
-            .all(|(_, r)| r.tls.is_none() && r.redirect_https.is_none());
+        let all_plain = (by_addr.iter())
+            .all(|(_, r)| r.tls.is_none() && r.redirect_https.is_none() && r.proxy_from.is_none());
         Ok(Roles { by_addr, all_plain })
     }
 

@@ -413,6 +413,17 @@ pub fn self_signed_files(
     (cert, crt, key)
 }
 
+/// A TLS client trusting `cert` alone (as [`self_signed_files`] made it).
+pub fn connector_trusting(cert: &rcgen::CertifiedKey) -> tokio_rustls::TlsConnector {
+    use tokio_rustls::rustls;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.cert.der().clone()).expect("root");
+    let client = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(client))
+}
+
 /// An HTTPS backend with a fresh self-signed certificate for 127.0.0.1;
 /// `ca_pem` is the certificate to trust.
 pub struct TlsBackend {

@@ -3,7 +3,7 @@
 
 use super::{socket_addr, Checker};
 use crate::config::raw::{RawListen, RawListenTls, RawServer};
-use crate::config::{Listener, ListenerTls, Scheme, ServerSettings};
+use crate::config::{Cidr, Listener, ListenerTls, Scheme, ServerSettings};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -74,13 +74,53 @@ pub(super) fn check_listen(c: &mut Checker<'_>, listen: Vec<RawListen>) -> Vec<L
                 "a TLS listener cannot redirect to https: it is https",
             );
         }
+        let proxy_protocol = check_proxy_protocol(c, i, l.proxy_protocol, l.proxy_protocol_from);
         out.push(Listener {
             addr,
             tls,
             redirect_https: l.redirect_https,
+            proxy_protocol,
         });
     }
     out
+}
+
+/// `listen[i].proxy_protocol` and the peers it is taken from, which it
+/// requires (a header from anyone would let anyone name any address).
+fn check_proxy_protocol(
+    c: &mut Checker<'_>,
+    i: usize,
+    on: bool,
+    from: Option<Vec<String>>,
+) -> Option<Vec<Cidr>> {
+    let field = format!("listen[{i}].proxy_protocol_from");
+    match (on, from) {
+        (false, None) => None,
+        (false, Some(_)) => {
+            c.error(field, "set without `proxy_protocol: true`");
+            None
+        }
+        (true, None) => {
+            c.error(
+                field,
+                "required with `proxy_protocol`: the balancers' addresses (e.g. [10.0.0.0/8])",
+            );
+            None
+        }
+        (true, Some(blocks)) => {
+            if blocks.is_empty() {
+                c.error(&field, "at least one address block");
+            }
+            let mut out = Vec::new();
+            for (j, block) in blocks.iter().enumerate() {
+                match Cidr::parse(block) {
+                    Ok(cidr) => out.push(cidr),
+                    Err(e) => c.error(format!("{field}[{j}]"), e),
+                }
+            }
+            Some(out)
+        }
+    }
 }
 
 /// `public_protocol`: the scheme clients used in front of shardgate, when a

@@ -295,6 +295,14 @@ pub(super) fn last_chunk(trailers: Option<&HeaderMap>) -> Bytes {
 mod tests {
     use super::*;
 
+    /// The plain-HTTP request of `head`, the client not accepting trailers.
+    fn plain(head: &'static [u8]) -> Request<()> {
+        let head = Bytes::from_static(head);
+        request_of(&head, &http::uri::Scheme::HTTP, &rules(false))
+            .unwrap()
+            .request
+    }
+
     fn rules(te_trailers: bool) -> FieldRules {
         FieldRules {
             te_trailers,
@@ -341,23 +349,11 @@ Transfer-Encoding: chunked\r\nTE: gzip\r\nX-Forwarded-For: 1.2.3.4\r\nContent-Ty
         assert_eq!(request.headers().len(), 40);
         // Bytes a URI may not hold, percent-encoded.
         let head = b"GET /a?q=<b>`c`{d} HTTP/1.1\r\nHost: a\r\n\r\n";
-        let request = request_of(
-            &Bytes::from_static(head),
-            &http::uri::Scheme::HTTP,
-            &rules(false),
-        )
-        .unwrap()
-        .request;
+        let request = plain(head);
         assert_eq!(request.uri(), "http://a/a?q=%3Cb%3E%60c%60%7Bd%7D");
         // A value new with each request is never indexed; others may be.
         let head = b"GET / HTTP/1.1\r\nHost: a\r\nX-Request-Id: 7\r\ntraceparent: 00-1\r\nAccept: */*\r\n\r\n";
-        let request = request_of(
-            &Bytes::from_static(head),
-            &http::uri::Scheme::HTTP,
-            &rules(false),
-        )
-        .unwrap()
-        .request;
+        let request = plain(head);
         let sensitive = |name: &str| request.headers()[name].is_sensitive();
         assert!(sensitive("x-request-id") && sensitive("traceparent") && !sensitive("accept"));
         // No Host: no authority to give.

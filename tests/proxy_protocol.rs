@@ -1,0 +1,248 @@
+//! The PROXY protocol on listeners (DESIGN §10): the client a balancer's
+//! header names is the client everywhere (here: the forwarding fields the
+//! shard gets), over plain HTTP/1.1, TLS and HTTP/2; refused peers, a
+//! missing, malformed or slow header close the connection. (scripts/test.sh
+//! runs these on both transports.)
+
+mod common;
+
+use common::*;
+use std::io::{BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// A gateway whose plain listener takes PROXY headers from `from`.
+fn behind_balancer(backend: &Backend, from: &str, extra: &str) -> Gateway {
+    let head = format!(
+        "listen: [{{ addr: \"127.0.0.1:{{port}}\", proxy_protocol: true, proxy_protocol_from: [{from}] }}]\n\
+         admin: {{ addr: \"127.0.0.1:{{admin}}\" }}\nstate: false\n"
+    );
+    Gateway::start(&config_yaml(&head, &[("a", backend.url())], extra))
+}
+
+const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: t.localhost\r\nConnection: close\r\n\r\n";
+
+/// A v2 header (`command` 1: PROXY, 0: LOCAL) for TCP over IPv4.
+fn v2(command: u8, source: [u8; 4], port: u16) -> Vec<u8> {
+    let mut h = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+    h.extend_from_slice(&[0x20 | command, 0x11, 0, 12]);
+    h.extend_from_slice(&source);
+    h.extend_from_slice(&[127, 0, 0, 1]);
+    h.extend_from_slice(&port.to_be_bytes());
+    h.extend_from_slice(&443u16.to_be_bytes());
+    h
+}
+
+/// The last request's `X-Forwarded-For` at `backend`.
+fn forwarded_for(backend: &Backend) -> String {
+    let seen = backend.requests();
+    let last = seen.last().expect("a request reached the shard");
+    last.header("x-forwarded-for")
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Whether the gateway closes a connection that sent `bytes`, without an
+/// answer, within `within`.
+fn closed_unanswered(port: u16, bytes: &[u8], within: Duration) -> bool {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream.set_read_timeout(Some(within)).ok();
+    let _ = stream.write_all(bytes);
+    let mut answer = Vec::new();
+    // Closed with the request unread, the socket may be reset instead.
+    match stream.read_to_end(&mut answer) {
+        Ok(_) => answer.is_empty(),
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset && answer.is_empty(),
+    }
+}
+
+#[test]
+fn the_client_a_header_names_is_the_client() {
+    let backend = Backend::start("a");
+    let gw = behind_balancer(&backend, "127.0.0.0/8", "");
+    let v1 = [
+        b"PROXY TCP4 203.0.113.7 127.0.0.1 5555 80\r\n".as_slice(),
+        GET,
+    ]
+    .concat();
+    assert_eq!(send_raw(gw.port, &v1).status, 200);
+    assert_eq!(forwarded_for(&backend), "203.0.113.7");
+    let v1 = [b"PROXY TCP6 2001:db8::7 ::1 5555 80\r\n".as_slice(), GET].concat();
+    assert_eq!(send_raw(gw.port, &v1).status, 200);
+    assert_eq!(forwarded_for(&backend), "2001:db8::7");
+    // v2, the request in the same write as the header.
+    let v2_request = [v2(1, [198, 51, 100, 9], 4000).as_slice(), GET].concat();
+    assert_eq!(send_raw(gw.port, &v2_request).status, 200);
+    assert_eq!(forwarded_for(&backend), "198.51.100.9");
+    // LOCAL (the balancer's health check) and UNKNOWN keep the peer's.
+    let local = [v2(0, [198, 51, 100, 9], 4000).as_slice(), GET].concat();
+    assert_eq!(send_raw(gw.port, &local).status, 200);
+    assert_eq!(forwarded_for(&backend), "127.0.0.1");
+    let unknown = [b"PROXY UNKNOWN\r\n".as_slice(), GET].concat();
+    assert_eq!(send_raw(gw.port, &unknown).status, 200);
+    assert_eq!(forwarded_for(&backend), "127.0.0.1");
+    // The header comes once: a keep-alive connection's next request is a
+    // request, the same client's.
+    let mut stream = TcpStream::connect(("127.0.0.1", gw.port)).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let keep = b"GET / HTTP/1.1\r\nHost: t.localhost\r\n\r\n";
+    let first = [b"PROXY TCP4 192.0.2.1 127.0.0.1 1 80\r\n".as_slice(), keep].concat();
+    stream.write_all(&first).expect("write");
+    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+    assert_eq!(read_response(&mut reader).expect("first").status, 200);
+    stream.write_all(keep).expect("write");
+    assert_eq!(read_response(&mut reader).expect("second").status, 200);
+    assert_eq!(forwarded_for(&backend), "192.0.2.1");
+    assert_eq!(backend.count(), 7);
+}
+
+#[test]
+fn no_header_a_bad_one_or_a_peer_not_allowed_is_closed() {
+    let backend = Backend::start("a");
+    let gw = behind_balancer(
+        &backend,
+        "127.0.0.0/8",
+        "limits: { header_timeout_ms: 500 }\n",
+    );
+    let second = Duration::from_secs(5);
+    assert!(closed_unanswered(gw.port, GET, second), "no header");
+    let bad = [b"PROXY TCP4 999.1.1.1 127.0.0.1 1 80\r\n".as_slice(), GET].concat();
+    assert!(
+        closed_unanswered(gw.port, &bad, second),
+        "a malformed header"
+    );
+    // Half a header, then nothing: closed at the head's deadline.
+    let began = Instant::now();
+    assert!(
+        closed_unanswered(gw.port, b"PROXY TCP4 203.0", second),
+        "a slow header"
+    );
+    assert!(
+        began.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        began.elapsed()
+    );
+    assert_eq!(backend.count(), 0);
+    // A header from a peer the listener does not take them from.
+    let gw = behind_balancer(&backend, "10.0.0.0/8, \"fd00::/8\"", "");
+    let v1 = [
+        b"PROXY TCP4 203.0.113.7 127.0.0.1 5555 80\r\n".as_slice(),
+        GET,
+    ]
+    .concat();
+    assert!(
+        closed_unanswered(gw.port, &v1, second),
+        "a peer not allowed"
+    );
+    assert_eq!(backend.count(), 0);
+}
+
+#[test]
+fn a_listener_taking_headers_must_say_from_whom() {
+    let dir = tempfile::tempdir().expect("dir");
+    let conf = dir.path().join("shardgate.yaml");
+    let check = |listen: &str| {
+        let yaml = format!(
+            "listen: [{{ addr: \"127.0.0.1:8080\", {listen} }}]\nshards: [{{ id: a, url: \"http://127.0.0.1:9\" }}]\ndomains: {{ fallback_suffix: .localhost }}\n"
+        );
+        std::fs::write(&conf, yaml).expect("conf");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_shardgate"))
+            .args(["-t", "-c"])
+            .arg(&conf)
+            .output()
+            .expect("run");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, err) = check("proxy_protocol: true");
+    assert!(
+        !ok && err.contains("listen[0].proxy_protocol_from"),
+        "{err}"
+    );
+    let (ok, err) = check("proxy_protocol_from: [10.0.0.0/8]");
+    assert!(
+        !ok && err.contains("listen[0].proxy_protocol_from"),
+        "{err}"
+    );
+    let (ok, err) = check("proxy_protocol: true, proxy_protocol_from: [10.0.0.0/33]");
+    assert!(
+        !ok && err.contains("listen[0].proxy_protocol_from[0]"),
+        "{err}"
+    );
+    let (ok, err) = check("proxy_protocol: true, proxy_protocol_from: [10.0.0.0/8]");
+    assert!(ok, "{err}");
+}
+
+/// The header comes before the TLS handshake; the client it names is
+/// the one behind TLS.
+#[test]
+fn a_tls_listener_reads_the_header_before_the_handshake() {
+    use tokio_rustls::rustls;
+    let backend = Backend::start("a");
+    let dir = tempfile::tempdir().expect("dir");
+    let (cert, crt, key) = self_signed_files(dir.path());
+    let head = format!(
+        "listen: [{{ addr: \"127.0.0.1:{{port}}\", tls: {{ cert: \"{}\", key: \"{}\" }}, \
+         proxy_protocol: true, proxy_protocol_from: [127.0.0.1] }}]\n\
+         admin: {{ addr: \"127.0.0.1:{{admin}}\" }}\nstate: false\n",
+        crt.display(),
+        key.display()
+    );
+    let gw = Gateway::start(&config_yaml(&head, &[("a", backend.url())], ""));
+    let connector = connector_trusting(&cert);
+    let port = gw.port;
+    let answer = runtime().block_on(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        tcp.write_all(&v2(1, [198, 51, 100, 20], 4000))
+            .await
+            .expect("header");
+        let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+        let mut tls = connector.connect(name, tcp).await.expect("handshake");
+        tls.write_all(GET).await.expect("write");
+        let mut answer = Vec::new();
+        let _ = tls.read_to_end(&mut answer).await;
+        String::from_utf8_lossy(&answer).to_string()
+    });
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(forwarded_for(&backend), "198.51.100.20");
+}
+
+/// HTTP/2 with prior knowledge after the header: every stream's client is
+/// the one the header names.
+#[test]
+fn http2_streams_after_the_header_are_its_clients() {
+    let backend = Backend::start("a");
+    let gw = behind_balancer(&backend, "127.0.0.0/8", "");
+    let port = gw.port;
+    let statuses = runtime().block_on(async move {
+        use tokio::io::AsyncWriteExt;
+        let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        let header = b"PROXY TCP4 203.0.113.44 127.0.0.1 5555 80\r\n";
+        tcp.write_all(header).await.expect("header");
+        let (send, conn) = h2::client::handshake(tcp).await.expect("handshake");
+        tokio::spawn(conn);
+        let mut statuses = Vec::new();
+        for _ in 0..2 {
+            let request = http::Request::get("http://t.localhost/")
+                .body(())
+                .expect("request");
+            let mut send = send.clone().ready().await.expect("ready");
+            let (response, _) = send.send_request(request, true).expect("send");
+            statuses.push(response.await.expect("response").status().as_u16());
+        }
+        statuses
+    });
+    assert_eq!(statuses, [200, 200]);
+    let seen = backend.requests();
+    assert_eq!(seen.len(), 2);
+    for request in &seen {
+        assert_eq!(request.header("x-forwarded-for"), Some("203.0.113.44"));
+    }
+}
