@@ -9,7 +9,10 @@ mod common;
 use common::*;
 use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// A gateway whose plain listener takes PROXY headers from `from`.
 fn behind_balancer(backend: &Backend, from: &str, extra: &str) -> Gateway {
@@ -31,6 +34,81 @@ fn v2(command: u8, source: [u8; 4], port: u16) -> Vec<u8> {
     h.extend_from_slice(&port.to_be_bytes());
     h.extend_from_slice(&443u16.to_be_bytes());
     h
+}
+
+/// A client connection whose first write carries a PROXY header in front
+/// of the protocol's first bytes (a TLS ClientHello, the HTTP/2 preface),
+/// as a balancer sends them: in one segment, read by the gateway at once.
+struct Prefixed {
+    tcp: tokio::net::TcpStream,
+    /// Bytes taken from a write (the header and that write's), not yet
+    /// sent; the header, until the first write.
+    pending: Vec<u8>,
+    header: Option<Vec<u8>>,
+}
+
+impl Prefixed {
+    async fn connect(port: u16, header: &[u8]) -> Prefixed {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        let header = Some(header.to_vec());
+        Prefixed {
+            tcp,
+            pending: Vec::new(),
+            header,
+        }
+    }
+
+    /// Sends what is pending.
+    fn poll_pending(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        while !self.pending.is_empty() {
+            let n = ready!(Pin::new(&mut self.tcp).poll_write(cx, &self.pending))?;
+            self.pending.drain(..n);
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncRead for Prefixed {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Prefixed {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = &mut *self;
+        if let Some(mut header) = this.header.take() {
+            // Taken whole: sent with the header, now or at the next flush.
+            header.extend_from_slice(buf);
+            this.pending = header;
+            return match this.poll_pending(cx) {
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                _ => Poll::Ready(Ok(buf.len())),
+            };
+        }
+        ready!(this.poll_pending(cx))?;
+        Pin::new(&mut this.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        ready!(self.poll_pending(cx))?;
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        ready!(self.poll_pending(cx))?;
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
 }
 
 /// The last request's `X-Forwarded-For` at `backend`.
@@ -175,8 +253,8 @@ fn a_listener_taking_headers_must_say_from_whom() {
     assert!(ok, "{err}");
 }
 
-/// The header comes before the TLS handshake; the client it names is
-/// the one behind TLS.
+/// The header comes before the TLS handshake (in the ClientHello's
+/// segment); the client it names is the one behind TLS.
 #[test]
 fn a_tls_listener_reads_the_header_before_the_handshake() {
     use tokio_rustls::rustls;
@@ -195,12 +273,7 @@ fn a_tls_listener_reads_the_header_before_the_handshake() {
     let port = gw.port;
     let answer = runtime().block_on(async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .expect("connect");
-        tcp.write_all(&v2(1, [198, 51, 100, 20], 4000))
-            .await
-            .expect("header");
+        let tcp = Prefixed::connect(port, &v2(1, [198, 51, 100, 20], 4000)).await;
         let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
         let mut tls = connector.connect(name, tcp).await.expect("handshake");
         tls.write_all(GET).await.expect("write");
@@ -212,20 +285,17 @@ fn a_tls_listener_reads_the_header_before_the_handshake() {
     assert_eq!(forwarded_for(&backend), "198.51.100.20");
 }
 
-/// HTTP/2 with prior knowledge after the header: every stream's client is
-/// the one the header names.
+/// HTTP/2 with prior knowledge after the header (the preface in its
+/// segment): every stream's client is the one the header names.
 #[test]
 fn http2_streams_after_the_header_are_its_clients() {
     let backend = Backend::start("a");
     let gw = behind_balancer(&backend, "127.0.0.0/8", "");
     let port = gw.port;
     let statuses = runtime().block_on(async move {
-        use tokio::io::AsyncWriteExt;
-        let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .expect("connect");
-        let header = b"PROXY TCP4 203.0.113.44 127.0.0.1 5555 80\r\n";
-        tcp.write_all(header).await.expect("header");
+        let header = b"PROXY TCP4 203.0.113.44 127.0.0.1 5555 80
+";
+        let tcp = Prefixed::connect(port, header).await;
         let (send, conn) = h2::client::handshake(tcp).await.expect("handshake");
         tokio::spawn(conn);
         let mut statuses = Vec::new();

@@ -31,7 +31,18 @@ impl Cidr {
                 _ => return Err(format!("`{text}`: the prefix length is 0 to {bits}")),
             },
         };
-        Ok(Cidr { net, prefix })
+        // An IPv4-mapped block (`::ffff:10.0.0.0/104`) as the IPv4 block
+        // it is: peers are compared in their IPv4 form.
+        match net.to_canonical() {
+            IpAddr::V4(v4) if net.is_ipv6() && prefix >= 96 => Ok(Cidr {
+                net: IpAddr::V4(v4),
+                prefix: prefix - 96,
+            }),
+            IpAddr::V4(_) if net.is_ipv6() => Err(format!(
+                "`{text}`: an IPv4-mapped block needs a prefix of 96 or more"
+            )),
+            _ => Ok(Cidr { net, prefix }),
+        }
     }
 
     /// Whether `addr` is in the block (an IPv4-mapped IPv6 address, as a
@@ -76,6 +87,10 @@ mod tests {
         let one = Cidr::parse("192.0.2.7").unwrap();
         assert!(one.contains("192.0.2.7".parse().unwrap()));
         assert!(!one.contains("192.0.2.8".parse().unwrap()));
+        let mapped = Cidr::parse("::ffff:10.0.0.0/104").unwrap();
+        assert_eq!(mapped, ten);
+        assert!(mapped.contains("::ffff:10.9.9.9".parse().unwrap()));
+        assert!(Cidr::parse("::ffff:10.0.0.0/64").is_err());
         let all = Cidr::parse("0.0.0.0/0").unwrap();
         assert!(all.contains("203.0.113.9".parse().unwrap()));
         let v6 = Cidr::parse("fd00::/8").unwrap();

@@ -110,7 +110,7 @@ pub struct HeadFailure {
 }
 
 /// The least room a read of a request head is given.
-const HEAD_READ: usize = 4096;
+pub(crate) const HEAD_READ: usize = 4096;
 
 /// Reads one request head into `buf` (which may already hold bytes).
 /// `Ok(None)`: the connection closed or idled out before a request began,

@@ -13,6 +13,7 @@
 //! Parsing is the `ppp` crate's; the header is bounded here (a v1 line is
 //! 107 bytes at most, a v2 header [`MAX_V2`] with its TLVs).
 
+use super::head::HEAD_READ;
 use crate::config::Cidr;
 use pingora::protocols::l4::stream::Stream as L4Stream;
 use pingora::protocols::{SocketDigest, Stream};
@@ -27,6 +28,9 @@ const MAX_V1: usize = 107;
 /// The longest v2 header taken: its 16 bytes and 4 KiB of addresses and
 /// TLVs (balancers add a few dozen bytes: a VPC endpoint, a TLS summary).
 const MAX_V2: usize = 16 + 4096;
+
+/// The 12 bytes that open a v2 header.
+const V2_SIGNATURE: &[u8; 12] = b"\r\n\r\n\0\r\nQUIT\n";
 
 /// Why a connection was closed before its first request.
 #[derive(Debug, PartialEq, Eq)]
@@ -61,7 +65,7 @@ pub async fn accept(
     if !from.iter().any(|block| block.contains(peer.ip())) {
         return Err(Refused::Peer(peer));
     }
-    let mut buf = Vec::with_capacity(256);
+    let mut buf = Vec::new();
     let read = tokio::time::timeout(deadline, read_header(&mut stream, &mut buf)).await;
     let (client, used) = read.map_err(|_| Refused::Timeout)??;
     if let Some(client) = client {
@@ -106,8 +110,11 @@ async fn read_header(
         if buf.len() >= MAX_V2 {
             return Err(Refused::TooLong);
         }
+        // No more a read than the head reader reads: what came after the
+        // header goes back in the stream's rewind buffer, which its first
+        // read must empty (a tunnel later takes the socket itself).
         let start = buf.len();
-        buf.resize(MAX_V2, 0);
+        buf.resize(start + HEAD_READ.min(MAX_V2 - start), 0);
         let n = stream.read(&mut buf[start..]).await;
         buf.truncate(start + n.as_ref().map_or(0, |n| *n));
         if !matches!(n, Ok(1..)) {
@@ -119,6 +126,13 @@ async fn read_header(
 /// The header at the start of `buf`: `Ok(None)` while it may still
 /// become one.
 pub fn parse(buf: &[u8]) -> Result<Option<(Option<SocketAddr>, usize)>, Refused> {
+    // A v2 header says its length at once: one longer than taken is
+    // refused before it is read.
+    if let (Some(V2_SIGNATURE), Some(&[high, low])) = (buf.first_chunk(), buf.get(14..16)) {
+        if 16 + usize::from(u16::from_be_bytes([high, low])) > MAX_V2 {
+            return Err(Refused::TooLong);
+        }
+    }
     let header = HeaderResult::parse(buf);
     if header.is_incomplete() {
         let v1 = buf.len() >= 5 && buf.starts_with(b"PROXY");
@@ -201,6 +215,10 @@ mod tests {
         // A line without its end, past where it must end.
         let long = [b"PROXY UNKNOWN ".as_slice(), &[b'x'; MAX_V1]].concat();
         assert!(parse(&long).is_err());
+        // A v2 header longer than taken, refused at its length.
+        let mut long = v2(1, 0x11, &[0; 12]);
+        long[14..16].copy_from_slice(&5000u16.to_be_bytes());
+        assert_eq!(parse(&long[..16]), Err(Refused::TooLong));
         // A v2 header of an unknown version.
         let mut bad = v2(1, 0x11, &[0; 12]);
         bad[12] = 0x31;
