@@ -293,8 +293,7 @@ fn http2_streams_after_the_header_are_its_clients() {
     let gw = behind_balancer(&backend, "127.0.0.0/8", "");
     let port = gw.port;
     let statuses = runtime().block_on(async move {
-        let header = b"PROXY TCP4 203.0.113.44 127.0.0.1 5555 80
-";
+        let header = b"PROXY TCP4 203.0.113.44 127.0.0.1 5555 80\r\n";
         let tcp = Prefixed::connect(port, header).await;
         let (send, conn) = h2::client::handshake(tcp).await.expect("handshake");
         tokio::spawn(conn);
