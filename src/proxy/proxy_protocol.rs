@@ -113,10 +113,10 @@ async fn read_header(
         // No more a read than the head reader reads: what came after the
         // header goes back in the stream's rewind buffer, which its first
         // read must empty (a tunnel later takes the socket itself).
-        let start = buf.len();
-        buf.resize(start + HEAD_READ.min(MAX_V2 - start), 0);
-        let n = stream.read(&mut buf[start..]).await;
-        buf.truncate(start + n.as_ref().map_or(0, |n| *n));
+        // Into spare room, not zeroed first.
+        let room = HEAD_READ.min(MAX_V2 - buf.len());
+        buf.reserve_exact(room);
+        let n = stream.read_buf(&mut bytes::BufMut::limit(&mut *buf, room)).await;
         if !matches!(n, Ok(1..)) {
             return Err(Refused::Closed);
         }
