@@ -107,6 +107,7 @@ pub(crate) mod tests {
             region: None,
             tenants: None,
             protocol: Default::default(),
+            proxy_protocol: false,
         };
         let started = std::time::Instant::now();
         let within = Duration::from_millis(200);

@@ -215,24 +215,32 @@ fn no_header_a_bad_one_or_a_peer_not_allowed_is_closed() {
     assert_eq!(backend.count(), 0);
 }
 
-#[test]
-fn a_listener_taking_headers_must_say_from_whom() {
+/// What `shardgate -t` says of `yaml` (with a `domains` section): whether
+/// it passed, and its errors.
+fn checked(yaml: &str) -> (bool, String) {
     let dir = tempfile::tempdir().expect("dir");
     let conf = dir.path().join("shardgate.yaml");
+    let yaml = format!("{yaml}domains: {{ fallback_suffix: .localhost }}\n");
+    std::fs::write(&conf, yaml).expect("conf");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shardgate"))
+        .args(["-t", "-c"])
+        .arg(&conf)
+        .output()
+        .expect("run");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[test]
+fn a_listener_taking_headers_must_say_from_whom() {
     let check = |listen: &str| {
-        let yaml = format!(
-            "listen: [{{ addr: \"127.0.0.1:8080\", {listen} }}]\nshards: [{{ id: a, url: \"http://127.0.0.1:9\" }}]\ndomains: {{ fallback_suffix: .localhost }}\n"
-        );
-        std::fs::write(&conf, yaml).expect("conf");
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_shardgate"))
-            .args(["-t", "-c"])
-            .arg(&conf)
-            .output()
-            .expect("run");
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stderr).to_string(),
-        )
+        checked(&format!(
+            "listen: [{{ addr: \"127.0.0.1:8080\", {listen} }}]
+shards: [{{ id: a, url: \"http://127.0.0.1:9\" }}]
+"
+        ))
     };
     let (ok, err) = check("proxy_protocol: true");
     assert!(
@@ -313,5 +321,140 @@ fn http2_streams_after_the_header_are_its_clients() {
     assert_eq!(seen.len(), 2);
     for request in &seen {
         assert_eq!(request.header("x-forwarded-for"), Some("203.0.113.44"));
+    }
+}
+
+/// A shard that takes connections opening with a PROXY v2 header: answers
+/// each request with the client the header named; counts connections that
+/// opened with one (the gateway's health probes open none).
+struct ProxiedShard {
+    port: u16,
+    connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl ProxiedShard {
+    fn start() -> ProxiedShard {
+        use std::sync::atomic::AtomicUsize;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let connections = std::sync::Arc::new(AtomicUsize::new(0));
+        let counted = std::sync::Arc::clone(&connections);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let counted = std::sync::Arc::clone(&counted);
+                std::thread::spawn(move || serve_proxied(stream, &counted));
+            }
+        });
+        ProxiedShard { port, connections }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// One connection: the v2 header (else closed, not counted), then
+/// requests, each answered with the header's source address.
+fn serve_proxied(mut stream: TcpStream, counted: &std::sync::atomic::AtomicUsize) {
+    let mut fixed = [0u8; 16];
+    if stream.read_exact(&mut fixed).is_err() || &fixed[..12] != b"\r\n\r\n\0\r\nQUIT\n" {
+        return;
+    }
+    let mut rest = vec![0u8; usize::from(u16::from_be_bytes([fixed[14], fixed[15]]))];
+    if stream.read_exact(&mut rest).is_err() {
+        return;
+    }
+    let whole = [fixed.as_slice(), &rest].concat();
+    let client = match ppp::v2::Header::try_from(whole.as_slice()).map(|h| h.addresses) {
+        Ok(ppp::v2::Addresses::IPv4(a)) => format!("{}:{}", a.source_address, a.source_port),
+        Ok(ppp::v2::Addresses::IPv6(a)) => format!("[{}]:{}", a.source_address, a.source_port),
+        other => format!("{other:?}"),
+    };
+    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+    loop {
+        let mut head = String::new();
+        loop {
+            let mut line = String::new();
+            match std::io::BufRead::read_line(&mut reader, &mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) if line == "\r\n" => break,
+                Ok(_) => head.push_str(&line),
+            }
+        }
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{client}",
+            client.len()
+        );
+        if stream.write_all(answer.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+/// `proxy_protocol: v2` on a shard: each connection to it opens with a
+/// header naming the client (here one a balancer's header named to the
+/// gateway), and serves that client's one request (never pooled).
+#[test]
+fn a_shard_with_proxy_protocol_is_told_each_client() {
+    if !fast_path_on() {
+        // Pingora's path shares connections between clients: refused.
+        return;
+    }
+    let shard = ProxiedShard::start();
+    let head = "listen: [{ addr: \"127.0.0.1:{port}\", proxy_protocol: true, proxy_protocol_from: [127.0.0.1] }]\n\
+                admin: { addr: \"127.0.0.1:{admin}\" }\nstate: false\n";
+    let shards = format!(
+        "shards: [{{ id: a, url: \"{}\", proxy_protocol: v2 }}]\n",
+        shard.url()
+    );
+    let gw = Gateway::start(&format!(
+        "{head}{shards}domains: {{ fallback_suffix: .localhost }}\n"
+    ));
+    let keep = b"GET / HTTP/1.1\r\nHost: t.localhost\r\n\r\n";
+    for (client, port) in [("203.0.113.1", 1111), ("203.0.113.2", 2222)] {
+        let mut stream = TcpStream::connect(("127.0.0.1", gw.port)).expect("connect");
+        stream.set_read_timeout(Some(Duration::from_secs(10))).ok();
+        let header = format!("PROXY TCP4 {client} 127.0.0.1 {port} 80\r\n");
+        stream
+            .write_all(&[header.as_bytes(), keep].concat())
+            .expect("write");
+        let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+        for i in 0..2 {
+            if i > 0 {
+                stream.write_all(keep).expect("write");
+            }
+            let r = read_response(&mut reader).expect("response");
+            assert_eq!((r.status, r.text()), (200, format!("{client}:{port}")));
+        }
+    }
+    // Four requests, four connections: none served another request.
+    assert_eq!(shard.connections(), 4);
+}
+
+#[test]
+fn a_shard_takes_proxy_protocol_v2_over_http1_on_the_fast_transport_only() {
+    let check = |server: &str, shard: &str| {
+        checked(&format!(
+            "{server}listen: [{{ addr: \"127.0.0.1:8080\" }}]
+shards: [{{ id: a, url: \"http://127.0.0.1:9\", {shard} }}]
+"
+        ))
+    };
+    assert!(check("", "proxy_protocol: v2").0);
+    for (server, shard) in [
+        ("", "proxy_protocol: v1"),
+        ("", "proxy_protocol: v2, protocol: h2"),
+        ("server: { fast_path: false }\n", "proxy_protocol: v2"),
+    ] {
+        let (ok, err) = check(server, shard);
+        assert!(
+            !ok && err.contains("shards[0].proxy_protocol"),
+            "{shard}: {err}"
+        );
     }
 }

@@ -18,6 +18,7 @@ struct ShardBody {
     region: Option<String>,
     tenants: Option<Vec<String>>,
     protocol: Option<String>,
+    proxy_protocol: Option<String>,
 }
 
 impl AdminApi {
@@ -85,6 +86,13 @@ impl AdminApi {
             Ok(protocol) => protocol,
             Err(e) => return Reply::error(StatusCode::BAD_REQUEST, format!("protocol: {e}")),
         };
+        let fast_path = self.control.config.server.fast_path;
+        let proxied =
+            crate::config::shard_proxy_protocol(b.proxy_protocol.as_deref(), protocol, fast_path);
+        let proxy_protocol = match proxied {
+            Ok(on) => on,
+            Err(e) => return Reply::error(StatusCode::BAD_REQUEST, format!("proxy_protocol: {e}")),
+        };
         let weight = b.weight.unwrap_or(1.0);
         if !weight.is_finite() || weight < 0.0 {
             return Reply::error(
@@ -107,6 +115,7 @@ impl AdminApi {
             region: b.region,
             tenants: b.tenants,
             protocol,
+            proxy_protocol,
         };
         match self.control.add_shard_resolved(shard).await {
             Ok(true) => Reply::json(StatusCode::CREATED, json!({ "added": b.id })),

@@ -20,7 +20,7 @@ use std::time::Duration;
 pub use crate::access_log::{AccessFormat, LogConfig};
 pub use crate::trace::TracingConfig;
 pub use cidr::Cidr;
-pub use validate::{parse_shard_url, shard_protocol};
+pub use validate::{parse_shard_url, shard_protocol, shard_proxy_protocol};
 
 /// The validated configuration.
 #[derive(Clone, Debug)]

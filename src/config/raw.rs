@@ -175,6 +175,8 @@ pub struct RawShard {
     pub tenants: Option<Vec<String>>,
     /// `http1` (default), `h2`, `auto` (DESIGN §8).
     pub protocol: Option<String>,
+    /// `v2`: connections open with a PROXY header (DESIGN §10).
+    pub proxy_protocol: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

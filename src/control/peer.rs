@@ -26,6 +26,9 @@ pub struct ShardPeer {
     pub peer: HttpPeer,
     /// How the shard is spoken to (DESIGN §8).
     pub protocol: ShardProtocol,
+    /// Each connection opens with a PROXY v2 header naming the client, and
+    /// serves that one request (DESIGN §10).
+    pub proxy_protocol: bool,
 }
 
 /// Which pooled connections may serve a shard: the same address, and for
@@ -95,6 +98,7 @@ pub fn peer_at(config: &Config, shard: &Shard, addr: SocketAddr) -> Result<Shard
         key: UpstreamKey { addr, tls: name },
         peer,
         protocol: shard.protocol,
+        proxy_protocol: shard.proxy_protocol,
     })
 }
 

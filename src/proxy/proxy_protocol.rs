@@ -116,7 +116,9 @@ async fn read_header(
         // Into spare room, not zeroed first.
         let room = HEAD_READ.min(MAX_V2 - buf.len());
         buf.reserve_exact(room);
-        let n = stream.read_buf(&mut bytes::BufMut::limit(&mut *buf, room)).await;
+        let n = stream
+            .read_buf(&mut bytes::BufMut::limit(&mut *buf, room))
+            .await;
         if !matches!(n, Ok(1..)) {
             return Err(Refused::Closed);
         }

@@ -121,6 +121,11 @@ pub struct Shard {
     /// keeps the reference's shape.
     #[serde(default, skip_serializing_if = "ShardProtocol::is_http1")]
     pub protocol: ShardProtocol,
+    /// Each connection to the shard opens with a PROXY protocol v2
+    /// header naming the client (DESIGN §10); left out of a snapshot
+    /// when off.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub proxy_protocol: bool,
 }
 
 impl Shard {
@@ -132,6 +137,7 @@ impl Shard {
             region: None,
             tenants: None,
             protocol: ShardProtocol::Http1,
+            proxy_protocol: false,
         }
     }
 

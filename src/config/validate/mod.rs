@@ -20,7 +20,7 @@ mod server;
 mod tls;
 mod upstream;
 
-pub use routing::{parse_shard_url, shard_protocol};
+pub use routing::{parse_shard_url, shard_protocol, shard_proxy_protocol};
 
 /// The longest duration a `*_ms` setting may have: a week.
 const MAX_MS: u64 = 7 * 24 * 3600 * 1000;
@@ -165,7 +165,7 @@ fn check(c: &mut Checker<'_>, raw: RawConfig) -> Config {
     let admin = admin::check_admin(c, raw.admin);
     let regions = routing::check_regions(c, raw.regions);
     let shards = c.required("shards", raw.shards);
-    let shards = routing::check_shards(c, shards, regions.as_deref());
+    let shards = routing::check_shards(c, shards, regions.as_deref(), server.fast_path);
     let routing = routing::check_routing(c, raw.routing);
     let limits = limits::check_limits(c, raw.limits);
     let plans = plans::check_plans(c, raw.plans, raw.tenants, raw.default_plan, &limits);

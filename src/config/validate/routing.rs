@@ -80,6 +80,28 @@ pub fn shard_protocol(name: Option<&str>, tls: bool) -> Result<ShardProtocol, St
     }
 }
 
+/// A shard's `proxy_protocol` (DESIGN §10): `v2`, to a shard spoken to in
+/// HTTP/1.1 (an HTTP/2 connection carries many clients' streams, and one
+/// header names one client), by the fast transport (Pingora's path pools
+/// connections across clients).
+pub fn shard_proxy_protocol(
+    value: Option<&str>,
+    protocol: ShardProtocol,
+    fast_path: bool,
+) -> Result<bool, String> {
+    match value {
+        None => Ok(false),
+        Some("v2") if protocol != ShardProtocol::Http1 => {
+            Err("needs protocol: http1 (an HTTP/2 connection carries many clients' streams)".into())
+        }
+        Some("v2") if !fast_path => {
+            Err("needs server.fast_path (Pingora's path shares connections between clients)".into())
+        }
+        Some("v2") => Ok(true),
+        Some(other) => Err(format!("`{other}`: only v2 is sent")),
+    }
+}
+
 /// An id (`what`: region, shard) must be there and be the only one.
 fn unique_id(c: &mut Checker<'_>, field: &str, what: &str, id: &str, seen: &mut BTreeSet<String>) {
     if id.is_empty() {
@@ -93,6 +115,7 @@ pub(super) fn check_shards(
     c: &mut Checker<'_>,
     shards: Vec<RawShard>,
     regions: Option<&[Region]>,
+    fast_path: bool,
 ) -> Vec<Shard> {
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
@@ -116,6 +139,11 @@ pub(super) fn check_shards(
             }
             Err(msg) => c.error(format!("shards[{i}].url"), msg),
         }
+        let proxied = shard_proxy_protocol(s.proxy_protocol.as_deref(), protocol, fast_path);
+        let proxy_protocol = proxied.unwrap_or_else(|msg| {
+            c.error(format!("shards[{i}].proxy_protocol"), msg);
+            false
+        });
         let weight = c.weight(&format!("shards[{i}].weight"), s.weight);
         if let (Some(region), Some(regions)) = (&s.region, regions) {
             if !regions.iter().any(|r| &r.id == region) {
@@ -132,6 +160,7 @@ pub(super) fn check_shards(
             region: s.region,
             tenants: s.tenants,
             protocol,
+            proxy_protocol,
         });
     }
     out

@@ -41,6 +41,21 @@ pub(super) struct Request<'a> {
     /// The head the shard receives, and the whole body when it came with
     /// the head: what a resend or a retry sends again.
     pub bytes: Bytes,
+    /// The client's address and the one it connected to: what a PROXY
+    /// header to a shard names.
+    pub ends: Ends,
+}
+
+/// A connection's two ends, the client's first, when both are known.
+pub(super) type Ends = Option<(std::net::SocketAddr, std::net::SocketAddr)>;
+
+/// The ends a client connection's socket digest names (the client a
+/// PROXY header named, if one did).
+pub(super) fn ends_of(digest: Option<&pingora::protocols::SocketDigest>) -> Ends {
+    let digest = digest?;
+    let client = *digest.peer_addr()?.as_inet()?;
+    let local = *digest.local_addr()?.as_inet()?;
+    Some((client, local))
 }
 
 /// Whether the request's shard may be spoken to in HTTP/2 (what the
@@ -276,7 +291,7 @@ impl FastPath {
                         }
                         Ok(upstream) => {
                             self.gateway.attempt_answered(ctx, upstream.parsed.status);
-                            return self.respond(client, upstream, out, &peer.key, ctx).await;
+                            return self.respond(client, upstream, out, &peer, ctx).await;
                         }
                         Err(failed) => failed,
                     }

@@ -6,7 +6,7 @@
 
 use super::body::H2Body;
 use super::downstream::{Downstream, H2Client};
-use super::exchange::{may_be_h2, Exchanged, Request};
+use super::exchange::{ends_of, may_be_h2, Ends, Exchanged, Request};
 use super::request::{Outgoing, UpstreamHead};
 use super::FastPath;
 use crate::proxy::ctx::RequestCtx;
@@ -24,8 +24,7 @@ impl FastPath {
     /// Serves one HTTP/2 stream.
     pub async fn serve_h2(&self, mut stream: Box<H2Stream>) -> Served {
         if super::websocket_h2::is_websocket(&stream) {
-            // Boxed: a tunnel's future is three times a request's, and
-            // every stream's future (boxed when taken) would be as large.
+            // Boxed: a tunnel's future (3× a request's) would size all.
             return Box::pin(self.serve_h2_websocket(stream)).await;
         }
         stream.set_write_timeout(Some(self.send_timeout));
@@ -80,6 +79,7 @@ impl FastPath {
                     websocket: false,
                     te_trailers,
                     bytes: Bytes::from(bytes),
+                    ends: ends(&client.session),
                 };
                 match self.exchange(&mut client, &request, &mut ctx).await {
                     Exchanged::Done(status) | Exchanged::Closed(status) => status,
@@ -92,9 +92,8 @@ impl FastPath {
         gw.finish(&mut ctx, &log_line(&client, client_addr.as_ref()), status);
         // An answer came before the body ended (a refusal, a shard that
         // answered early): the rest is read off a while, its admission
-        // already released, so that the stream ends cleanly. (Reset at
-        // once, some clients throw the answer away with it: curl 7.88
-        // does, for a `NO_ERROR` reset after a whole response.)
+        // released, so that the stream ends cleanly. (Reset at once, some
+        // clients drop the answer: curl 7.88 does, on `NO_ERROR`.)
         let reset = client.reset_by_client();
         client.drain().await;
         match reset {
@@ -116,6 +115,11 @@ fn log_line<'a>(client: &'a H2Client, addr: Option<&'a SocketAddr>) -> RequestLi
             .or_else(|| req.headers.get("host").and_then(|h| h.to_str().ok())),
         protocol: "HTTP/2",
     }
+}
+
+/// The two ends of a stream's connection (see [`ends_of`]).
+pub(super) fn ends(stream: &H2Stream) -> Ends {
+    ends_of(stream.digest().and_then(|d| d.socket_digest.as_deref()))
 }
 
 /// How an HTTP/2 stream's service ended.

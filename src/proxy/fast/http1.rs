@@ -5,7 +5,7 @@
 
 use super::body::H1Body;
 use super::downstream::{Downstream, H1Client, H1Request};
-use super::exchange::{may_be_h2, Exchanged, Request};
+use super::exchange::{ends_of, may_be_h2, Exchanged, Request};
 use super::request::{head_in, Outgoing, RequestHead, UpstreamHead};
 use super::{tunnel, FastPath, WHOLE_BODY_WITH_HEAD};
 use crate::proxy::client::linger;
@@ -73,9 +73,9 @@ impl FastPath {
     ) -> Option<Stream> {
         let gw = &self.gateway;
         let mut ctx = RequestCtx::default();
-        let client_addr = client
-            .get_socket_digest()
-            .and_then(|d| d.peer_addr().cloned());
+        let socket = client.get_socket_digest();
+        let client_addr = socket.as_ref().and_then(|d| d.peer_addr().cloned());
+        let ends = ends_of(socket.as_deref());
         let Some(parsed) = head_in(&head, &read.layout) else {
             self.refuse_unparsable(&mut client, &mut ctx, client_addr.as_ref())
                 .await;
@@ -129,6 +129,7 @@ impl FastPath {
                     websocket: parsed.websocket,
                     te_trailers: may_be_h2(&ctx) && accepts_trailers(parsed.values("te")),
                     bytes,
+                    ends,
                 };
                 self.exchange(&mut c, &request, &mut ctx).await
             }

@@ -6,11 +6,12 @@
 use super::downstream::{Downstream, ResponseStart};
 use super::exchange::{poll_timer, Exchanged, Outbound, Upstream};
 use super::{poll_read_buf, FastPath};
+use crate::control::ShardPeer;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::pipeline::answer::Refusal;
 use crate::proxy::pipeline::framing::{trailer_fields, Framing, Part};
 use crate::proxy::pipeline::grpc;
-use crate::proxy::upstream::conn::{Conn, UpstreamKey};
+use crate::proxy::upstream::conn::Conn;
 use bytes::{Buf, Bytes, BytesMut};
 use std::future::poll_fn;
 use std::pin::Pin;
@@ -42,7 +43,7 @@ impl FastPath {
         client: &mut D,
         upstream: Upstream,
         mut out: Outbound,
-        key: &UpstreamKey,
+        peer: &ShardPeer,
         ctx: &mut RequestCtx,
     ) -> Exchanged {
         let (conn, mut buf, parsed) = (upstream.conn, upstream.buf, upstream.parsed);
@@ -99,7 +100,7 @@ impl FastPath {
                     ctx.grpc_status = relay.grpc_status().or(ctx.grpc_status);
                 }
                 if relay.reusable && out.finished && !out.broken {
-                    self.release(key, relay.conn);
+                    self.release(peer, relay.conn);
                 }
                 // Whether the client's connection goes on is the client's
                 // side: its body read whole (the shard may have answered

@@ -97,13 +97,19 @@ impl FastPath {
                 Opened::UseHttp1 => {}
             }
         }
-        if let Some(conn) = self.pooled(&peer.key) {
+        // A PROXY header opens each connection (none is pooled, and one
+        // pooled before the shard asked for them has none).
+        if let Some(conn) = self.pooled(&peer.key).filter(|_| !peer.proxy_protocol) {
             return Ok(Connection { conn, reused: true });
         }
         let connect = async {
-            let tcp = TcpStream::connect(peer.addr).await?;
+            let mut tcp = TcpStream::connect(peer.addr).await?;
             let _ = tcp.set_nodelay(true);
             super::tunnel::keep_alive(&tcp);
+            if peer.proxy_protocol {
+                use tokio::io::AsyncWriteExt;
+                tcp.write_all(&proxy_header(request.ends)?).await?;
+            }
             match &peer.key.tls {
                 None => Ok(Conn::Plain(tcp)),
                 Some(name) => self.tls.connect(name.clone(), tcp).await,
@@ -142,11 +148,14 @@ impl FastPath {
     /// Keeps `conn` for the next request to `key` (up to
     /// `upstream.pool_per_shard` per shard and thread). The first release
     /// starts the sweep.
-    pub(super) fn release(&self, key: &UpstreamKey, conn: Conn) {
-        if let Conn::H2(_) = conn {
-            // A stream ends here; its connection stays in the HTTP/2 pool.
+    pub(super) fn release(&self, peer: &ShardPeer, conn: Conn) {
+        // A stream ends here; its connection stays in the HTTP/2 pool. A
+        // connection that opened with a PROXY header named its client: it
+        // serves no other request.
+        if matches!(conn, Conn::H2(_)) || peer.proxy_protocol {
             return;
         }
+        let key = &peer.key;
         self.sweeping.call_once(|| {
             let every = (self.idle_timeout / 4).clamp(SWEEP_MIN, SWEEP_MAX);
             let control = Arc::downgrade(self.gateway.control());
@@ -166,6 +175,30 @@ impl FastPath {
             idle.push((conn, Idle::now()));
         }
     }
+}
+
+/// The PROXY v2 header that opens a connection to a shard for a client at
+/// `ends` (its address, and the one it connected to): `LOCAL` when they
+/// are not known (the shard then takes the gateway for the client).
+fn proxy_header(ends: super::exchange::Ends) -> std::io::Result<Vec<u8>> {
+    use ppp::v2::{Addresses, Builder, Command, Protocol, Version};
+    let (command, addresses) = match ends {
+        Some((client, local)) => {
+            let client = std::net::SocketAddr::new(client.ip().to_canonical(), client.port());
+            let local = std::net::SocketAddr::new(local.ip().to_canonical(), local.port());
+            // One family for both (a client over IPv6 to an IPv4 socket
+            // cannot be: the local end is then named by its family's
+            // unspecified address).
+            let local = match (client.is_ipv4(), local.is_ipv4()) {
+                (true, false) => (std::net::Ipv4Addr::UNSPECIFIED, local.port()).into(),
+                (false, true) => (std::net::Ipv6Addr::UNSPECIFIED, local.port()).into(),
+                _ => local,
+            };
+            (Command::Proxy, Addresses::from((client, local)))
+        }
+        None => (Command::Local, Addresses::Unspecified),
+    };
+    Builder::with_addresses(Version::Two | command, Protocol::Stream, addresses).build()
 }
 
 /// Drops idle connections that expired, that their shard closed (or sent

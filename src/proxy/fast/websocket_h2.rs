@@ -74,6 +74,7 @@ impl FastPath {
             host: req.uri.authority().map(|a| a.as_str().to_owned()),
             line: ("CONNECT", "HTTP/2", 200),
         };
+        let ends = super::h2::ends(&stream);
         // The stream's DATA are the tunnel's, not a body to send up.
         let mut client = H2Client::new(stream, H2Body::new(Outgoing::None, None), false);
         client.tunnel_only();
@@ -86,6 +87,7 @@ impl FastPath {
                     websocket: true,
                     te_trailers: false,
                     bytes: Bytes::from(bytes),
+                    ends,
                 };
                 match self.exchange(&mut client, &request, &mut ctx).await {
                     Exchanged::Upgraded(upstream) => {
