@@ -88,11 +88,12 @@ impl Control {
     /// Returns the new address if it moved.
     pub fn repoint(&self, shard: &Shard, addrs: &[SocketAddr]) -> Option<SocketAddr> {
         let _serialised = self.diff.lock();
-        // Removed meanwhile, or added again with another URL: not this one.
+        // Removed meanwhile, or added again otherwise (another URL, another
+        // protocol or PROXY setting): not this one.
         let set = self.router.shard_set();
         if set
             .get(shard.id.as_str())
-            .is_none_or(|e| e.shard.url != shard.url)
+            .is_none_or(|e| *e.shard != *shard)
         {
             return None;
         }

@@ -56,6 +56,11 @@ pub fn peer_at(config: &Config, shard: &Shard, addr: SocketAddr) -> Result<Shard
     let (tls, host, _) = crate::config::parse_shard_url(&shard.url)?;
     crate::config::shard_protocol(Some(shard.protocol.as_str()), tls)
         .map_err(|e| format!("shard `{}`: protocol: {e}", shard.id))?;
+    // Whatever brought the shard (a state file, the cluster): a PROXY
+    // header names one client, an HTTP/2 connection carries many.
+    let proxied = shard.proxy_protocol.then_some("v2");
+    crate::config::shard_proxy_protocol(proxied, shard.protocol, true)
+        .map_err(|e| format!("shard `{}`: proxy_protocol: {e}", shard.id))?;
     let name = match tls {
         true => {
             // An IP literal in brackets is verified as that address.

@@ -99,8 +99,10 @@ impl FastPath {
         }
         // A PROXY header opens each connection (none is pooled, and one
         // pooled before the shard asked for them has none).
-        if let Some(conn) = self.pooled(&peer.key).filter(|_| !peer.proxy_protocol) {
-            return Ok(Connection { conn, reused: true });
+        if !peer.proxy_protocol {
+            if let Some(conn) = self.pooled(&peer.key) {
+                return Ok(Connection { conn, reused: true });
+            }
         }
         let connect = async {
             let mut tcp = TcpStream::connect(peer.addr).await?;
@@ -186,9 +188,9 @@ fn proxy_header(ends: super::exchange::Ends) -> std::io::Result<Vec<u8>> {
         Some((client, local)) => {
             let client = std::net::SocketAddr::new(client.ip().to_canonical(), client.port());
             let local = std::net::SocketAddr::new(local.ip().to_canonical(), local.port());
-            // One family for both (a client over IPv6 to an IPv4 socket
-            // cannot be: the local end is then named by its family's
-            // unspecified address).
+            // One family for both: a client a balancer named may be of
+            // the other family than the socket it reached us on; the
+            // local end is then its family's unspecified address.
             let local = match (client.is_ipv4(), local.is_ipv4()) {
                 (true, false) => (std::net::Ipv4Addr::UNSPECIFIED, local.port()).into(),
                 (false, true) => (std::net::Ipv6Addr::UNSPECIFIED, local.port()).into(),

@@ -110,6 +110,18 @@ impl ProxyHttp for Gateway {
         ctx.headers_received = false;
         ctx.verdict = Verdict::None;
         match &ctx.peer {
+            // This path cannot open a connection with a PROXY header (the
+            // configuration refuses such shards here; a state file, the
+            // cluster or an embedder without the fast transport may still
+            // bring one): never sent without its header.
+            Some(peer) if peer.proxy_protocol => {
+                ctx.refusal = Some(Refusal::error(502, "upstream-unreachable"));
+                log::error!("a proxy_protocol shard needs the fast transport");
+                Err(Error::explain(
+                    ErrorType::HTTPStatus(502),
+                    "proxy_protocol shard",
+                ))
+            }
             Some(peer) => {
                 let h2 = peer.protocol.may_be_h2();
                 let mut peer = peer.peer.clone();
