@@ -458,3 +458,36 @@ shards: [{{ id: a, url: \"http://127.0.0.1:9\", {shard} }}]
         );
     }
 }
+
+/// The admin API takes a shard's `proxy_protocol` by the configuration's
+/// rule, and the shard it adds gets the header.
+#[test]
+fn the_admin_api_adds_a_shard_that_is_told_each_client() {
+    if !fast_path_on() {
+        return;
+    }
+    let shard = ProxiedShard::start();
+    let gw = behind_balancer(&Backend::start("a"), "127.0.0.0/8", "");
+    let add = |fields: &str| {
+        let body = format!(
+            "{{\"id\": \"p\", \"url\": \"{}\", \"tenants\": [\"p\"], {fields}}}",
+            shard.url()
+        );
+        gw.admin("POST", "/v1/shards", Some(&body), None)
+    };
+    let refused = add("\"protocol\": \"h2\", \"proxy_protocol\": \"v2\"");
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    assert!(
+        refused.text().contains("proxy_protocol"),
+        "{}",
+        refused.text()
+    );
+    assert_eq!(add("\"proxy_protocol\": \"v2\"").status, 201);
+    let v1 = [
+        b"PROXY TCP4 198.51.100.3 127.0.0.1 3333 80\r\n".as_slice(),
+        b"GET / HTTP/1.1\r\nHost: p.localhost\r\nConnection: close\r\n\r\n",
+    ]
+    .concat();
+    let r = send_raw(gw.port, &v1);
+    assert_eq!((r.status, r.text()), (200, "198.51.100.3:3333".to_string()));
+}
