@@ -483,6 +483,15 @@ fn the_admin_api_adds_a_shard_that_is_told_each_client() {
         refused.text()
     );
     assert_eq!(add("\"proxy_protocol\": \"v2\"").status, 201);
+    let listed = gw.admin("GET", "/v1/shards", None, None).json();
+    let added = listed
+        .as_array()
+        .and_then(|all| all.iter().find(|s| s["id"] == "p"));
+    let added = added.expect("listed");
+    assert_eq!(
+        (added["protocol"].as_str(), added["proxy_protocol"].as_str()),
+        (Some("http1"), Some("v2"))
+    );
     let v1 = [
         b"PROXY TCP4 198.51.100.3 127.0.0.1 3333 80\r\n".as_slice(),
         b"GET / HTTP/1.1\r\nHost: p.localhost\r\nConnection: close\r\n\r\n",

@@ -64,6 +64,8 @@ impl AdminApi {
                         "id": s.id, "url": s.url, "weight": s.weight, "region": s.region,
                         "tenants": s.tenants, "healthy": status.healthy,
                         "draining": status.draining, "active": active,
+                        "protocol": s.protocol.as_str(),
+                        "proxy_protocol": s.proxy_protocol.then_some("v2"),
                     })
                 })
                 .collect(),
