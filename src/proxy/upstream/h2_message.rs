@@ -295,12 +295,15 @@ pub(super) fn last_chunk(trailers: Option<&HeaderMap>) -> Bytes {
 mod tests {
     use super::*;
 
+    /// What `head` becomes, to a shard of `scheme`, the client accepting
+    /// trailers or not.
+    fn of(head: &'static [u8], scheme: http::uri::Scheme, te_trailers: bool) -> Outgoing {
+        request_of(&Bytes::from_static(head), &scheme, &rules(te_trailers)).unwrap()
+    }
+
     /// The plain-HTTP request of `head`, the client not accepting trailers.
     fn plain(head: &'static [u8]) -> Request<()> {
-        let head = Bytes::from_static(head);
-        request_of(&head, &http::uri::Scheme::HTTP, &rules(false))
-            .unwrap()
-            .request
+        of(head, http::uri::Scheme::HTTP, false).request
     }
 
     fn rules(te_trailers: bool) -> FieldRules {
@@ -316,12 +319,7 @@ mod tests {
 Transfer-Encoding: chunked\r\nTE: gzip\r\nX-Forwarded-For: 1.2.3.4\r\nContent-Type: application/grpc\r\n\r\n";
         let Outgoing {
             request, framing, ..
-        } = request_of(
-            &Bytes::from_static(head),
-            &http::uri::Scheme::HTTP,
-            &rules(true),
-        )
-        .unwrap();
+        } = of(head, http::uri::Scheme::HTTP, true);
         assert_eq!(request.uri(), "http://app.test:8080/a?b=1");
         assert_eq!(request.method(), http::Method::POST);
         let names: Vec<&str> = request.headers().keys().map(|n| n.as_str()).collect();
@@ -331,12 +329,7 @@ Transfer-Encoding: chunked\r\nTE: gzip\r\nX-Forwarded-For: 1.2.3.4\r\nContent-Ty
         let head = b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 7\r\n\r\n";
         let Outgoing {
             request, framing, ..
-        } = request_of(
-            &Bytes::from_static(head),
-            &http::uri::Scheme::HTTPS,
-            &rules(false),
-        )
-        .unwrap();
+        } = of(head, http::uri::Scheme::HTTPS, false);
         assert_eq!(request.uri(), "https://a/");
         assert!(request.headers().get("te").is_none());
         assert!(matches!(framing, Framing::Length(7)));
@@ -370,12 +363,7 @@ Transfer-Encoding: chunked\r\nTE: gzip\r\nX-Forwarded-For: 1.2.3.4\r\nContent-Ty
         let head =
             b"GET /chat HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
 Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
-        let out = request_of(
-            &Bytes::from_static(head),
-            &http::uri::Scheme::HTTP,
-            &rules(false),
-        )
-        .unwrap();
+        let out = of(head, http::uri::Scheme::HTTP, false);
         assert_eq!(out.request.method(), http::Method::CONNECT);
         let protocol = out.request.extensions().get::<h2::ext::Protocol>();
         assert_eq!(protocol.map(|p| p.as_str()), Some("websocket"));
