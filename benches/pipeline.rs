@@ -58,7 +58,7 @@ fn bench_plan(c: &mut Criterion) {
         group.bench_function(name, |b| {
             b.iter(|| {
                 let mut ctx = RequestCtx::default();
-                let planned = gw.plan(black_box(&view), &mut ctx);
+                let planned = gw.plan(black_box(&view), None, &mut ctx);
                 black_box(planned.is_ok());
                 // Dropping the context releases the admission.
             })

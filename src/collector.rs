@@ -121,6 +121,14 @@ fn decision_families(control: &Control, out: &mut Vec<MetricFamily>) {
             .collect(),
     ));
     debug_assert_eq!(counts.len(), Decision::ALL.len());
+    out.push(family(
+        "rate_limited_total",
+        "Rate-limited refusals by the bucket that ran dry (tenant, route, client).",
+        MetricType::COUNTER,
+        (router.rate_limited_counts().iter())
+            .map(|(bucket, n)| counter(vec![label("bucket", bucket)], *n as f64))
+            .collect(),
+    ));
 }
 
 /// Per shard: requests routed to it (a shard removed since keeps its
@@ -278,6 +286,12 @@ fn tenant_families(control: &Control, out: &mut Vec<MetricFamily>) {
         "Tenants whose admissions or buckets this node holds (bounded by limits.max_tracked_tenants).",
         MetricType::GAUGE,
         vec![gauge(vec![], control.router.tenant_count() as f64)],
+    ));
+    out.push(family(
+        "clients_tracked",
+        "Client buckets this node holds (limits.per_client; bounded by limits.max_tracked_clients).",
+        MetricType::GAUGE,
+        vec![gauge(vec![], control.router.client_count() as f64)],
     ));
 }
 

@@ -4,6 +4,7 @@
 use super::reply::Reply;
 use super::uri::{param, query_params};
 use super::AdminApi;
+use crate::limits::ClientKey;
 use crate::routing::RouteRequest;
 use http::StatusCode;
 use serde_json::json;
@@ -23,6 +24,14 @@ impl AdminApi {
         let found = get("path")
             .map(|p| self.routes.route_for(p))
             .unwrap_or_default();
+        // An address, or a client as the state file names it (`…/64`).
+        let client = match get("client").map(ClientKey::parse) {
+            None => None,
+            Some(Some(key)) => Some(key.address()),
+            Some(None) => {
+                return Reply::error(StatusCode::BAD_REQUEST, "client: not an IP address")
+            }
+        };
         let name = |i: Option<usize>| i.map(|i| self.routes.name(i));
         let request = RouteRequest {
             tenant,
@@ -32,6 +41,7 @@ impl AdminApi {
             region: region.as_deref(),
             balance: None,
             exclude: &[],
+            client,
         };
         let r = self.control.router.explain(&request);
         let plans = self.control.router.plans();

@@ -66,6 +66,8 @@ pub struct PlanConfig {
     pub max_body_bytes: Option<u64>,
     /// Route prefix → bucket, in configuration order.
     pub routes: Vec<(String, RateRule)>,
+    /// Each client address's bucket (unlimited: none).
+    pub per_client: RateRule,
 }
 
 /// `plans`, `tenants` and `default_plan`, validated: every plan a tenant
@@ -395,6 +397,10 @@ pub struct LimitsConfig {
     /// Tenants whose state is kept at most (the least recently seen idle
     /// ones go first past it).
     pub max_tracked_tenants: usize,
+    /// Each client address's bucket within its tenant (unlimited: none).
+    pub per_client: RateRule,
+    /// Client buckets kept at most (the least recently seen go first).
+    pub max_tracked_clients: usize,
 }
 
 #[derive(Clone, Debug)]

@@ -63,6 +63,8 @@ pub struct RawPlan {
     #[serde(default, deserialize_with = "nullable")]
     pub max_body_bytes: Option<Option<u64>>,
     pub routes: Option<BTreeMap<String, RawRate>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub per_client: Option<Option<RawPerClient>>,
 }
 
 /// `tls:` (DESIGN §5).
@@ -214,6 +216,15 @@ pub struct RawLimits {
     pub send_timeout_ms: Option<u64>,
     pub keepalive_timeout_ms: Option<u64>,
     pub max_tracked_tenants: Option<u64>,
+    pub per_client: Option<RawPerClient>,
+    pub max_tracked_clients: Option<u64>,
+}
+
+/// `per_client`: each client address's own bucket within its tenant.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPerClient {
+    pub rate: RawRate,
 }
 
 #[derive(Debug, Deserialize)]

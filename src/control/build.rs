@@ -66,18 +66,18 @@ pub(super) fn router(
     // Every plan's limits over one route list (a route index means the
     // same route whichever plan a tenant is on).
     let union = config.route_prefixes();
-    let limits_of = |cap, rate, routes: &[(String, RateRule)]| {
-        let limits = Limits::over_union(cap, rate, routes, &union);
+    let limits_of = |cap, rate, routes: &[(String, RateRule)], per_client| {
+        let limits = Limits::over_union(cap, rate, routes, &union).with_per_client(per_client);
         match cluster {
             Some(shared) => limits.with_shared(Arc::clone(shared) as Arc<dyn Ledger>),
             None => limits,
         }
     };
     let l = &config.limits;
-    let limits = limits_of(l.connection_cap, l.rate, &l.routes);
+    let limits = limits_of(l.connection_cap, l.rate, &l.routes, l.per_client);
     let plans = (config.plans.plans.iter())
         .map(|p| {
-            let limits = limits_of(p.connection_cap, p.rate, &p.routes);
+            let limits = limits_of(p.connection_cap, p.rate, &p.routes, p.per_client);
             (CompactString::from(p.name.as_str()), limits)
         })
         .collect();
@@ -97,6 +97,7 @@ pub(super) fn router(
         allow: Some(Arc::new(HookAllow(Arc::clone(hooks)))),
         load,
         max_tracked_tenants: config.limits.max_tracked_tenants,
+        max_tracked_clients: config.limits.max_tracked_clients,
         ..Default::default()
     })
 }

@@ -5,6 +5,7 @@
 
 mod admission;
 mod bucket;
+mod clients;
 mod deny;
 mod lease;
 mod lease_check;
@@ -13,6 +14,9 @@ mod tenants;
 
 pub use admission::AdmissionGuard;
 pub use bucket::{RateRule, TokenBucket};
+pub use clients::{
+    ClientCheck, ClientKey, ClientTable, TrackedClient, DEFAULT_MAX_TRACKED_CLIENTS, SLOT_BYTES,
+};
 pub use deny::DenyList;
 pub use lease::{share_of, Ledger, Mode, SharedSlot};
 pub use plans::PlanSet;
@@ -31,13 +35,28 @@ use std::sync::Arc;
 pub enum Bucket<'a> {
     Tenant,
     Route(&'a str),
+    /// The client's own, within its tenant (`per_client`).
+    Client,
 }
 
 impl Bucket<'_> {
+    /// The kinds of bucket, as the metrics name them.
+    pub const KINDS: [&'static str; 3] = ["tenant", "route", "client"];
+
+    /// This bucket's kind, as an index in [`Bucket::KINDS`].
+    pub fn kind_index(&self) -> usize {
+        match self {
+            Bucket::Tenant => 0,
+            Bucket::Route(_) => 1,
+            Bucket::Client => 2,
+        }
+    }
+
     pub fn name(&self) -> &str {
         match self {
             Bucket::Tenant => "tenant",
             Bucket::Route(name) => name,
+            Bucket::Client => "client",
         }
     }
 }
@@ -97,8 +116,17 @@ pub struct Limits {
     /// plan's limits over every plan's routes) the plan's own longest
     /// prefix covering it; `None`: no bucket, unlimited.
     held_by: Vec<Option<u16>>,
+    /// Each client's bucket within a tenant (`per_client`).
+    per_client: RateRule,
     /// Cluster mode: buckets and caps shared through Redis.
     shared: Option<Arc<dyn Ledger>>,
+}
+
+/// The client a request comes from, and the table of client buckets.
+#[derive(Clone, Copy)]
+pub struct Client<'a> {
+    pub table: &'a ClientTable,
+    pub key: ClientKey,
 }
 
 impl Default for Limits {
@@ -123,8 +151,19 @@ impl Limits {
             rate,
             held_by: (0..routes.len()).map(|i| Some(i as u16)).collect(),
             routes,
+            per_client: RateRule::UNLIMITED,
             shared: None,
         }
+    }
+
+    /// The same limits with a bucket per client address (`per_client`).
+    pub fn with_per_client(mut self, rule: RateRule) -> Self {
+        self.per_client = rule;
+        self
+    }
+
+    pub fn per_client(&self) -> &RateRule {
+        &self.per_client
     }
 
     /// One plan's limits over `union`, every route prefix any plan names
@@ -160,6 +199,7 @@ impl Limits {
             rate,
             routes,
             held_by,
+            per_client: RateRule::UNLIMITED,
             shared: None,
         }
     }
@@ -174,10 +214,11 @@ impl Limits {
         self.shared.as_ref()
     }
 
-    /// Whether any limit applies (cap, tenant bucket or a route bucket).
+    /// Whether any limit applies (cap, tenant, route or client bucket).
     pub fn any(&self) -> bool {
         self.connection_cap.is_some()
             || !self.rate.is_unlimited()
+            || !self.per_client.is_unlimited()
             || self.routes.iter().any(|(_, rule)| !rule.is_unlimited())
     }
 
@@ -286,10 +327,59 @@ impl Limits {
             })
     }
 
-    /// Cap, tenant bucket, route bucket, then commit. Callers hold the
-    /// entry's lock, so the cap check and the admission count are one
-    /// atomic step.
+    /// The client's bucket (`per_client`), cap, tenant bucket, route
+    /// bucket, then commit. Callers hold the entry's lock, so the cap
+    /// check and the admission count are one atomic step, and so are the
+    /// client's bucket and the tenant's.
     pub fn check(
+        &self,
+        entry: &TenantEntry,
+        state: &mut TenantState,
+        route: Option<u16>,
+        client: Option<Client<'_>>,
+        now: f64,
+        spend: Spend,
+    ) -> Verdict<'_> {
+        self.client_first(entry.id(), client, now, spend, || {
+            self.check_tenant(entry, state, route, now, spend)
+        })
+    }
+
+    /// Runs `rest` (the tenant's checks) if the client's bucket holds a
+    /// token, and spends that token if `rest` admits and `spend` says so;
+    /// an empty client bucket refuses first, spending nothing. One abusive
+    /// client is refused by its own bucket before it empties its tenant's.
+    fn client_first<'l>(
+        &'l self,
+        tenant: &str,
+        client: Option<Client<'_>>,
+        now: f64,
+        spend: Spend,
+        rest: impl FnOnce() -> Verdict<'l>,
+    ) -> Verdict<'l> {
+        let rule = &self.per_client;
+        let Some(client) = client.filter(|_| !rule.is_unlimited()) else {
+            return rest();
+        };
+        let refused = |retry_after_secs| Verdict::RateLimited {
+            bucket: Bucket::Client,
+            retry_after_secs,
+        };
+        if spend == Spend::Nothing {
+            return match client.table.peek(tenant, client.key, rule, now) {
+                ClientCheck::Has => rest(),
+                ClientCheck::Empty(retry) => refused(retry),
+            };
+        }
+        let checked = client.table.check(tenant, client.key, rule, now, || {
+            let verdict = rest();
+            (verdict, verdict == Verdict::Admit)
+        });
+        checked.unwrap_or_else(refused)
+    }
+
+    /// Cap, tenant bucket, route bucket, then commit.
+    fn check_tenant(
         &self,
         entry: &TenantEntry,
         state: &mut TenantState,
@@ -311,7 +401,19 @@ impl Limits {
     }
 
     /// The verdict for a tenant the table does not know (explain only).
-    pub fn check_fresh(&self, tenant: &str, route: Option<u16>, now: f64) -> Verdict<'_> {
+    pub fn check_fresh(
+        &self,
+        tenant: &str,
+        route: Option<u16>,
+        client: Option<Client<'_>>,
+        now: f64,
+    ) -> Verdict<'_> {
+        self.client_first(tenant, client, now, Spend::Nothing, || {
+            self.check_unknown(tenant, route, now)
+        })
+    }
+
+    fn check_unknown(&self, tenant: &str, route: Option<u16>, now: f64) -> Verdict<'_> {
         let mut buckets = self.fresh_buckets(now);
         // In cluster mode the tenant may hold admissions on other nodes.
         let active = match (&self.shared, self.connection_cap) {

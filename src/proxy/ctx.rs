@@ -22,6 +22,9 @@ pub struct RequestCtx {
     pub request_id: RequestId,
     /// The resolved tenant (after the domain map).
     pub tenant: Option<CompactString>,
+    /// The client's address (the PROXY header's, if its listener takes
+    /// one): its forwarding fields and its own bucket (`per_client`).
+    pub client: Option<std::net::IpAddr>,
     /// Index of the matched route prefix.
     pub(crate) route: RouteMatch,
     pub(crate) channel: Option<String>,
@@ -101,6 +104,7 @@ impl Default for RequestCtx {
             started: Instant::now(),
             request_id: request_id::new_id(),
             tenant: None,
+            client: None,
             route: RouteMatch::default(),
             channel: None,
             region: None,

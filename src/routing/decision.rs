@@ -74,6 +74,9 @@ pub struct RouteRequest<'a> {
     pub balance: Option<Balance>,
     /// Shards not to pick (e.g. those that just failed).
     pub exclude: &'a [ShardId],
+    /// The client's address: its own bucket within the tenant's
+    /// (`per_client`), if the tenant's limits have one.
+    pub client: Option<std::net::IpAddr>,
 }
 
 impl<'a> RouteRequest<'a> {
@@ -106,6 +109,11 @@ impl<'a> RouteRequest<'a> {
 
     pub fn exclude(mut self, shards: &'a [ShardId]) -> Self {
         self.exclude = shards;
+        self
+    }
+
+    pub fn client(mut self, address: std::net::IpAddr) -> Self {
+        self.client = Some(address);
         self
     }
 }

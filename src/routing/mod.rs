@@ -24,5 +24,6 @@ pub use hash::{CustomHash, RoutingKey};
 pub use region::{Region, RegionDirectory, RegionError};
 pub use router::{AllowHook, HashStrategy, Load, LoadHook, Router, RouterMetrics, RouterOptions};
 pub use shard::{Shard, ShardEntry, ShardId, ShardProtocol, ShardSet, ShardStatus};
-pub use snapshot::{RouteBucketSnapshot, RouterSnapshot, ShardSnapshot, TenantSnapshot, Tokens};
+pub use snapshot::{
+    ClientBucketSnapshot, RouteBucketSnapshot, RouterSnapshot, ShardSnapshot, TenantSnapshot, Tokens};
 pub use top::{TopRefused, TopTenant};

@@ -62,6 +62,18 @@ pub struct RouteBucketSnapshot {
     pub tokens: Tokens,
 }
 
+/// A client's bucket within its tenant (`per_client`); only in a
+/// snapshot that has one not yet refilled.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientBucketSnapshot {
+    /// `203.0.113.7`, or `2001:db8:1:2::/64`.
+    pub client: String,
+    pub last_refill_at: f64,
+    pub tenant: String,
+    pub tokens: Tokens,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ShardSnapshot {
     #[serde(flatten)]
@@ -76,6 +88,8 @@ pub struct ShardSnapshot {
 #[serde(deny_unknown_fields)]
 pub struct RouterSnapshot {
     pub at: f64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub client_buckets: Vec<ClientBucketSnapshot>,
     pub route_buckets: Vec<RouteBucketSnapshot>,
     pub shards: Vec<ShardSnapshot>,
     pub tenants: Vec<TenantSnapshot>,
@@ -91,6 +105,9 @@ impl RouterSnapshot {
         }
         for r in &mut self.route_buckets {
             r.last_refill_at += delta_ms;
+        }
+        for c in &mut self.client_buckets {
+            c.last_refill_at += delta_ms;
         }
     }
 }

@@ -57,8 +57,23 @@ pub(super) fn check_limits(c: &mut Checker<'_>, l: RawLimits) -> LimitsConfig {
             crate::limits::DEFAULT_MAX_TRACKED
         }
     };
+    let max_tracked_clients = match l.max_tracked_clients {
+        None => crate::limits::DEFAULT_MAX_TRACKED_CLIENTS,
+        Some(n @ 64..=100_000_000) => n as usize,
+        Some(_) => {
+            c.error(
+                "limits.max_tracked_clients",
+                "must be between 64 and 100000000",
+            );
+            crate::limits::DEFAULT_MAX_TRACKED_CLIENTS
+        }
+    };
+    let per_client = (l.per_client.as_ref())
+        .map_or(RateRule::UNLIMITED, |p| c.rate("limits.per_client.rate", &p.rate));
     LimitsConfig {
         max_tracked_tenants,
+        per_client,
+        max_tracked_clients,
         connection_cap,
         rate,
         routes,

@@ -83,8 +83,14 @@ fn check_plan(
             })
             .collect(),
     };
+    let per_client = match plan.per_client {
+        None => limits.per_client,
+        Some(None) => RateRule::UNLIMITED,
+        Some(Some(p)) => c.rate(&format!("{field}.per_client.rate"), &p.rate),
+    };
     PlanConfig {
         name,
+        per_client,
         rate,
         connection_cap,
         max_body_bytes: plan.max_body_bytes.unwrap_or(limits.max_body_bytes),

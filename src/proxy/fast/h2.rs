@@ -42,7 +42,7 @@ impl FastPath {
             Ok(_) => {
                 let target = req.raw_path();
                 match target.starts_with(b"/") && target.iter().all(u8::is_ascii_graphic) {
-                    true => gw.plan(&RequestView::from_pingora(req), &mut ctx),
+                    true => gw.plan(&RequestView::from_pingora(req), client_addr.as_ref(), &mut ctx),
                     false => Err(Refusal::error(400, "invalid-target")),
                 }
             }
@@ -52,7 +52,7 @@ impl FastPath {
         }
         let request = planned.map(|host| {
             let tls = stream.digest().is_some_and(|d| d.ssl_digest.is_some());
-            let forwarding = self.forwarding(host, tls, client_addr.as_ref(), &ctx);
+            let forwarding = self.forwarding(host, tls, &ctx);
             let cookies = req.headers.get_all(http::header::COOKIE).iter();
             let cookie = joined_cookie(cookies.map(|v| v.as_bytes()));
             let fields = fields(req, cookie.as_deref());

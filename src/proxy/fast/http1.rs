@@ -106,7 +106,7 @@ impl FastPath {
         let view =
             RequestView::from_raw(parsed.method, parsed.target, target.path(), &parsed.headers)
                 .with_authority(target.authority);
-        let mut planned = gw.plan(&view, &mut ctx);
+        let mut planned = gw.plan(&view, client_addr.as_ref(), &mut ctx);
         if planned.is_ok() {
             h1_body.planned(gw.body_phase(&ctx), &ctx.upstream_edit, ctx.max_body);
         }
@@ -119,7 +119,7 @@ impl FastPath {
             Err(refusal) => self.refused(&mut c, &mut ctx, refusal).await,
             Ok(host_seen) => {
                 let tls = c.stream().get_ssl_digest().is_some();
-                let forwarding = self.forwarding(host_seen, tls, client_addr.as_ref(), &ctx);
+                let forwarding = self.forwarding(host_seen, tls, &ctx);
                 let edit = &ctx.upstream_edit;
                 let bytes =
                     upstream_bytes(&parsed, &target, outgoing, whole_body, &forwarding, edit);

@@ -137,19 +137,18 @@ impl FastPath {
         })
     }
 
-    /// The forwarding fields of a request from `client` for `host`.
+    /// The forwarding fields of a request for `host`.
     fn forwarding<'a>(
         &'a self,
         host: &'a str,
         tls: bool,
-        client: Option<&pingora::protocols::l4::socket::SocketAddr>,
         ctx: &'a RequestCtx,
     ) -> Forwarding<'a> {
         let config = &self.gateway.control().config;
         Forwarding {
             host,
             proto: self.gateway.scheme_of(tls),
-            peer_ip: client.and_then(|a| a.as_inet()).map(|a| a.ip()),
+            peer_ip: ctx.client,
             owned: Owned::of(config).for_trace(ctx.trace.as_ref()),
             tenant: ctx.tenant.as_deref().unwrap_or_default(),
             request_id: &ctx.request_id,

@@ -48,10 +48,10 @@ impl FastPath {
         let req = stream.req_header();
         let mut view = RequestView::from_pingora(req);
         view.method = "GET";
-        let planned = gw.plan(&view, &mut ctx);
+        let planned = gw.plan(&view, client_addr.as_ref(), &mut ctx);
         let request = planned.map(|host| {
             let tls = stream.digest().is_some_and(|d| d.ssl_digest.is_some());
-            let forwarding = self.forwarding(host, tls, client_addr.as_ref(), &ctx);
+            let forwarding = self.forwarding(host, tls, &ctx);
             let cookies = req.headers.get_all(http::header::COOKIE).iter();
             let cookie = joined_cookie(cookies.map(|v| v.as_bytes()));
             let key = websocket_key();

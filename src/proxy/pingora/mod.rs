@@ -50,7 +50,11 @@ impl ProxyHttp for Gateway {
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         ctx.phases |= phase::REQUEST_FILTER;
         let outcome = self
-            .plan(&RequestView::from_pingora(session.req_header()), ctx)
+            .plan(
+                &RequestView::from_pingora(session.req_header()),
+                session.client_addr(),
+                ctx,
+            )
             .map(|_| ());
         let limits = &self.control.config.limits;
         // Our idle limit, for a connection the request lets stay open (an
@@ -266,14 +270,10 @@ impl ProxyHttp for Gateway {
             .unwrap_or_default()
             .to_string();
         let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
-        let peer_ip = session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map(|a| a.ip());
         let forwarding = Forwarding {
             host: &host,
             proto: self.scheme_of(tls),
-            peer_ip,
+            peer_ip: ctx.client,
             owned: Owned::of(config).for_trace(ctx.trace.as_ref()),
             tenant: ctx.tenant.as_deref().unwrap_or_default(),
             request_id: &ctx.request_id,

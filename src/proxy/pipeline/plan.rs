@@ -19,6 +19,7 @@ use crate::proxy::Gateway;
 use crate::routing::{Decision, RouteRequest, ShardId};
 use crate::trace::{AttemptSpan, Finished};
 use http::header::HOST;
+use pingora::protocols::l4::socket::SocketAddr;
 use std::sync::Arc;
 
 /// The longest channel id (DESIGN §2 "Bounded by design"): what the router
@@ -26,15 +27,17 @@ use std::sync::Arc;
 const MAX_CHANNEL: usize = 128;
 
 impl Gateway {
-    /// Resolves, checks, routes and admits the request `req`. On `Ok` the
-    /// context holds the tenant, the shard, its peer and the admission, and
-    /// the client's host (verbatim, validated) is returned; on `Err` the
-    /// answer to give (nothing was admitted).
+    /// Resolves, checks, routes and admits the request `req` from
+    /// `client`. On `Ok` the context holds the tenant, the shard, its peer
+    /// and the admission, and the client's host (verbatim, validated) is
+    /// returned; on `Err` the answer to give (nothing was admitted).
     pub fn plan<'r>(
         &self,
         req: &RequestView<'r>,
+        client: Option<&SocketAddr>,
         ctx: &mut RequestCtx,
     ) -> Result<&'r str, Refusal> {
+        ctx.client = client.and_then(|a| a.as_inet()).map(|a| a.ip());
         ctx.grpc = req.header("content-type").is_some_and(grpc::is_grpc);
         if ctx.grpc {
             ctx.grpc_timeout = req.header("grpc-timeout").and_then(grpc::timeout);
@@ -143,6 +146,7 @@ impl Gateway {
             region: ctx.region.as_deref(),
             balance: None,
             exclude: &ctx.failed,
+            client: ctx.client,
         };
         let mut routed = self.control.router.admit(&request);
         ctx.decision = Some(routed.decision);

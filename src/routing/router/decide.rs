@@ -4,7 +4,7 @@
 //! nothing.
 
 use super::{HashStrategy, Load, Router};
-use crate::limits::{AdmissionGuard, Limits, Spend, TenantEntry, Verdict};
+use crate::limits::{AdmissionGuard, Client, ClientKey, Limits, Spend, TenantEntry, Verdict};
 use crate::routing::balance::{least_connections, round_robin, Balance};
 use crate::routing::clock::Clock;
 use crate::routing::decision::{Decision, RouteRequest, RouteResult};
@@ -74,6 +74,9 @@ impl Router {
             };
             if let Some(counts) = decisions.get(slot) {
                 counts[result.decision.index()].incr();
+            }
+            if let Some(bucket) = &result.bucket {
+                self.counters.rate_limited[bucket.kind_index()].incr();
             }
             self.counters
                 .refused
@@ -224,6 +227,10 @@ impl Router {
         let index = |name: Option<&str>| name.and_then(|r| plans.base().route_index(r));
         let (route, also) = (index(req.route), index(req.route_also));
         let route = |limits: &Limits| limits.bucket_route(route, also);
+        let client = req.client.map(|address| Client {
+            table: &self.clients,
+            key: ClientKey::of(address),
+        });
         let spend = match mode {
             Mode::Explain => {
                 let existing = self.tenants.with_existing(req.tenant, |e, s| {
@@ -231,7 +238,7 @@ impl Router {
                     let mut cache = s.plan;
                     let plan = plans.plan_cached(req.tenant, &mut cache);
                     let limits = plans.limits_of(plan);
-                    let verdict = limits.check(e, s, route(limits), now, Spend::Nothing);
+                    let verdict = limits.check(e, s, route(limits), client, now, Spend::Nothing);
                     (verdict, plan)
                 });
                 let (verdict, plan) = existing.unwrap_or_else(|| {
@@ -240,6 +247,7 @@ impl Router {
                         plans.limits_of(plan).check_fresh(
                             req.tenant,
                             route(plans.limits_of(plan)),
+                            client,
                             now,
                         ),
                         plan,
@@ -260,7 +268,7 @@ impl Router {
             |entry, state| {
                 let plan = plans.current(req.tenant, state, now);
                 let limits = plans.limits_of(plan);
-                let verdict = limits.check(entry, state, route(limits), now, spend);
+                let verdict = limits.check(entry, state, route(limits), client, now, spend);
                 if verdict != Verdict::Admit {
                     return (verdict, None, None, plan);
                 }

@@ -18,7 +18,7 @@ use super::shard::{Membership, ShardSet};
 use super::top::{TopRefused, TopTenant};
 use crate::counters::{LastDuration, StripedCounter};
 use crate::limits::{
-    AdmissionGuard, DenyList, Limits, PlanSet, TenantEntry, TenantState, TenantTable,
+    AdmissionGuard, ClientTable, DenyList, Limits, PlanSet, TenantEntry, TenantState, TenantTable,
 };
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
@@ -35,6 +35,9 @@ struct Counters {
     /// plan i (bounded by the configuration).
     decisions: Vec<[StripedCounter; 7]>,
     last_route: LastDuration,
+    /// `rate-limited` refusals by the kind of bucket: tenant, route,
+    /// client.
+    rate_limited: [StripedCounter; 3],
     /// The tenants refused most over the last minute (bounded).
     refused: TopRefused,
 }
@@ -43,6 +46,8 @@ pub struct Router {
     shards: ArcSwap<ShardSet>,
     membership: Mutex<Membership>,
     tenants: TenantTable,
+    /// Each client's bucket within its tenant (`per_client`).
+    clients: ClientTable,
     cursors: Cursors,
     plans: PlanSet,
     allow: Option<Arc<dyn AllowHook>>,
@@ -65,6 +70,7 @@ impl Router {
             shards: ArcSwap::from_pointee(set),
             membership: Mutex::new(membership),
             tenants: TenantTable::bounded(options.max_tracked_tenants),
+            clients: ClientTable::bounded(options.max_tracked_clients),
             cursors: Cursors::new(),
             plans: PlanSet::new(
                 options.limits,
@@ -85,6 +91,7 @@ impl Router {
                     .map(|_| std::array::from_fn(|_| StripedCounter::new()))
                     .collect(),
                 last_route: LastDuration::new(),
+                rate_limited: std::array::from_fn(|_| StripedCounter::new()),
                 refused: TopRefused::default(),
             },
         }

@@ -98,6 +98,9 @@ pub struct RouterOptions {
     /// buckets are not full (a bucket that never refills otherwise stays
     /// for ever).
     pub max_tracked_tenants: usize,
+    /// The per-client table's bound (`limits.max_tracked_clients`): past
+    /// it the least recently seen clients' buckets are forgotten.
+    pub max_tracked_clients: usize,
 }
 
 impl Default for RouterOptions {
@@ -116,6 +119,7 @@ impl Default for RouterOptions {
             clock: Arc::new(MonotonicClock::new()),
             forget_idle_tenants: true,
             max_tracked_tenants: crate::limits::DEFAULT_MAX_TRACKED,
+            max_tracked_clients: crate::limits::DEFAULT_MAX_TRACKED_CLIENTS,
         }
     }
 }

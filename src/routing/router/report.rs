@@ -2,12 +2,14 @@
 //! snapshot it saves and restores (the state file, the cluster).
 
 use super::Router;
-use crate::limits::{TenantBuckets, TenantEntry, TenantState, TokenBucket};
+use crate::limits::{
+    ClientKey, TenantBuckets, TenantEntry, TenantState, TokenBucket, TrackedClient,
+};
 use crate::routing::clock::Clock;
 use crate::routing::decision::Decision;
 use crate::routing::shard::{Shard, ShardStatus};
 use crate::routing::snapshot::{
-    RouteBucketSnapshot, RouterSnapshot, ShardSnapshot, TenantSnapshot, Tokens,
+    ClientBucketSnapshot, RouteBucketSnapshot, RouterSnapshot, ShardSnapshot, TenantSnapshot, Tokens,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -39,6 +41,17 @@ impl Router {
     /// Tenants currently remembered.
     pub fn tenant_count(&self) -> usize {
         self.tenants.len()
+    }
+
+    /// Client buckets currently remembered (`per_client`).
+    pub fn client_count(&self) -> usize {
+        self.clients.len()
+    }
+
+    /// `rate-limited` refusals by the kind of bucket that ran dry.
+    pub fn rate_limited_counts(&self) -> [(&'static str, u64); 3] {
+        let counts = &self.counters.rate_limited;
+        std::array::from_fn(|i| (crate::limits::Bucket::KINDS[i], counts[i].get()))
     }
 
     /// Live admissions of a tenant (0 for one the router does not know).
@@ -144,12 +157,46 @@ impl Router {
                 healthy: e.status.healthy,
             })
             .collect();
+        let now = self.clock.now_ms();
+        // Client buckets are this node's own, in cluster mode too.
+        let mut client_buckets: Vec<ClientBucketSnapshot> = (self.clients.unrefilled(now))
+            .into_iter()
+            .map(|c| ClientBucketSnapshot {
+                client: c.client.to_string(),
+                last_refill_at: c.bucket.last_refill_at,
+                tenant: c.tenant.to_string(),
+                tokens: Tokens(c.bucket.tokens),
+            })
+            .collect();
+        client_buckets.sort_by(|a, b| (&a.tenant, &a.client).cmp(&(&b.tenant, &b.client)));
         RouterSnapshot {
-            at: self.clock.now_ms(),
+            at: now,
+            client_buckets,
             route_buckets,
             shards,
             tenants,
             version: 1,
+        }
+    }
+
+    /// Replaces the client buckets with the snapshot's, each under its
+    /// tenant's plan now (none if the plan has no `per_client` any more).
+    fn restore_clients(&self, buckets: &[ClientBucketSnapshot], now: f64) {
+        self.clients.clear();
+        for c in buckets {
+            let rule = self.plans.limits_for(&c.tenant).per_client();
+            let Some(client) = ClientKey::parse(&c.client) else {
+                continue;
+            };
+            if rule.is_unlimited() {
+                continue;
+            }
+            let tracked = TrackedClient {
+                tenant: c.tenant.as_str().into(),
+                client,
+                bucket: TokenBucket::restored(rule, c.tokens.0, c.last_refill_at, now),
+            };
+            self.clients.put(tracked, rule, now);
         }
     }
 
@@ -197,6 +244,7 @@ impl Router {
         } else {
             self.tenants.retain(|e| restored.contains_key(e.id()));
         }
+        self.restore_clients(&snapshot.client_buckets, now);
         for (tenant, (active, buckets)) in restored {
             self.tenants.put(tenant, active, buckets);
         }
