@@ -4,6 +4,9 @@
 //! - route(), rendezvous and hrw, 64 shards with a load hook: ≤ 1 µs
 //! - domain resolve, exact / wildcard / fallback, 10 000 entries: ≤ 60 ns
 //! - admit + release, 2 threads on distinct tenants: ≥ 1.8× one thread
+//! - route() with a client address, per-client limits off and on (issue
+//!   38: off costs nothing), and the memory 100 000 invented client
+//!   addresses take (printed)
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use shardgate::limits::{Limits, RateRule};
@@ -211,11 +214,84 @@ fn bench_scaling(c: &mut Criterion) {
     g.finish();
 }
 
+/// One client address of 10 000 (IPv4) per call.
+fn client_of(i: usize) -> std::net::IpAddr {
+    std::net::Ipv4Addr::from(0x0a00_0000 + (i % 10_000) as u32).into()
+}
+
+fn bench_per_client(c: &mut Criterion) {
+    let tenants = tenants(1_000);
+    let mut g = c.benchmark_group("route");
+    g.throughput(Throughput::Elements(1));
+    for (name, per_client) in [("off", None), ("on", Some(RateRule::new(1e12, 1e12)))] {
+        let limits = per_client.map_or_else(limits, |rule| limits().with_per_client(rule));
+        let router = Router::new(RouterOptions {
+            shards: shards(16),
+            limits,
+            ..Default::default()
+        });
+        let mut i = 0;
+        g.bench_function(format!("jump_1000_tenants_10000_clients_per_client_{name}"), |b| {
+            b.iter(|| {
+                i += 1;
+                let request = RouteRequest::new(&tenants[i % 1_000]).client(client_of(i));
+                black_box(router.route(&request).decision);
+            })
+        });
+    }
+    // Only when chosen: what 100 000 invented addresses hold (printed),
+    // then what finding one among them costs.
+    g.bench_function("per_client_memory_100000_invented", |b| {
+        static MEMORY: std::sync::OnceLock<Router> = std::sync::OnceLock::new();
+        let router = MEMORY.get_or_init(report_client_memory);
+        let mut i = 0u32;
+        b.iter(|| {
+            i = (i + 1) % 100_000;
+            let client = std::net::Ipv4Addr::from(0x0b00_0000 + i).into();
+            black_box(router.explain(&RouteRequest::new("acme").client(client)).decision);
+        })
+    });
+    g.finish();
+}
+
+/// Resident memory of this process (KiB), from /proc.
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    (status.lines())
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Prints what 100 000 invented client addresses of one tenant hold:
+/// buckets that never refill, so none may be forgotten below the bound.
+fn report_client_memory() -> Router {
+    let router = Router::new(RouterOptions {
+        shards: shards(16),
+        limits: Limits::default().with_per_client(RateRule::new(5.0, 0.0)),
+        ..Default::default()
+    });
+    let before = rss_kib();
+    for i in 0..100_000u32 {
+        let client = std::net::Ipv4Addr::from(0x0b00_0000 + i).into();
+        black_box(router.route(&RouteRequest::new("acme").client(client)).decision);
+    }
+    let grown = rss_kib().saturating_sub(before) * 1024;
+    let tracked = router.client_count();
+    eprintln!(
+        "per_client: {tracked} clients tracked, RSS +{} KiB, {} bytes per client (slot {} bytes)",
+        grown / 1024,
+        grown / tracked.max(1) as u64,
+        shardgate::limits::SLOT_BYTES,
+    );
+    router
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = bench_jump, bench_rendezvous, bench_domains, bench_scaling
+    targets = bench_jump, bench_rendezvous, bench_domains, bench_scaling, bench_per_client
 }
 criterion_main!(benches);

@@ -14,13 +14,8 @@ use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// A gateway whose plain listener takes PROXY headers from `from`.
 fn behind_balancer(backend: &Backend, from: &str, extra: &str) -> Gateway {
-    let head = format!(
-        "listen: [{{ addr: \"127.0.0.1:{{port}}\", proxy_protocol: true, proxy_protocol_from: [{from}] }}]\n\
-         admin: {{ addr: \"127.0.0.1:{{admin}}\" }}\nstate: false\n"
-    );
-    Gateway::start(&config_yaml(&head, &[("a", backend.url())], extra))
+    behind_balancer_with_state(backend, from, "false", extra)
 }
 
 const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: t.localhost\r\nConnection: close\r\n\r\n";

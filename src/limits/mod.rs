@@ -331,6 +331,7 @@ impl Limits {
     /// bucket, then commit. Callers hold the entry's lock, so the cap
     /// check and the admission count are one atomic step, and so are the
     /// client's bucket and the tenant's.
+    #[inline]
     pub fn check(
         &self,
         entry: &TenantEntry,
@@ -340,15 +341,22 @@ impl Limits {
         now: f64,
         spend: Spend,
     ) -> Verdict<'_> {
-        self.client_first(entry.id(), client, now, spend, || {
-            self.check_tenant(entry, state, route, now, spend)
-        })
+        match client {
+            Some(client) if !self.per_client.is_unlimited() => {
+                self.client_first(entry.id(), Some(client), now, spend, || {
+                    self.check_tenant(entry, state, route, now, spend)
+                })
+            }
+            // Per-client limits off (the common case): nothing else runs.
+            _ => self.check_tenant(entry, state, route, now, spend),
+        }
     }
 
     /// Runs `rest` (the tenant's checks) if the client's bucket holds a
     /// token, and spends that token if `rest` admits and `spend` says so;
     /// an empty client bucket refuses first, spending nothing. One abusive
     /// client is refused by its own bucket before it empties its tenant's.
+    #[inline(never)]
     fn client_first<'l>(
         &'l self,
         tenant: &str,
@@ -379,6 +387,7 @@ impl Limits {
     }
 
     /// Cap, tenant bucket, route bucket, then commit.
+    #[inline]
     fn check_tenant(
         &self,
         entry: &TenantEntry,

@@ -48,6 +48,21 @@ pub fn config_yaml(head: &str, shards: &[(&str, String)], extra: &str) -> String
     yaml
 }
 
+/// A gateway whose plain listener takes PROXY headers from `from`, in
+/// front of `backend`, with `state` (`false`, or its section).
+pub fn behind_balancer_with_state(
+    backend: &Backend,
+    from: &str,
+    state: &str,
+    extra: &str,
+) -> Gateway {
+    let head = format!(
+        "listen: [{{ addr: \"127.0.0.1:{{port}}\", proxy_protocol: true, proxy_protocol_from: [{from}] }}]\n\
+         admin: {{ addr: \"127.0.0.1:{{admin}}\" }}\nstate: {state}\n"
+    );
+    Gateway::start(&config_yaml(&head, &[("a", backend.url())], extra))
+}
+
 /// A gateway on a plain listener in front of `shards` (`(id, url, more
 /// fields)`, e.g. `protocol: h2`), any `<tenant>.localhost` a tenant,
 /// with `extra` sections.

@@ -46,28 +46,18 @@ pub(super) fn check_limits(c: &mut Checker<'_>, l: RawLimits) -> LimitsConfig {
     if !(1..=256).contains(&max_headers) {
         c.error("limits.max_headers", "must be between 1 and 256");
     }
-    let max_tracked_tenants = match l.max_tracked_tenants {
-        None => crate::limits::DEFAULT_MAX_TRACKED,
-        Some(n @ 64..=100_000_000) => n as usize,
-        Some(_) => {
-            c.error(
-                "limits.max_tracked_tenants",
-                "must be between 64 and 100000000",
-            );
-            crate::limits::DEFAULT_MAX_TRACKED
-        }
-    };
-    let max_tracked_clients = match l.max_tracked_clients {
-        None => crate::limits::DEFAULT_MAX_TRACKED_CLIENTS,
-        Some(n @ 64..=100_000_000) => n as usize,
-        Some(_) => {
-            c.error(
-                "limits.max_tracked_clients",
-                "must be between 64 and 100000000",
-            );
-            crate::limits::DEFAULT_MAX_TRACKED_CLIENTS
-        }
-    };
+    let max_tracked_tenants = table_bound(
+        c,
+        "limits.max_tracked_tenants",
+        l.max_tracked_tenants,
+        crate::limits::DEFAULT_MAX_TRACKED,
+    );
+    let max_tracked_clients = table_bound(
+        c,
+        "limits.max_tracked_clients",
+        l.max_tracked_clients,
+        crate::limits::DEFAULT_MAX_TRACKED_CLIENTS,
+    );
     let per_client = (l.per_client.as_ref())
         .map_or(RateRule::UNLIMITED, |p| c.rate("limits.per_client.rate", &p.rate));
     LimitsConfig {
@@ -89,5 +79,17 @@ pub(super) fn check_limits(c: &mut Checker<'_>, l: RawLimits) -> LimitsConfig {
             l.keepalive_timeout_ms,
             60_000,
         ),
+    }
+}
+
+/// A table's bound (`max_tracked_*`): 64 to 100 000 000 entries.
+fn table_bound(c: &mut Checker<'_>, field: &str, value: Option<u64>, default: usize) -> usize {
+    match value {
+        None => default,
+        Some(n @ 64..=100_000_000) => n as usize,
+        Some(_) => {
+            c.error(field, "must be between 64 and 100000000");
+            default
+        }
     }
 }
