@@ -239,3 +239,22 @@ fn invented_client_addresses_stay_within_the_bound() {
     let spent = statuses(&gw, &[("192.0.2.1", "acme.localhost"); 6]);
     assert_eq!(spent, [200, 200, 200, 200, 200, 429]);
 }
+
+#[test]
+fn a_capped_tenant_spends_no_clients_token() {
+    let limits = Limits::new(Some(1), RateRule::UNLIMITED, Vec::new())
+        .with_per_client(RateRule::new(2.0, 0.0));
+    let (_, r) = router(limits);
+    let admit = || r.admit(&RouteRequest::new("acme").client(ip("192.0.2.1")));
+    let held = admit();
+    assert_eq!(held.decision, Decision::Allow);
+    for _ in 0..3 {
+        assert_eq!(admit().decision, Decision::Capped);
+    }
+    drop(held);
+    let second = admit();
+    assert_eq!(second.decision, Decision::Allow, "the refusals spent nothing");
+    drop(second);
+    let third = admit();
+    assert_eq!((third.decision, third.bucket), (Decision::RateLimited, Some(Bucket::Client)));
+}

@@ -28,6 +28,7 @@ impl AdminApi {
                 "connection_cap": p.connection_cap,
                 "max_body_bytes": p.max_body_bytes,
                 "routes": routes,
+                "per_client": rate_json(&p.per_client),
             });
             (p.name.clone(), fields)
         });
@@ -57,6 +58,7 @@ impl AdminApi {
                 "rate": rate_json(limits.rate()),
                 "connection_cap": limits.connection_cap(),
                 "max_body_bytes": max_body,
+                "per_client": rate_json(limits.per_client()),
             },
         })
     }

@@ -214,11 +214,12 @@ impl Limits {
         self.shared.as_ref()
     }
 
-    /// Whether any limit applies (cap, tenant, route or client bucket).
+    /// Whether any limit Redis keeps in cluster mode applies (cap, tenant
+    /// or route bucket). Client buckets are each node's own: Redis being
+    /// down changes nothing for them.
     pub fn any(&self) -> bool {
         self.connection_cap.is_some()
             || !self.rate.is_unlimited()
-            || !self.per_client.is_unlimited()
             || self.routes.iter().any(|(_, rule)| !rule.is_unlimited())
     }
 

@@ -232,8 +232,9 @@ impl TenantTable {
 
     #[inline]
     fn shard(&self, hash: u64) -> &Mutex<TableShard> {
-        // The low bits pick the bucket inside hashbrown; use the high ones.
-        &self.shards[(hash >> 58) as usize % TABLE_SHARDS]
+        // hashbrown takes its slot from the low bits and its tag from the
+        // top seven: the shard comes from bits in between.
+        &self.shards[(hash >> 32) as usize % TABLE_SHARDS]
     }
 
     fn cache(&self) -> &LocalCache {

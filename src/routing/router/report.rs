@@ -14,6 +14,10 @@ use crate::routing::snapshot::{
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// The most client buckets a snapshot keeps (the state file is written
+/// every interval: its size is bounded whatever clients do).
+const MAX_SAVED_CLIENTS: usize = 100_000;
+
 /// How many of each decision.
 pub type DecisionCounts = [(Decision, u64); 7];
 
@@ -168,6 +172,15 @@ impl Router {
                 tokens: Tokens(c.bucket.tokens),
             })
             .collect();
+        // The emptiest first past the bound: those a restart must not
+        // hand a fresh allowance.
+        if client_buckets.len() > MAX_SAVED_CLIENTS {
+            let emptiest = |a: &ClientBucketSnapshot, b: &ClientBucketSnapshot| {
+                a.tokens.0.total_cmp(&b.tokens.0)
+            };
+            client_buckets.select_nth_unstable_by(MAX_SAVED_CLIENTS, emptiest);
+            client_buckets.truncate(MAX_SAVED_CLIENTS);
+        }
         client_buckets.sort_by(|a, b| (&a.tenant, &a.client).cmp(&(&b.tenant, &b.client)));
         RouterSnapshot {
             at: now,
