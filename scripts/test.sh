@@ -14,7 +14,7 @@ cargo test --locked "$@"
 SHARDGATE_TEST_FAST_PATH=off cargo test --locked --test gateway --test hostile \
   --test framing --test operations --test faults --test hooks --test embed \
   --test conformance --test tls --test bodies --test observability --test tracing \
-  --test proxy_protocol --test per_client "$@"
+  --test proxy_protocol --test per_client --test compression "$@"
 # Every fuzz target briefly (FUZZ_SECONDS=0 skips; longer: scripts/fuzz.sh 600).
 if [ "${FUZZ_SECONDS:-15}" != 0 ]; then
   bash scripts/fuzz.sh "${FUZZ_SECONDS:-15}"

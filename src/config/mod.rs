@@ -54,6 +54,8 @@ pub struct Config {
     pub tls: Option<TlsConfig>,
     /// Tenant plans (DESIGN §6).
     pub plans: PlansConfig,
+    /// Response compression (DESIGN §10); `None`: off.
+    pub compression: Option<crate::wire::compress::Policy>,
 }
 
 /// A tenant plan (DESIGN §6) with `limits`' values where it left a field

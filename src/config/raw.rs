@@ -42,6 +42,8 @@ pub struct RawConfig {
     pub tracing: Option<RawTracing>,
     pub cluster: Option<RawCluster>,
     pub tls: Option<RawTlsSection>,
+    /// Response compression (DESIGN §10); absent: off.
+    pub compression: Option<RawCompression>,
     /// Tenant plans (DESIGN §6), in configuration order.
     #[serde(default)]
     pub plans: indexmap::IndexMap<String, RawPlan>,
@@ -218,6 +220,27 @@ pub struct RawLimits {
     pub max_tracked_tenants: Option<u64>,
     pub per_client: Option<RawPerClient>,
     pub max_tracked_clients: Option<u64>,
+}
+
+/// `compression` (DESIGN §10).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCompression {
+    pub algorithms: Option<Vec<String>>,
+    pub min_bytes: Option<u64>,
+    pub types: Option<Vec<String>>,
+    #[serde(default)]
+    pub levels: RawLevels,
+    pub max_streams: Option<u64>,
+}
+
+/// `compression.levels`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLevels {
+    pub gzip: Option<u32>,
+    pub br: Option<u32>,
+    pub zstd: Option<i32>,
 }
 
 /// `per_client`: each client address's own bucket within its tenant.

@@ -22,6 +22,12 @@ pub struct RequestCtx {
     pub request_id: RequestId,
     /// The resolved tenant (after the domain map).
     pub tenant: Option<CompactString>,
+    /// The coding the client accepts best, of `compression.algorithms`
+    /// (`None`: none, or compression off).
+    pub(crate) coding: Option<crate::wire::compress::Coding>,
+    /// The response body's encoder (Pingora's path; the fast path keeps
+    /// its own with the body it relays).
+    pub(crate) encoder: Option<crate::proxy::pipeline::compression::BodyEncoder>,
     /// The client's address (the PROXY header's, if its listener takes
     /// one): its forwarding fields and its own bucket (`per_client`).
     pub client: Option<std::net::IpAddr>,
@@ -104,6 +110,8 @@ impl Default for RequestCtx {
             started: Instant::now(),
             request_id: request_id::new_id(),
             tenant: None,
+            coding: None,
+            encoder: None,
             client: None,
             route: RouteMatch::default(),
             channel: None,

@@ -5,6 +5,7 @@
 //! ask them; the pipeline (`proxy::pipeline`) applies them. Pure rules: no
 //! I/O, nothing of shardgate's above.
 
+pub mod compress;
 pub mod fields;
 pub mod host;
 pub mod target;

@@ -12,6 +12,7 @@ use crate::proxy::pipeline::answer::Refusal;
 use crate::proxy::pipeline::framing::{trailer_fields, Framing, Part};
 use crate::proxy::pipeline::grpc;
 use crate::proxy::upstream::conn::Conn;
+use crate::proxy::pipeline::compression::BodyEncoder;
 use bytes::{Buf, Bytes, BytesMut};
 use std::future::poll_fn;
 use std::pin::Pin;
@@ -46,7 +47,7 @@ impl FastPath {
         peer: &ShardPeer,
         ctx: &mut RequestCtx,
     ) -> Exchanged {
-        let (conn, mut buf, parsed) = (upstream.conn, upstream.buf, upstream.parsed);
+        let (conn, mut buf, mut parsed) = (upstream.conn, upstream.buf, upstream.parsed);
         let status = parsed.status;
         let head = buf.split_to(parsed.head_len);
         if ctx.grpc {
@@ -60,6 +61,10 @@ impl FastPath {
         let Ok(first) = decode_body(&mut framing, &mut buf, &mut trailers, self.head_limit) else {
             return self.invalid_response(client, ctx).await;
         };
+        // Compressed or not, decided before the head says which; an
+        // encoder that cannot start leaves the body as it is.
+        let encoder;
+        (parsed.compress, encoder) = self.gateway.compression(ctx, || parsed.facts(&head));
         let edit = self.response_edit(status, ctx);
         let start = ResponseStart {
             buf: &head,
@@ -77,21 +82,12 @@ impl FastPath {
         // Bytes beyond the response: the shard misbehaved; do not reuse it.
         let reusable = parsed.keeps_connection() && buf.is_empty();
         buf.clear();
-        let done = framing.is_done();
-        client.queue(first, done.then_some(&trailers[..]));
-        let mut relay = Relay {
-            conn,
-            buf,
-            until_close: matches!(framing, Framing::UntilClose),
-            framing,
-            trailers,
-            max_trailers: self.head_limit,
-            done,
-            reusable,
-            stalled: None,
-            shard: ShardSilence::default(),
-            sleep: None,
-        };
+        let mut relay = Relay::new(conn, buf, framing, trailers, self.head_limit, reusable);
+        relay.encoder = encoder;
+        if relay.deliver(client, first).is_err() {
+            client.abort();
+            return Exchanged::Closed(status);
+        }
         let bounds = self.bounds();
         let ended = poll_fn(|cx| relay.poll(cx, client, &mut out, &bounds)).await;
         match ended {
@@ -190,6 +186,8 @@ struct Relay {
     stalled: Option<Instant>,
     shard: ShardSilence,
     sleep: Option<Pin<Box<Sleep>>>,
+    /// The body's encoder, when it is compressed.
+    encoder: Option<BodyEncoder>,
 }
 
 /// The waits a relay is bounded by: the client's stall
@@ -203,6 +201,56 @@ struct Bounds {
 }
 
 impl Relay {
+    /// A relay of `framing`'s body from `conn` (`buf`: read, not yet
+    /// decoded; `trailers` read so far, at most `max_trailers`).
+    fn new(
+        conn: Conn,
+        buf: BytesMut,
+        framing: Framing,
+        trailers: Vec<u8>,
+        max_trailers: usize,
+        reusable: bool,
+    ) -> Relay {
+        Relay {
+            conn,
+            buf,
+            until_close: matches!(framing, Framing::UntilClose),
+            done: framing.is_done(),
+            framing,
+            trailers,
+            max_trailers,
+            reusable,
+            stalled: None,
+            shard: ShardSilence::default(),
+            sleep: None,
+            encoder: None,
+        }
+    }
+
+    /// Queues `content` for the client, compressed if the body is (each
+    /// piece flushed as it comes), with the end and its trailers once the
+    /// body is done. `Err`: the encoder failed (the body is cut).
+    fn deliver<D: Downstream>(&mut self, client: &mut D, content: Bytes) -> Result<(), ()> {
+        let end = self.done.then_some(&self.trailers[..]);
+        let Some(encoder) = &mut self.encoder else {
+            client.queue(content, end);
+            return Ok(());
+        };
+        let mut out = match content.is_empty() {
+            true => Bytes::new(),
+            false => encoder.chunk(&content).map_err(|_| ())?,
+        };
+        if end.is_some() {
+            let last = encoder.finish().map_err(|_| ())?;
+            out = match out.is_empty() {
+                true => last,
+                false => [out, last].concat().into(),
+            };
+        }
+        client.queue(out, end);
+        Ok(())
+    }
+
     /// The `grpc-status` in the trailer section, once read.
     fn grpc_status(&self) -> Option<u8> {
         grpc::status_of(trailer_fields(&self.trailers, |_| false))
@@ -276,8 +324,7 @@ impl Relay {
             Poll::Ready(Ok(0)) if self.until_close => {
                 self.reusable = false;
                 self.done = true;
-                client.queue(Bytes::new(), Some(&[]));
-                Poll::Ready(Ok(()))
+                Poll::Ready(self.deliver(client, Bytes::new()))
             }
             // Cut short: the client must see it so.
             Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => Poll::Ready(Err(())),
@@ -295,8 +342,7 @@ impl Relay {
                 self.reusable &= self.buf.is_empty();
                 self.buf.clear();
                 self.done = self.framing.is_done();
-                client.queue(content, self.done.then_some(&self.trailers[..]));
-                Poll::Ready(Ok(()))
+                Poll::Ready(self.deliver(client, content))
             }
             Poll::Pending => {
                 self.shard.reading.get_or_insert_with(Instant::now);

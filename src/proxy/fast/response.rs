@@ -11,6 +11,7 @@ use crate::proxy::pipeline::framing::Framing;
 use crate::proxy::pipeline::message::{
     closes_connection, declared_framing, length_allowed, Declared,
 };
+use crate::wire::compress::{Decision, ResponseFacts};
 use pingora::http::ResponseHeader;
 use pingora::protocols::http::date::get_cached_date;
 use std::mem::MaybeUninit;
@@ -44,7 +45,8 @@ impl Encoding {
     pub(super) fn of(parsed: &ParsedResponse, http10: bool) -> Encoding {
         match parsed.framing {
             _ if parsed.bodiless => Encoding::Bodiless,
-            Framing::Length(_) => Encoding::Length,
+            // A compressed body's length is known only at its end.
+            Framing::Length(_) if parsed.compress.coding().is_none() => Encoding::Length,
             _ if http10 => Encoding::Close,
             _ => Encoding::Chunked,
         }
@@ -102,6 +104,9 @@ pub(super) fn response_head(
             push_field(&mut out, name, value);
         }
     }
+    for (name, value) in parsed.compression_fields(buf) {
+        push_field(&mut out, name.as_bytes(), &value);
+    }
     for (name, value) in edit.iter().flat_map(|e| e.add.iter()) {
         let name = name.as_str().as_bytes();
         if not_id(name) {
@@ -158,6 +163,9 @@ pub(super) fn h2_response_head(
         head.insert_header(http::header::CONTENT_LENGTH, length)
             .map_err(|_| ())?;
     }
+    for (name, value) in parsed.compression_fields(buf) {
+        head.append_header(name, value).map_err(|_| ())?;
+    }
     if let Some(edit) = edit {
         edit.apply(&mut head).map_err(|_| ())?;
     }
@@ -192,6 +200,9 @@ pub(super) struct ParsedResponse {
     length: Option<u64>,
     pub(super) head_len: usize,
     pub(super) framing: Framing,
+    /// What becomes of the body (DESIGN §10): decided by the responder
+    /// before the head is written, which then says so.
+    pub(super) compress: Decision,
 }
 
 impl ParsedResponse {
@@ -206,7 +217,34 @@ impl ParsedResponse {
     /// shard wrote it (`5, 5` is a length, but not one every client
     /// reads): each writer frames the body itself, with [`Self::length`].
     fn keeps(&self, hops: &ResponseHops<'_>, name: &[u8]) -> bool {
-        !is_framing(name) && hops.keeps(name)
+        !is_framing(name) && hops.keeps(name) && !self.compress.drops(name)
+    }
+
+    /// The values of the shard's field `name` (in `buf`, the head's bytes).
+    pub(super) fn values<'b>(
+        &'b self,
+        buf: &'b [u8],
+        name: &'static str,
+    ) -> impl Iterator<Item = &'b [u8]> + 'b {
+        (self.headers.iter())
+            .filter(move |(n, _)| buf[n.clone()].eq_ignore_ascii_case(name.as_bytes()))
+            .map(move |(_, v)| &buf[v.clone()])
+    }
+
+    /// The fields compression adds to the head ([`Decision::fields`]).
+    fn compression_fields(&self, buf: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
+        if self.compress == Decision::Leave {
+            return Vec::new();
+        }
+        let fields: Vec<(&[u8], &[u8])> = (self.headers.iter())
+            .map(|(n, v)| (&buf[n.clone()], &buf[v.clone()]))
+            .collect();
+        self.compress.fields(&fields)
+    }
+
+    /// What compression asks of this response.
+    pub(super) fn facts<'b>(&'b self, buf: &'b [u8]) -> ResponseFacts<'b> {
+        ResponseFacts::of(self.status, self.bodiless, self.length, |name| self.values(buf, name))
     }
 
     /// The `Content-Length` the client is told, by the one rule for both
@@ -214,7 +252,8 @@ impl ParsedResponse {
     /// chunks — the length the body is sent with, or to HEAD and on a
     /// 304 the resource's.
     pub(super) fn length(&self) -> Option<u64> {
-        self.length.filter(|_| length_allowed(self.status))
+        let compressed = self.compress.coding().is_some();
+        self.length.filter(|_| length_allowed(self.status) && !compressed)
     }
 
     /// The hop-by-hop rule for this response.
@@ -310,6 +349,7 @@ fn final_head(
         length: None,
         head_len,
         framing: Framing::UntilClose,
+        compress: Decision::Leave,
     };
     for h in resp.headers.iter() {
         parsed

@@ -10,11 +10,12 @@
 //! decide what follows; `fail_to_proxy` writes shardgate's own answer;
 //! `logging` ends the request.
 
+mod compress;
 mod phases;
 mod session;
 
 use super::ctx::RequestCtx;
-use super::hooks::{RequestLine, RequestView, ResponseEdit, UpstreamFailure};
+use super::hooks::{RequestView, ResponseEdit, UpstreamFailure};
 use super::pipeline::answer::Refusal;
 use super::pipeline::failure::AttemptFailure;
 use super::pipeline::fields::{
@@ -35,7 +36,7 @@ use pingora::protocols::Digest;
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{ErrorSource, ErrorType};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
-use session::{final_status, is_websocket, no_body, refusal_for};
+use session::{final_status, is_websocket, no_body, refusal_for, request_line};
 
 #[async_trait]
 impl ProxyHttp for Gateway {
@@ -379,6 +380,7 @@ impl ProxyHttp for Gateway {
         }
         ctx.headers_received = true;
         strip_response_hop_by_hop(upstream_response);
+        compress::compress_head(self, session, upstream_response, ctx)?;
 
         if let Some(shard) = &ctx.shard {
             let mut edit = ResponseEdit::new(status);
@@ -408,6 +410,18 @@ impl ProxyHttp for Gateway {
             ctx.grpc_status = grpc::status_in(trailers).or(ctx.grpc_status);
         }
         Ok(())
+    }
+
+    /// A piece of the body to the client, compressed if the body is.
+    fn response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<std::time::Duration>> {
+        compress::compress_body(body, end_of_stream, ctx)?;
+        Ok(None)
     }
 
     /// Response body bytes came: the shard is not silent. Its end drops
@@ -570,25 +584,11 @@ impl ProxyHttp for Gateway {
             report_unforwarded(&names);
         }
         let status = ctx.answered.or_else(|| final_status(session)).unwrap_or(0);
-        let req = session.req_header();
         // A WebSocket's tunnel is not counted (as on the fast transport).
         if status != 101 {
             ctx.bytes_in = session.as_ref().body_bytes_read() as u64;
             ctx.bytes_out = session.as_ref().body_bytes_sent() as u64;
         }
-        let host = (req.headers.get(HOST).and_then(|h| h.to_str().ok()))
-            .or_else(|| req.uri.authority().map(|a| a.as_str()));
-        let line = RequestLine {
-            client: session.client_addr(),
-            method: req.method.as_str(),
-            target: &req.uri,
-            host,
-            protocol: match req.version {
-                http::Version::HTTP_2 => "HTTP/2",
-                http::Version::HTTP_10 => "HTTP/1.0",
-                _ => "HTTP/1.1",
-            },
-        };
-        self.finish(ctx, &line, status);
+        self.finish(ctx, &request_line(session), status);
     }
 }

@@ -4,6 +4,7 @@
 //! for Pingora's own errors.
 
 use crate::proxy::ctx::RequestCtx;
+use crate::proxy::hooks::RequestLine;
 use crate::proxy::pipeline::answer::Refusal;
 use crate::proxy::pipeline::failure::{AttemptFailure, Next};
 use crate::proxy::pipeline::fields::websocket_handshake;
@@ -106,6 +107,24 @@ pub(super) fn refusal_for(e: &Error) -> Option<Refusal> {
                 _ => Some(Refusal::error(400, "bad-request")),
             },
             _ => Some(Refusal::error(500, "internal-error")),
+        },
+    }
+}
+
+/// The access log's view of the request.
+pub(super) fn request_line(session: &Session) -> RequestLine<'_> {
+    let req = session.req_header();
+    let host = (req.headers.get(http::header::HOST).and_then(|h| h.to_str().ok()))
+        .or_else(|| req.uri.authority().map(|a| a.as_str()));
+    RequestLine {
+        client: session.client_addr(),
+        method: req.method.as_str(),
+        target: &req.uri,
+        host,
+        protocol: match req.version {
+            http::Version::HTTP_2 => "HTTP/2",
+            http::Version::HTTP_10 => "HTTP/1.0",
+            _ => "HTTP/1.1",
         },
     }
 }

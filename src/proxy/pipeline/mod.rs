@@ -15,6 +15,7 @@
 //! - [`edge`]: what the edge answers before routing (ACME challenges, the
 //!   https redirect);
 //! - [`answer`]: shardgate's own answers, one encoder (with `Date`);
+//! - [`compression`]: which responses are compressed, with which coding;
 //! - [`grpc`]: what a gRPC call is, its statuses and its deadline;
 //! - [`body`]: the embedder's body phase over a request's body;
 //! - [`watch`]: the headers deadline and liveness probes;
@@ -24,6 +25,7 @@
 
 pub mod answer;
 pub mod body;
+pub mod compression;
 pub mod edge;
 pub mod failure;
 pub mod fields;

@@ -79,6 +79,7 @@ impl Gateway {
             }
             Ok(_) => {}
         }
+        self.negotiate_coding(ctx, req.values("accept-encoding"));
         ctx.route = self.routes.route_for(req.path);
         ctx.channel = self.channel_of(req)?;
         if let (Some(directory), Some(tenant)) = (&self.control.regions, &ctx.tenant) {
