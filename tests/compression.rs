@@ -215,21 +215,29 @@ fn what_must_not_be_compressed_is_not() {
     assert_eq!((r.header("content-encoding"), r.header("vary")), (None, Some("Origin")));
 }
 
-#[test]
-fn a_streamed_body_arrives_compressed_as_it_is_made() {
-    let shard = Shard::start();
-    let gw = gateway(&shard, "{ algorithms: [gzip] }");
+/// Asks for `/stream` (gzip) and reads the response head (lowercased);
+/// the body is left to read.
+fn open_stream(gw: &Gateway) -> (BufReader<TcpStream>, String) {
     let mut stream = TcpStream::connect(("127.0.0.1", gw.port)).expect("connect");
     stream.set_read_timeout(Some(Duration::from_secs(15))).ok();
     let request = "GET /stream HTTP/1.1\r\nHost: t.localhost\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n";
     stream.write_all(request.as_bytes()).expect("write");
     let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    while line != "\r\n" {
-        line.clear();
-        reader.read_line(&mut line).expect("head");
-        assert!(!line.to_ascii_lowercase().starts_with("content-length"), "{line}");
+    let mut head = String::new();
+    while !head.ends_with("\r\n\r\n") {
+        let read = reader.read_line(&mut head).expect("head");
+        assert!(read > 0, "closed before the head ended: {head}");
     }
+    (reader, head.to_ascii_lowercase())
+}
+
+#[test]
+fn a_streamed_body_arrives_compressed_as_it_is_made() {
+    let shard = Shard::start();
+    let gw = gateway(&shard, "{ algorithms: [gzip] }");
+    let (mut reader, head) = open_stream(&gw);
+    assert!(!head.contains("content-length"), "{head}");
+    let mut line = String::new();
     // Chunks until the first part decodes: the shard holds the rest
     // until then, so a gateway that waited for the body would never get
     // here (the read times out).
@@ -277,19 +285,8 @@ fn past_max_streams_bodies_go_as_they_are() {
     let shard = Shard::start();
     let gw = gateway(&shard, "{ algorithms: [gzip], max_streams: 1 }");
     // A streamed body holds the one stream while the shard makes it.
-    let mut stream = TcpStream::connect(("127.0.0.1", gw.port)).expect("connect");
-    stream.set_read_timeout(Some(Duration::from_secs(15))).ok();
-    let request = "GET /stream HTTP/1.1\r\nHost: t.localhost\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n";
-    stream.write_all(request.as_bytes()).expect("write");
-    let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    let mut encoded = false;
-    while line != "\r\n" {
-        line.clear();
-        reader.read_line(&mut line).expect("head");
-        encoded |= line.to_ascii_lowercase().starts_with("content-encoding: gzip");
-    }
-    assert!(encoded, "the first body takes the stream");
+    let (mut reader, head) = open_stream(&gw);
+    assert!(head.contains("content-encoding: gzip"), "the first body takes the stream");
     let meanwhile = get(&gw, "/page", "Accept-Encoding: gzip\r\n");
     assert_eq!(meanwhile.header("content-encoding"), None, "no stream left");
     assert_eq!(meanwhile.header("vary"), Some("Origin"));

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Response compression (DESIGN §10): the proxy's CPU per MB of body it
 # compresses, and the size it sends, for a JSON and an HTML document
-# (~100 KiB each, served uncompressed by a backend nginx): shardgate with
+# (105 and 139 KiB, served uncompressed by a backend nginx): shardgate with
 # gzip at LEVEL against nginx's `gzip` at the same level, and shardgate's
 # brotli and zstd at their default (edge) levels. wrk asks for one coding
 # per run (`Accept-Encoding`), on CONNS connections for SECS seconds;
@@ -36,7 +36,7 @@ check_ports_free $BACKEND $PORT $ADMIN
 DOCS=$SG_WORK/docs
 mkdir -p "$DOCS" "$SG_WORK/backend-tmp" "$SG_WORK/nginx-tmp"
 chmod 755 "$DOCS"
-# ~100 KiB each, text as apps send it: repetitive but not trivial.
+# 105 and 139 KiB, text as apps send it: repetitive but not trivial.
 python3 - "$DOCS" <<'PY'
 import json, random, sys
 random.seed(7)
