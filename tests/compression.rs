@@ -97,6 +97,13 @@ async fn serve(mut tcp: tokio::net::TcpStream, go: Arc<Mutex<Option<tokio::sync:
             &body[..100],
         ),
         "/none" => b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n".to_vec(),
+        "/identity" => fixed("200 OK", "Content-Type: text/html\r\nContent-Encoding: identity\r\n", &body),
+        // No length, no chunks: the body ends with the shard's close.
+        "/close" => {
+            let mut out = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nConnection: close\r\n\r\n".to_vec();
+            out.extend_from_slice(&body);
+            out
+        }
         "/stream" => {
             let (tx, rx) = tokio::sync::oneshot::channel();
             *go.lock().expect("lock") = Some(tx);
@@ -165,6 +172,17 @@ fn each_coding_decodes_to_the_shards_body() {
         ));
         assert_eq!((old.header("content-length"), old.header("transfer-encoding")), (None, None));
         assert_eq!(decode(coding, &old.body), page(), "{coding} to HTTP/1.0");
+        // A body the shard ended with its close, and one it called
+        // `identity` (that coding is replaced, not listed beside).
+        for path in ["/close", "/identity"] {
+            let r = get(&gw, path, &format!("Accept-Encoding: {coding}\r\n"));
+            let codings: Vec<&str> = (r.headers.iter())
+                .filter(|(n, _)| n.eq_ignore_ascii_case("content-encoding"))
+                .map(|(_, v)| v.as_str())
+                .collect();
+            assert_eq!(codings, [coding], "{path}");
+            assert_eq!(decode(coding, &r.body), page(), "{coding} {path}");
+        }
     }
 }
 
@@ -256,10 +274,20 @@ fn a_streamed_body_arrives_compressed_as_it_is_made() {
         let _ = flate2::read::GzDecoder::new(&sent[..]).read_to_end(&mut decoded);
     }
     shard.release();
-    let mut rest = Vec::new();
-    reader.read_to_end(&mut rest).expect("the rest");
-    let whole = String::from_utf8_lossy(&rest).to_string();
-    assert!(whole.ends_with("0\r\n\r\n"), "ended");
+    // The rest, then the whole body decodes (its end included).
+    loop {
+        line.clear();
+        reader.read_line(&mut line).expect("a chunk's size");
+        let size = usize::from_str_radix(line.trim(), 16).expect("chunk size");
+        let mut chunk = vec![0; size + 2];
+        reader.read_exact(&mut chunk).expect("chunk");
+        if size == 0 {
+            break;
+        }
+        sent.extend_from_slice(&chunk[..size]);
+    }
+    let whole = decode("gzip", &sent);
+    assert_eq!(whole, [FIRST.as_bytes(), &page()].concat());
 }
 
 #[test]

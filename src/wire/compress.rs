@@ -263,11 +263,13 @@ impl Decision {
     }
 
     /// Whether a shard's field `name` goes from the head: a compressed
-    /// body has no length, no ranges, and its `ETag` comes back weak
-    /// ([`Decision::fields`]).
+    /// body has no length, no ranges, its `ETag` comes back weak and its
+    /// coding is ours ([`Decision::fields`]; the shard's could only say
+    /// `identity`).
     pub fn drops(self, name: &[u8]) -> bool {
         let is = |field: &str| name.eq_ignore_ascii_case(field.as_bytes());
-        self.coding().is_some() && (is("content-length") || is("accept-ranges") || is("etag"))
+        self.coding().is_some()
+            && (is("content-length") || is("accept-ranges") || is("etag") || is("content-encoding"))
     }
 
     /// The fields to add to a head whose shard's fields are `fields`:
@@ -442,6 +444,7 @@ mod tests {
         let compress = Decision::Compress(Coding::Br);
         let kept: Vec<&[u8]> = (shard.iter()).filter(|(n, _)| !compress.drops(n)).map(|(n, _)| *n).collect();
         assert_eq!(kept, [b"Vary".as_slice()]);
+        assert!(compress.drops(b"Content-Encoding"), "the shard's `identity`");
         let added = compress.fields(&shard);
         let text: Vec<(&str, &str)> = (added.iter())
             .map(|(n, v)| (*n, std::str::from_utf8(v).unwrap_or("?")))

@@ -79,7 +79,7 @@ fn check_algorithms(c: &mut Checker<'_>, names: &[String]) -> Vec<Coding> {
     let mut algorithms = Vec::new();
     for (i, name) in names.iter().enumerate() {
         let field = format!("compression.algorithms[{i}]");
-        match Coding::of_token(name.as_bytes()).filter(|_| name != "x-gzip") {
+        match Coding::of_token(name.as_bytes()).filter(|_| !name.eq_ignore_ascii_case("x-gzip")) {
             Some(coding) if algorithms.contains(&coding) => {
                 c.error(field, format!("`{name}` is listed twice"));
             }

@@ -104,8 +104,17 @@ pub(super) fn response_head(
             push_field(&mut out, name, value);
         }
     }
+    // The edit has the last word, as it has for HTTP/2 clients (applied
+    // over the head) and on Pingora's path.
+    let edited = |name: &str| {
+        edit.is_some_and(|e| {
+            e.removes(name.as_bytes()) || e.add.iter().any(|(n, _)| n.as_str().eq_ignore_ascii_case(name))
+        })
+    };
     for (name, value) in parsed.compression_fields(buf) {
-        push_field(&mut out, name.as_bytes(), &value);
+        if !edited(name) {
+            push_field(&mut out, name.as_bytes(), &value);
+        }
     }
     for (name, value) in edit.iter().flat_map(|e| e.add.iter()) {
         let name = name.as_str().as_bytes();

@@ -7,14 +7,14 @@ use crate::proxy::ctx::RequestCtx;
 use crate::proxy::Gateway;
 use crate::wire::compress::{Decision, ResponseFacts};
 use bytes::Bytes;
-use http::header::{ACCEPT_RANGES, CONTENT_LENGTH, ETAG, TRANSFER_ENCODING};
+use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 use pingora::ErrorType;
 use pingora_proxy::Session;
 
-/// Decides for the shard's head `head` (hop-by-hop fields gone) and
-/// edits it: a compressed body loses its length, ranges and strong
+/// Decides for the shard's head `head` (hop-by-hop fields gone, the
+/// embedder's edit applied) and edits it: a compressed body loses its length, ranges and strong
 /// `ETag`, gains `Content-Encoding`, `Vary` and (to an HTTP/1.1 client)
 /// chunks; the encoder waits in `ctx` for the body.
 pub(super) fn compress_head(
@@ -24,6 +24,13 @@ pub(super) fn compress_head(
     ctx: &mut RequestCtx,
 ) -> Result<()> {
     ctx.encoder = None;
+    // Not on this path: a cached body (stored as the shard sent it), nor
+    // an HTTP/2 shard's (Pingora ends its body with trailers or with the
+    // head itself, past the body phase that would end the coding).
+    let h2_shard = ctx.peer.as_ref().is_some_and(|p| p.protocol.may_be_h2());
+    if session.cache.enabled() || h2_shard {
+        return Ok(());
+    }
     let shards: &ResponseHeader = head;
     let (decision, encoder) = gw.compression(ctx, || {
         let status = shards.status.as_u16();
@@ -42,10 +49,12 @@ pub(super) fn compress_head(
         .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
         .collect();
     let added = decision.fields(&fields);
-    for name in [CONTENT_LENGTH, ACCEPT_RANGES, ETAG] {
-        if decision.drops(name.as_str().as_bytes()) {
-            head.remove_header(&name);
-        }
+    let dropped: Vec<http::HeaderName> = (head.headers.keys())
+        .filter(|name| decision.drops(name.as_str().as_bytes()))
+        .cloned()
+        .collect();
+    for name in dropped {
+        head.remove_header(&name);
     }
     for (name, value) in added {
         head.append_header(name, value)?;

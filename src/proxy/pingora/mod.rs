@@ -29,7 +29,7 @@ use super::pipeline::watch::{quiet, Verdict, Watch};
 use super::Gateway;
 use async_trait::async_trait;
 use http::header::HOST;
-use phases::{missing_phases, phase, report_unforwarded, require_phases};
+use phases::{phase, report_unforwarded_at_end, require_phases};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::protocols::Digest;
@@ -380,7 +380,6 @@ impl ProxyHttp for Gateway {
         }
         ctx.headers_received = true;
         strip_response_hop_by_hop(upstream_response);
-        compress::compress_head(self, session, upstream_response, ctx)?;
 
         if let Some(shard) = &ctx.shard {
             let mut edit = ResponseEdit::new(status);
@@ -420,6 +419,7 @@ impl ProxyHttp for Gateway {
         end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<std::time::Duration>> {
+        ctx.phases |= phase::RESPONSE_BODY_FILTER;
         compress::compress_body(body, end_of_stream, ctx)?;
         Ok(None)
     }
@@ -456,6 +456,8 @@ impl ProxyHttp for Gateway {
         if !session.cache.enabled() {
             require_phases(ctx, phase::UPSTREAM_RESPONSE_FILTER)?;
         }
+        // Here, next to the body's phase (a cache keeps the shard's head).
+        compress::compress_head(self, session, upstream_response, ctx)?;
         if session.req_header().version == http::Version::HTTP_10
             && upstream_response
                 .remove_header(&http::header::TRANSFER_ENCODING)
@@ -566,23 +568,7 @@ impl ProxyHttp for Gateway {
     /// its duration, the access log line, and — dropping the context right
     /// after — the admission's release.
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
-        // What no later phase could catch (logged, the request is over): a
-        // shard's response sent without the response phase, a body sent
-        // upstream without the body phase (its size limit).
-        let mut needed = 0;
-        let shards_head_sent = ctx.phases & phase::UPSTREAM_RESPONSE_FILTER != 0
-            && ctx.answered.is_none()
-            && session.response_written().is_some();
-        if shards_head_sent {
-            needed |= phase::RESPONSE_FILTER;
-        }
-        let connected = ctx.phases & phase::CONNECTED_TO_UPSTREAM != 0;
-        if connected && session.as_ref().body_bytes_read() > 0 {
-            needed |= phase::REQUEST_BODY_FILTER;
-        }
-        if let Some(names) = missing_phases(ctx, needed) {
-            report_unforwarded(&names);
-        }
+        report_unforwarded_at_end(session, ctx);
         let status = ctx.answered.or_else(|| final_status(session)).unwrap_or(0);
         // A WebSocket's tunnel is not counted (as on the fast transport).
         if status != 101 {

@@ -5,6 +5,7 @@
 use crate::proxy::ctx::RequestCtx;
 use pingora::prelude::*;
 use pingora::ErrorType;
+use pingora_proxy::Session;
 
 /// The phases of `Gateway` whose rules nothing else holds, as bits of
 /// `RequestCtx::phases` (each phase sets its own). A `ProxyHttp` wrapping
@@ -20,13 +21,15 @@ pub(super) mod phase {
     pub const REQUEST_BODY_FILTER: u8 = 1 << 3;
     pub const UPSTREAM_RESPONSE_FILTER: u8 = 1 << 4;
     pub const RESPONSE_FILTER: u8 = 1 << 5;
-    pub const NAMES: [(u8, &str); 6] = [
+    pub const RESPONSE_BODY_FILTER: u8 = 1 << 6;
+    pub const NAMES: [(u8, &str); 7] = [
         (REQUEST_FILTER, "request_filter"),
         (UPSTREAM_PEER, "upstream_peer"),
         (CONNECTED_TO_UPSTREAM, "connected_to_upstream"),
         (REQUEST_BODY_FILTER, "request_body_filter"),
         (UPSTREAM_RESPONSE_FILTER, "upstream_response_filter"),
         (RESPONSE_FILTER, "response_filter"),
+        (RESPONSE_BODY_FILTER, "response_body_filter"),
     ];
 }
 
@@ -50,6 +53,30 @@ pub(super) fn report_unforwarded(names: &str) {
             "the ProxyHttp wrapping shardgate's Gateway does not forward {names} to it: \
              requests that need it fail (every phase Gateway implements must be forwarded)"
         );
+    }
+}
+
+/// At the request's end, names (in the log) what no later phase could
+/// catch: a shard's response sent without the response phase, a
+/// compressed head without the body phase, a body sent upstream without
+/// the body phase (its size limit).
+pub(super) fn report_unforwarded_at_end(session: &Session, ctx: &RequestCtx) {
+    let mut needed = 0;
+    let shards_head_sent = ctx.phases & phase::UPSTREAM_RESPONSE_FILTER != 0
+        && ctx.answered.is_none()
+        && session.response_written().is_some();
+    if shards_head_sent {
+        needed |= phase::RESPONSE_FILTER;
+    }
+    if ctx.encoder.is_some() && session.as_ref().body_bytes_sent() > 0 {
+        needed |= phase::RESPONSE_BODY_FILTER;
+    }
+    let connected = ctx.phases & phase::CONNECTED_TO_UPSTREAM != 0;
+    if connected && session.as_ref().body_bytes_read() > 0 {
+        needed |= phase::REQUEST_BODY_FILTER;
+    }
+    if let Some(names) = missing_phases(ctx, needed) {
+        report_unforwarded(&names);
     }
 }
 
