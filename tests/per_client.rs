@@ -258,3 +258,34 @@ fn a_capped_tenant_spends_no_clients_token() {
     let third = admit();
     assert_eq!((third.decision, third.bucket), (Decision::RateLimited, Some(Bucket::Client)));
 }
+
+#[test]
+fn http2_streams_and_grpc_calls_spend_their_clients_bucket() {
+    let backend = Backend::start("a");
+    let extra = "limits:\n  per_client: { rate: { tokens: 2, refill_per_second: 0.01 } }\n";
+    let gw = Gateway::start(&config_yaml(
+        "listen: [{ addr: \"127.0.0.1:{port}\" }]\nadmin: { addr: \"127.0.0.1:{admin}\" }\nstate: false\n",
+        &[("a", backend.url())],
+        extra,
+    ));
+    // Three streams of one HTTP/2 connection (h2c), one after the other,
+    // all 127.0.0.1's.
+    let url = format!("http://127.0.0.1:{}/", gw.port);
+    let out = std::process::Command::new("h2load")
+        .args(["-n", "3", "-c", "1", "-m", "1", "-H", ":authority: t.localhost", &url])
+        .output()
+        .expect("h2load runs");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(report.contains("status codes: 2 2xx, 0 3xx, 1 4xx, 0 5xx"), "{report}");
+    // A gRPC call from the same client gets the refusal's gRPC form.
+    let grpc = std::process::Command::new("curl")
+        .args(["-s", "--http2-prior-knowledge", "-D", "-", "-o", "/dev/null"])
+        .args(["-H", "Host: t.localhost", "-H", "content-type: application/grpc", "-H", "te: trailers"])
+        .args(["--data-binary", "@/dev/null", &format!("{url}test.Echo/Unary")])
+        .output()
+        .expect("curl runs");
+    let head = String::from_utf8_lossy(&grpc.stdout).to_ascii_lowercase();
+    assert!(head.starts_with("http/2 200"), "{head}");
+    assert!(head.contains("grpc-status: 8"), "{head}");
+    assert!(head.contains("grpc-message: rate-limited"), "{head}");
+}
