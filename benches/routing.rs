@@ -231,13 +231,16 @@ fn bench_per_client(c: &mut Criterion) {
             ..Default::default()
         });
         let mut i = 0;
-        g.bench_function(format!("jump_1000_tenants_10000_clients_per_client_{name}"), |b| {
-            b.iter(|| {
-                i += 1;
-                let request = RouteRequest::new(&tenants[i % 1_000]).client(client_of(i));
-                black_box(router.route(&request).decision);
-            })
-        });
+        g.bench_function(
+            format!("jump_1000_tenants_10000_clients_per_client_{name}"),
+            |b| {
+                b.iter(|| {
+                    i += 1;
+                    let request = RouteRequest::new(&tenants[i % 1_000]).client(client_of(i));
+                    black_box(router.route(&request).decision);
+                })
+            },
+        );
     }
     // Only when chosen: what 100 000 invented addresses hold (printed),
     // then what finding one among them costs.
@@ -248,7 +251,11 @@ fn bench_per_client(c: &mut Criterion) {
         b.iter(|| {
             i = (i + 1) % 100_000;
             let client = std::net::Ipv4Addr::from(0x0b00_0000 + i).into();
-            black_box(router.explain(&RouteRequest::new("acme").client(client)).decision);
+            black_box(
+                router
+                    .explain(&RouteRequest::new("acme").client(client))
+                    .decision,
+            );
         })
     });
     g.finish();
@@ -274,7 +281,11 @@ fn report_client_memory() -> Router {
     let before = rss_kib();
     for i in 0..100_000u32 {
         let client = std::net::Ipv4Addr::from(0x0b00_0000 + i).into();
-        black_box(router.route(&RouteRequest::new("acme").client(client)).decision);
+        black_box(
+            router
+                .route(&RouteRequest::new("acme").client(client))
+                .decision,
+        );
     }
     let grown = rss_kib().saturating_sub(before) * 1024;
     let tracked = router.client_count();

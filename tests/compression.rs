@@ -56,7 +56,10 @@ impl Shard {
     }
 }
 
-async fn serve(mut tcp: tokio::net::TcpStream, go: Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>) {
+async fn serve(
+    mut tcp: tokio::net::TcpStream,
+    go: Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>,
+) {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -138,8 +141,12 @@ fn get(gw: &Gateway, path: &str, fields: &str) -> Response {
 fn decode(coding: &str, bytes: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     match coding {
-        "gzip" => flate2::read::GzDecoder::new(bytes).read_to_end(&mut out).map(|_| ()),
-        "br" => brotli::Decompressor::new(bytes, 4096).read_to_end(&mut out).map(|_| ()),
+        "gzip" => flate2::read::GzDecoder::new(bytes)
+            .read_to_end(&mut out)
+            .map(|_| ()),
+        "br" => brotli::Decompressor::new(bytes, 4096)
+            .read_to_end(&mut out)
+            .map(|_| ()),
         "zstd" => zstd::stream::copy_decode(bytes, &mut out),
         other => panic!("no decoder for {other}"),
     }
@@ -157,20 +164,34 @@ fn each_coding_decodes_to_the_shards_body() {
         assert_eq!(r.header("content-encoding"), Some(coding));
         assert_eq!(r.header("content-length"), None);
         assert_eq!(r.header("transfer-encoding"), Some("chunked"));
-        assert_eq!(r.header("accept-ranges"), None, "ranges of the shard's bytes");
+        assert_eq!(
+            r.header("accept-ranges"),
+            None,
+            "ranges of the shard's bytes"
+        );
         assert_eq!(r.header("etag"), Some("W/\"v1\""));
         let vary: Vec<&str> = (r.headers.iter())
             .filter(|(n, _)| n.eq_ignore_ascii_case("vary"))
             .map(|(_, v)| v.as_str())
             .collect();
         assert_eq!(vary, ["Origin", "Accept-Encoding"]);
-        assert!(r.body.len() * 4 < page().len(), "{coding}: {} bytes", r.body.len());
+        assert!(
+            r.body.len() * 4 < page().len(),
+            "{coding}: {} bytes",
+            r.body.len()
+        );
         assert_eq!(decode(coding, &r.body), page(), "{coding}");
         // HTTP/1.0: no chunks, the body ends with the connection.
         let old = gw.send(&format!(
             "GET /page HTTP/1.0\r\nHost: t.localhost\r\nAccept-Encoding: {coding}\r\n\r\n"
         ));
-        assert_eq!((old.header("content-length"), old.header("transfer-encoding")), (None, None));
+        assert_eq!(
+            (
+                old.header("content-length"),
+                old.header("transfer-encoding")
+            ),
+            (None, None)
+        );
         assert_eq!(decode(coding, &old.body), page(), "{coding} to HTTP/1.0");
         // A body the shard ended with its close, and one it called
         // `identity` (that coding is replaced, not listed beside).
@@ -200,9 +221,15 @@ fn the_clients_weights_then_the_configured_order_choose() {
     assert_eq!(coding("zstd").as_deref(), None, "not configured");
     // Not compressed for this client, but another would get it so.
     let plain = get(&gw, "/page", "Accept-Encoding: identity\r\n");
-    assert_eq!(plain.header("content-length"), Some(page().len().to_string().as_str()));
+    assert_eq!(
+        plain.header("content-length"),
+        Some(page().len().to_string().as_str())
+    );
     assert_eq!(plain.header("etag"), Some("\"v1\""));
-    assert!(plain.headers.iter().any(|(n, v)| n.eq_ignore_ascii_case("vary") && v == "Accept-Encoding"));
+    assert!(plain
+        .headers
+        .iter()
+        .any(|(n, v)| n.eq_ignore_ascii_case("vary") && v == "Accept-Encoding"));
     assert_eq!(plain.body, page());
 }
 
@@ -217,20 +244,31 @@ fn what_must_not_be_compressed_is_not() {
         assert!(r.header("content-length").is_some(), "{path}");
     }
     let encoded = get(&gw, "/encoded", accept);
-    assert_eq!(encoded.header("content-encoding"), Some("br"), "the shard's own");
+    assert_eq!(
+        encoded.header("content-encoding"),
+        Some("br"),
+        "the shard's own"
+    );
     assert_eq!(encoded.body, page(), "passed as it came");
     let none = get(&gw, "/none", accept);
     assert_eq!((none.status, none.header("content-encoding")), (204, None));
     let mut stream = TcpStream::connect(("127.0.0.1", gw.port)).expect("connect");
-    let request = format!("HEAD /page HTTP/1.1\r\nHost: t.localhost\r\n{accept}Connection: close\r\n\r\n");
+    let request =
+        format!("HEAD /page HTTP/1.1\r\nHost: t.localhost\r\n{accept}Connection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).expect("write");
     let head = read_response_to(&mut BufReader::new(stream), true).expect("an answer to HEAD");
     assert_eq!(head.header("content-encoding"), None);
-    assert_eq!(head.header("content-length"), Some(page().len().to_string().as_str()));
+    assert_eq!(
+        head.header("content-length"),
+        Some(page().len().to_string().as_str())
+    );
     // Compression off: nothing changes, not even `Vary`.
     let off = gateway_with_fields(&[("a", shard.url(), "weight: 1")], "");
     let r = get(&off, "/page", accept);
-    assert_eq!((r.header("content-encoding"), r.header("vary")), (None, Some("Origin")));
+    assert_eq!(
+        (r.header("content-encoding"), r.header("vary")),
+        (None, Some("Origin"))
+    );
 }
 
 /// Asks for `/stream` (gzip) and reads the response head (lowercased);
@@ -263,7 +301,9 @@ fn a_streamed_body_arrives_compressed_as_it_is_made() {
     let mut decoded = Vec::new();
     while !String::from_utf8_lossy(&decoded).contains(FIRST) {
         line.clear();
-        reader.read_line(&mut line).expect("a chunk's size before the rest is made");
+        reader
+            .read_line(&mut line)
+            .expect("a chunk's size before the rest is made");
         let size = usize::from_str_radix(line.trim(), 16).expect("chunk size");
         assert!(size > 0, "the body ended before its first part decoded");
         let mut chunk = vec![0; size + 2];
@@ -294,16 +334,30 @@ fn a_streamed_body_arrives_compressed_as_it_is_made() {
 fn curl_decodes_each_coding_over_http2_too() {
     let shard = Shard::start();
     let gw = gateway(&shard, "{ algorithms: [zstd, br, gzip] }");
-    for (coding, http) in [("gzip", "--http1.1"), ("br", "--http2-prior-knowledge"), ("zstd", "--http2-prior-knowledge")] {
+    for (coding, http) in [
+        ("gzip", "--http1.1"),
+        ("br", "--http2-prior-knowledge"),
+        ("zstd", "--http2-prior-knowledge"),
+    ] {
         let out = Command::new("curl")
-            .args(["-s", "--compressed", http, "-H", &format!("Accept-Encoding: {coding}")])
+            .args([
+                "-s",
+                "--compressed",
+                http,
+                "-H",
+                &format!("Accept-Encoding: {coding}"),
+            ])
             .args(["-H", "Host: t.localhost", "-D", "-"])
             .arg(format!("http://127.0.0.1:{}/page", gw.port))
             .output()
             .expect("curl runs");
         let text = String::from_utf8_lossy(&out.stdout).to_string();
         let (head, body) = text.split_once("\r\n\r\n").expect("a head");
-        assert!(head.to_ascii_lowercase().contains(&format!("content-encoding: {coding}")), "{head}");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains(&format!("content-encoding: {coding}")),
+            "{head}"
+        );
         assert_eq!(body.as_bytes(), page(), "{coding} over {http}");
     }
 }
@@ -314,11 +368,17 @@ fn past_max_streams_bodies_go_as_they_are() {
     let gw = gateway(&shard, "{ algorithms: [gzip], max_streams: 1 }");
     // A streamed body holds the one stream while the shard makes it.
     let (mut reader, head) = open_stream(&gw);
-    assert!(head.contains("content-encoding: gzip"), "the first body takes the stream");
+    assert!(
+        head.contains("content-encoding: gzip"),
+        "the first body takes the stream"
+    );
     let meanwhile = get(&gw, "/page", "Accept-Encoding: gzip\r\n");
     assert_eq!(meanwhile.header("content-encoding"), None, "no stream left");
     assert_eq!(meanwhile.header("vary"), Some("Origin"));
-    assert!(meanwhile.headers.iter().any(|(n, v)| n.eq_ignore_ascii_case("vary") && v == "Accept-Encoding"));
+    assert!(meanwhile
+        .headers
+        .iter()
+        .any(|(n, v)| n.eq_ignore_ascii_case("vary") && v == "Accept-Encoding"));
     assert_eq!(meanwhile.body, page());
     shard.release();
     let mut rest = Vec::new();

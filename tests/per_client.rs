@@ -54,7 +54,13 @@ fn one_client_cannot_spend_its_tenants_allowance() {
         assert_eq!(from(&r, "192.0.2.1"), limited("client"));
     }
     // Its refusals spent none of the tenant's seven tokens left.
-    for client in ["192.0.2.2", "192.0.2.2", "192.0.2.3", "192.0.2.3", "192.0.2.4"] {
+    for client in [
+        "192.0.2.2",
+        "192.0.2.2",
+        "192.0.2.3",
+        "192.0.2.3",
+        "192.0.2.4",
+    ] {
         assert_eq!(from(&r, client), ALLOW);
     }
     assert_eq!(from(&r, "192.0.2.5"), ALLOW);
@@ -66,7 +72,10 @@ fn one_client_cannot_spend_its_tenants_allowance() {
     assert_eq!(m, [("tenant", 1), ("route", 0), ("client", 5)]);
     // A request with no client address (an embedder's, a Unix socket's)
     // has no client bucket: the tenant's alone decides.
-    assert_eq!(r.route(&RouteRequest::new("acme")).decision, Decision::RateLimited);
+    assert_eq!(
+        r.route(&RouteRequest::new("acme")).decision,
+        Decision::RateLimited
+    );
 }
 
 #[test]
@@ -115,7 +124,11 @@ fn explaining_shows_the_clients_bucket_and_spends_nothing() {
     assert_eq!(explain("192.0.2.1"), refused, "never refills: no retry");
     clock.advance(10_000.0);
     assert_eq!(explain("192.0.2.2"), (Decision::Allow, None, None));
-    assert_eq!(r.rate_limited_counts()[2], ("client", 0), "explaining counts nothing");
+    assert_eq!(
+        r.rate_limited_counts()[2],
+        ("client", 0),
+        "explaining counts nothing"
+    );
 }
 
 #[test]
@@ -192,25 +205,51 @@ fn clients_behind_a_balancer_each_have_their_own_bucket() {
     );
     assert_eq!(refused.header("retry-after"), Some("100"));
     // Another client of the same tenant, and IPv6 clients by /64.
-    let v6 = ["2001:db8::1", "2001:db8::2", "2001:db8::3", "2001:db8:0:1::1"];
-    let others = [("192.0.2.2", acme), (v6[0], acme), (v6[1], acme), (v6[2], acme), (v6[3], acme)];
+    let v6 = [
+        "2001:db8::1",
+        "2001:db8::2",
+        "2001:db8::3",
+        "2001:db8:0:1::1",
+    ];
+    let others = [
+        ("192.0.2.2", acme),
+        (v6[0], acme),
+        (v6[1], acme),
+        (v6[2], acme),
+        (v6[3], acme),
+    ];
     assert_eq!(statuses(&gw, &others), [200, 200, 200, 429, 200]);
     // Each plan its own rule: none, or a smaller one.
-    assert_eq!(statuses(&gw, &[("192.0.2.1", "free.localhost"); 4]), [200; 4]);
+    assert_eq!(
+        statuses(&gw, &[("192.0.2.1", "free.localhost"); 4]),
+        [200; 4]
+    );
     let tight = statuses(&gw, &[("192.0.2.1", "tight.localhost"); 2]);
     assert_eq!(tight, [200, 429]);
 
     let explain = |query: &str| gw.admin("GET", &format!("/v1/route?{query}"), None, None);
     let exhausted = explain("tenant=acme&client=192.0.2.1").json();
-    assert_eq!((exhausted["decision"].as_str(), exhausted["bucket"].as_str()), (Some("rate-limited"), Some("client")));
+    assert_eq!(
+        (exhausted["decision"].as_str(), exhausted["bucket"].as_str()),
+        (Some("rate-limited"), Some("client"))
+    );
     let fresh = explain("tenant=acme&client=192.0.2.9").json();
-    assert_eq!((fresh["decision"].as_str(), &fresh["bucket"]), (Some("allow"), &serde_json::Value::Null));
+    assert_eq!(
+        (fresh["decision"].as_str(), &fresh["bucket"]),
+        (Some("allow"), &serde_json::Value::Null)
+    );
     let grouped = explain("tenant=acme&client=2001:db8::/64").json();
     assert_eq!(grouped["bucket"].as_str(), Some("client"));
     assert_eq!(explain("tenant=acme&client=nobody").status, 400);
     let metrics = metrics_text(gw.admin_port);
-    assert_eq!(metric_value(&metrics, "shardgate_rate_limited_total{bucket=\"client\"}"), 3);
-    assert_eq!(metric_value(&metrics, "shardgate_rate_limited_total{bucket=\"tenant\"}"), 0);
+    assert_eq!(
+        metric_value(&metrics, "shardgate_rate_limited_total{bucket=\"client\"}"),
+        3
+    );
+    assert_eq!(
+        metric_value(&metrics, "shardgate_rate_limited_total{bucket=\"tenant\"}"),
+        0
+    );
     assert_eq!(metric_value(&metrics, "shardgate_clients_tracked"), 5);
 
     // A restart hands no client a fresh bucket.
@@ -253,10 +292,17 @@ fn a_capped_tenant_spends_no_clients_token() {
     }
     drop(held);
     let second = admit();
-    assert_eq!(second.decision, Decision::Allow, "the refusals spent nothing");
+    assert_eq!(
+        second.decision,
+        Decision::Allow,
+        "the refusals spent nothing"
+    );
     drop(second);
     let third = admit();
-    assert_eq!((third.decision, third.bucket), (Decision::RateLimited, Some(Bucket::Client)));
+    assert_eq!(
+        (third.decision, third.bucket),
+        (Decision::RateLimited, Some(Bucket::Client))
+    );
 }
 
 #[test]
@@ -272,16 +318,47 @@ fn http2_streams_and_grpc_calls_spend_their_clients_bucket() {
     // all 127.0.0.1's.
     let url = format!("http://127.0.0.1:{}/", gw.port);
     let out = std::process::Command::new("h2load")
-        .args(["-n", "3", "-c", "1", "-m", "1", "-H", ":authority: t.localhost", &url])
+        .args([
+            "-n",
+            "3",
+            "-c",
+            "1",
+            "-m",
+            "1",
+            "-H",
+            ":authority: t.localhost",
+            &url,
+        ])
         .output()
         .expect("h2load runs");
     let report = String::from_utf8_lossy(&out.stdout);
-    assert!(report.contains("status codes: 2 2xx, 0 3xx, 1 4xx, 0 5xx"), "{report}");
+    assert!(
+        report.contains("status codes: 2 2xx, 0 3xx, 1 4xx, 0 5xx"),
+        "{report}"
+    );
     // A gRPC call from the same client gets the refusal's gRPC form.
     let grpc = std::process::Command::new("curl")
-        .args(["-s", "--http2-prior-knowledge", "-D", "-", "-o", "/dev/null"])
-        .args(["-H", "Host: t.localhost", "-H", "content-type: application/grpc", "-H", "te: trailers"])
-        .args(["--data-binary", "@/dev/null", &format!("{url}test.Echo/Unary")])
+        .args([
+            "-s",
+            "--http2-prior-knowledge",
+            "-D",
+            "-",
+            "-o",
+            "/dev/null",
+        ])
+        .args([
+            "-H",
+            "Host: t.localhost",
+            "-H",
+            "content-type: application/grpc",
+            "-H",
+            "te: trailers",
+        ])
+        .args([
+            "--data-binary",
+            "@/dev/null",
+            &format!("{url}test.Echo/Unary"),
+        ])
         .output()
         .expect("curl runs");
     let head = String::from_utf8_lossy(&grpc.stdout).to_ascii_lowercase();

@@ -110,7 +110,9 @@ fn current(slot: Option<&Slot>, rule: &RateRule, now: f64) -> TokenBucket {
 /// When `bucket` is full again under `rule` (clock ms; ∞ if never).
 fn full_at(bucket: &TokenBucket, rule: &RateRule) -> f64 {
     match rule.refill_per_second > 0.0 {
-        true => bucket.last_refill_at + (rule.tokens - bucket.tokens) * 1000.0 / rule.refill_per_second,
+        true => {
+            bucket.last_refill_at + (rule.tokens - bucket.tokens) * 1000.0 / rule.refill_per_second
+        }
         false => f64::INFINITY,
     }
 }
@@ -289,13 +291,17 @@ impl ClientTable {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
             let shard = shard.lock();
-            out.extend(shard.slots.iter().filter(|s| s.full_at > now).map(|s| {
-                TrackedClient {
-                    tenant: s.tenant.clone(),
-                    client: ClientKey::from_halves(s.client),
-                    bucket: s.bucket,
-                }
-            }));
+            out.extend(
+                shard
+                    .slots
+                    .iter()
+                    .filter(|s| s.full_at > now)
+                    .map(|s| TrackedClient {
+                        tenant: s.tenant.clone(),
+                        client: ClientKey::from_halves(s.client),
+                        bucket: s.bucket,
+                    }),
+            );
         }
         out
     }
@@ -375,13 +381,21 @@ mod tests {
         assert!(spend(&t, "acme", a, &rule, 0.0));
         assert!(!spend(&t, "acme", a, &rule, 0.0), "a's bucket is empty");
         assert!(spend(&t, "acme", b, &rule, 0.0), "b has its own");
-        assert!(spend(&t, "globex", a, &rule, 0.0), "and a, its own per tenant");
+        assert!(
+            spend(&t, "globex", a, &rule, 0.0),
+            "and a, its own per tenant"
+        );
         assert_eq!(
-            t.check("acme", a, &rule, 0.0, || -> ((), bool) { panic!("not run") }),
+            t.check("acme", a, &rule, 0.0, || -> ((), bool) {
+                panic!("not run")
+            }),
             Err(Some(1.0)),
             "an empty bucket refuses before the tenant's checks, saying when"
         );
-        assert_eq!(t.peek("acme", a, &rule, 500.0), ClientCheck::Empty(Some(0.5)));
+        assert_eq!(
+            t.peek("acme", a, &rule, 500.0),
+            ClientCheck::Empty(Some(0.5))
+        );
         assert!(spend(&t, "acme", a, &rule, 1_000.0), "refilled one");
     }
 
@@ -403,7 +417,10 @@ mod tests {
         // never refill, least recently seen first past the bound.
         // One token each: the last client's bucket is empty while tracked
         // (a forgotten one would read full).
-        for (rule, at) in [(RateRule::new(1.0, 1.0), 10_000.0), (RateRule::new(1.0, 0.0), 1.0)] {
+        for (rule, at) in [
+            (RateRule::new(1.0, 1.0), 10_000.0),
+            (RateRule::new(1.0, 0.0), 1.0),
+        ] {
             let t = ClientTable::bounded(6_400);
             for i in 0..100_000u32 {
                 let client = ClientKey::of(std::net::Ipv4Addr::from(i).into());

@@ -25,5 +25,7 @@ pub use region::{Region, RegionDirectory, RegionError};
 pub use router::{AllowHook, HashStrategy, Load, LoadHook, Router, RouterMetrics, RouterOptions};
 pub use shard::{Shard, ShardEntry, ShardId, ShardProtocol, ShardSet, ShardStatus};
 pub use snapshot::{
-    ClientBucketSnapshot, RouteBucketSnapshot, RouterSnapshot, ShardSnapshot, TenantSnapshot, Tokens};
+    ClientBucketSnapshot, RouteBucketSnapshot, RouterSnapshot, ShardSnapshot, TenantSnapshot,
+    Tokens,
+};
 pub use top::{TopRefused, TopTenant};

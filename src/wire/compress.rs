@@ -69,7 +69,10 @@ impl TypePattern {
     /// Whether the media type of a `Content-Type` value (its parameters
     /// aside) is this pattern's.
     pub fn matches(&self, content_type: &[u8]) -> bool {
-        let essence = content_type.split(|&b| b == b';').next().unwrap_or_default();
+        let essence = content_type
+            .split(|&b| b == b';')
+            .next()
+            .unwrap_or_default();
         let essence = essence.trim_ascii();
         let Some(slash) = essence.iter().position(|&b| b == b'/') else {
             return false;
@@ -107,7 +110,10 @@ pub fn negotiate<'a>(
         let mut weight = Some(1000);
         for param in parts {
             let param = param.trim_ascii();
-            if let Some(q) = param.strip_prefix(b"q=").or_else(|| param.strip_prefix(b"Q=")) {
+            if let Some(q) = param
+                .strip_prefix(b"q=")
+                .or_else(|| param.strip_prefix(b"Q="))
+            {
                 weight = qvalue(q);
             }
         }
@@ -228,7 +234,8 @@ impl Policy {
             && !f.encoded
             && !f.no_transform
             && typed
-            && f.content_length.is_none_or(|n| n > 0 && n >= self.min_bytes)
+            && f.content_length
+                .is_none_or(|n| n > 0 && n >= self.min_bytes)
     }
 }
 
@@ -282,7 +289,9 @@ impl Decision {
         }
         if let Some(coding) = self.coding() {
             out.push(("Content-Encoding", coding.token().as_bytes().to_vec()));
-            let etags = fields.iter().filter(|(n, _)| n.eq_ignore_ascii_case(b"etag"));
+            let etags = fields
+                .iter()
+                .filter(|(n, _)| n.eq_ignore_ascii_case(b"etag"));
             for (_, value) in etags {
                 out.push(("ETag", weak_etag(value).unwrap_or_else(|| value.to_vec())));
             }
@@ -394,7 +403,11 @@ mod tests {
             ..Default::default()
         };
         let decide = |f: ResponseFacts<'_>| p.decide(&f, Some(Coding::Gzip));
-        assert_eq!(decide(base), Decision::Compress(Coding::Gzip), "unknown length");
+        assert_eq!(
+            decide(base),
+            Decision::Compress(Coding::Gzip),
+            "unknown length"
+        );
         let sized = |n| ResponseFacts {
             content_length: Some(n),
             ..base
@@ -402,33 +415,75 @@ mod tests {
         assert_eq!(decide(sized(1024)), Decision::Compress(Coding::Gzip));
         assert_eq!(decide(sized(1023)), Decision::Leave);
         for refused in [
-            ResponseFacts { head_request: true, ..base },
-            ResponseFacts { status: 204, ..base },
-            ResponseFacts { status: 304, ..base },
-            ResponseFacts { status: 206, ..base },
-            ResponseFacts { ranged: true, ..base },
-            ResponseFacts { encoded: true, ..base },
-            ResponseFacts { no_transform: true, ..base },
-            ResponseFacts { content_type: Some(b"image/png"), ..base },
-            ResponseFacts { content_type: None, ..base },
+            ResponseFacts {
+                head_request: true,
+                ..base
+            },
+            ResponseFacts {
+                status: 204,
+                ..base
+            },
+            ResponseFacts {
+                status: 304,
+                ..base
+            },
+            ResponseFacts {
+                status: 206,
+                ..base
+            },
+            ResponseFacts {
+                ranged: true,
+                ..base
+            },
+            ResponseFacts {
+                encoded: true,
+                ..base
+            },
+            ResponseFacts {
+                no_transform: true,
+                ..base
+            },
+            ResponseFacts {
+                content_type: Some(b"image/png"),
+                ..base
+            },
+            ResponseFacts {
+                content_type: None,
+                ..base
+            },
         ] {
             assert_eq!(decide(refused), Decision::Leave, "{refused:?}");
         }
         let refused_client = p.decide(&base, p.negotiate([b"br".as_slice()].into_iter()));
         assert_eq!(refused_client, Decision::LeaveVaried);
         assert_eq!(decide(sized(0)), Decision::Leave, "nothing to compress");
-        assert_eq!(decide(ResponseFacts { status: 404, ..base }), Decision::Compress(Coding::Gzip));
+        assert_eq!(
+            decide(ResponseFacts {
+                status: 404,
+                ..base
+            }),
+            Decision::Compress(Coding::Gzip)
+        );
     }
 
     #[test]
     fn head_fields_say_what_the_body_became() {
-        assert!(says_no_transform([b"public, No-Transform".as_slice()].into_iter()));
+        assert!(says_no_transform(
+            [b"public, No-Transform".as_slice()].into_iter()
+        ));
         assert!(!says_no_transform([b"no-store".as_slice()].into_iter()));
         assert!(is_encoded([b"gzip".as_slice()].into_iter()));
-        assert!(!is_encoded([b"identity".as_slice(), b"".as_slice()].into_iter()));
-        assert_eq!(weak_etag(b"\"v1\"").as_deref(), Some(b"W/\"v1\"".as_slice()));
+        assert!(!is_encoded(
+            [b"identity".as_slice(), b"".as_slice()].into_iter()
+        ));
+        assert_eq!(
+            weak_etag(b"\"v1\"").as_deref(),
+            Some(b"W/\"v1\"".as_slice())
+        );
         assert_eq!(weak_etag(b"W/\"v1\""), None);
-        assert!(varies_by_encoding([b"Origin, accept-encoding".as_slice()].into_iter()));
+        assert!(varies_by_encoding(
+            [b"Origin, accept-encoding".as_slice()].into_iter()
+        ));
         assert!(varies_by_encoding([b"*".as_slice()].into_iter()));
         assert!(!varies_by_encoding([b"Origin".as_slice()].into_iter()));
     }
@@ -442,17 +497,33 @@ mod tests {
             (b"Accept-Ranges", b"bytes"),
         ];
         let compress = Decision::Compress(Coding::Br);
-        let kept: Vec<&[u8]> = (shard.iter()).filter(|(n, _)| !compress.drops(n)).map(|(n, _)| *n).collect();
+        let kept: Vec<&[u8]> = (shard.iter())
+            .filter(|(n, _)| !compress.drops(n))
+            .map(|(n, _)| *n)
+            .collect();
         assert_eq!(kept, [b"Vary".as_slice()]);
-        assert!(compress.drops(b"Content-Encoding"), "the shard's `identity`");
+        assert!(
+            compress.drops(b"Content-Encoding"),
+            "the shard's `identity`"
+        );
         let added = compress.fields(&shard);
         let text: Vec<(&str, &str)> = (added.iter())
             .map(|(n, v)| (*n, std::str::from_utf8(v).unwrap_or("?")))
             .collect();
-        assert_eq!(text, [("Content-Encoding", "br"), ("ETag", "W/\"v1\""), ("Vary", "Accept-Encoding")]);
+        assert_eq!(
+            text,
+            [
+                ("Content-Encoding", "br"),
+                ("ETag", "W/\"v1\""),
+                ("Vary", "Accept-Encoding")
+            ]
+        );
         let varied = Decision::LeaveVaried;
         assert!(!varied.drops(b"content-length"));
-        assert_eq!(varied.fields(&shard[..1]), [("Vary", b"Accept-Encoding".to_vec())]);
+        assert_eq!(
+            varied.fields(&shard[..1]),
+            [("Vary", b"Accept-Encoding".to_vec())]
+        );
         let covered: [(&[u8], &[u8]); 1] = [(b"vary", b"accept-encoding")];
         assert!(varied.fields(&covered).is_empty());
         assert!(Decision::Leave.fields(&shard).is_empty());

@@ -28,7 +28,10 @@ pub(super) fn check_compression(c: &mut Checker<'_>, raw: RawCompression) -> Pol
         Some(names) => check_algorithms(c, &names),
     };
     let types = match raw.types {
-        None => DEFAULT_TYPES.iter().filter_map(|t| TypePattern::parse(t).ok()).collect(),
+        None => DEFAULT_TYPES
+            .iter()
+            .filter_map(|t| TypePattern::parse(t).ok())
+            .collect(),
         Some(types) => (types.iter().enumerate())
             .filter_map(|(i, t)| match TypePattern::parse(t) {
                 Ok(pattern) => Some(pattern),
@@ -40,22 +43,35 @@ pub(super) fn check_compression(c: &mut Checker<'_>, raw: RawCompression) -> Pol
             .collect(),
     };
     let defaults = Levels::default();
-    let mut level = |name: &str, value: Option<i64>, range: std::ops::RangeInclusive<i64>, default| {
-        match value {
+    let mut level =
+        |name: &str, value: Option<i64>, range: std::ops::RangeInclusive<i64>, default| match value
+        {
             None => default,
             Some(v) if range.contains(&v) => v,
             Some(_) => {
                 let (lo, hi) = (range.start(), range.end());
-                c.error(format!("compression.levels.{name}"), format!("must be between {lo} and {hi}"));
+                c.error(
+                    format!("compression.levels.{name}"),
+                    format!("must be between {lo} and {hi}"),
+                );
                 default
             }
-        }
-    };
+        };
     let l = &raw.levels;
     let levels = Levels {
-        gzip: level("gzip", l.gzip.map(i64::from), 1..=9, i64::from(defaults.gzip)) as u32,
+        gzip: level(
+            "gzip",
+            l.gzip.map(i64::from),
+            1..=9,
+            i64::from(defaults.gzip),
+        ) as u32,
         br: level("br", l.br.map(i64::from), 0..=11, i64::from(defaults.br)) as u32,
-        zstd: level("zstd", l.zstd.map(i64::from), 1..=19, i64::from(defaults.zstd)) as i32,
+        zstd: level(
+            "zstd",
+            l.zstd.map(i64::from),
+            1..=19,
+            i64::from(defaults.zstd),
+        ) as i32,
     };
     let max_streams = match raw.max_streams {
         None => 1024,

@@ -58,8 +58,9 @@ pub(super) fn check_limits(c: &mut Checker<'_>, l: RawLimits) -> LimitsConfig {
         l.max_tracked_clients,
         crate::limits::DEFAULT_MAX_TRACKED_CLIENTS,
     );
-    let per_client = (l.per_client.as_ref())
-        .map_or(RateRule::UNLIMITED, |p| c.rate("limits.per_client.rate", &p.rate));
+    let per_client = (l.per_client.as_ref()).map_or(RateRule::UNLIMITED, |p| {
+        c.rate("limits.per_client.rate", &p.rate)
+    });
     LimitsConfig {
         max_tracked_tenants,
         per_client,

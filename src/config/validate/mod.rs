@@ -184,7 +184,9 @@ fn check(c: &mut Checker<'_>, raw: RawConfig) -> Config {
     let wanted = listen.iter().any(|l| l.tls == ListenerTls::Section);
     let tls = tls::check_tls(c, raw.tls, wanted);
     check_acme_secret(c, tls.as_ref(), cluster_secret_given);
-    let compression = raw.compression.map(|r| compression::check_compression(c, r));
+    let compression = raw
+        .compression
+        .map(|r| compression::check_compression(c, r));
     Config {
         compression,
         server,

@@ -42,7 +42,11 @@ impl FastPath {
             Ok(_) => {
                 let target = req.raw_path();
                 match target.starts_with(b"/") && target.iter().all(u8::is_ascii_graphic) {
-                    true => gw.plan(&RequestView::from_pingora(req), client_addr.as_ref(), &mut ctx),
+                    true => gw.plan(
+                        &RequestView::from_pingora(req),
+                        client_addr.as_ref(),
+                        &mut ctx,
+                    ),
                     false => Err(Refusal::error(400, "invalid-target")),
                 }
             }

@@ -138,12 +138,7 @@ impl FastPath {
     }
 
     /// The forwarding fields of a request for `host`.
-    fn forwarding<'a>(
-        &'a self,
-        host: &'a str,
-        tls: bool,
-        ctx: &'a RequestCtx,
-    ) -> Forwarding<'a> {
+    fn forwarding<'a>(&'a self, host: &'a str, tls: bool, ctx: &'a RequestCtx) -> Forwarding<'a> {
         let config = &self.gateway.control().config;
         Forwarding {
             host,

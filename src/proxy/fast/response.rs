@@ -108,7 +108,10 @@ pub(super) fn response_head(
     // over the head) and on Pingora's path.
     let edited = |name: &str| {
         edit.is_some_and(|e| {
-            e.removes(name.as_bytes()) || e.add.iter().any(|(n, _)| n.as_str().eq_ignore_ascii_case(name))
+            e.removes(name.as_bytes())
+                || e.add
+                    .iter()
+                    .any(|(n, _)| n.as_str().eq_ignore_ascii_case(name))
         })
     };
     for (name, value) in parsed.compression_fields(buf) {
@@ -253,7 +256,9 @@ impl ParsedResponse {
 
     /// What compression asks of this response.
     pub(super) fn facts<'b>(&'b self, buf: &'b [u8]) -> ResponseFacts<'b> {
-        ResponseFacts::of(self.status, self.bodiless, self.length, |name| self.values(buf, name))
+        ResponseFacts::of(self.status, self.bodiless, self.length, |name| {
+            self.values(buf, name)
+        })
     }
 
     /// The `Content-Length` the client is told, by the one rule for both
@@ -262,7 +267,8 @@ impl ParsedResponse {
     /// 304 the resource's.
     pub(super) fn length(&self) -> Option<u64> {
         let compressed = self.compress.coding().is_some();
-        self.length.filter(|_| length_allowed(self.status) && !compressed)
+        self.length
+            .filter(|_| length_allowed(self.status) && !compressed)
     }
 
     /// The hop-by-hop rule for this response.

@@ -38,7 +38,11 @@ pub(super) fn compress_head(
         let length = length.and_then(|v| std::str::from_utf8(v.as_bytes()).ok()?.parse().ok());
         let bodiless = no_body(session, shards) || (100..200).contains(&status);
         ResponseFacts::of(status, bodiless, length, |name| {
-            shards.headers.get_all(name).into_iter().map(|v| v.as_bytes())
+            shards
+                .headers
+                .get_all(name)
+                .into_iter()
+                .map(|v| v.as_bytes())
         })
     });
     ctx.encoder = encoder;
@@ -76,7 +80,9 @@ pub(super) fn compress_body(
     let Some(encoder) = ctx.encoder.as_mut() else {
         return Ok(());
     };
-    let failed = |e: std::io::Error| Error::because(ErrorType::InternalError, "compressing a response body", e);
+    let failed = |e: std::io::Error| {
+        Error::because(ErrorType::InternalError, "compressing a response body", e)
+    };
     let mut out = match body.take() {
         Some(piece) if !piece.is_empty() => encoder.chunk(&piece).map_err(failed)?,
         _ => Bytes::new(),

@@ -114,8 +114,11 @@ pub(super) fn refusal_for(e: &Error) -> Option<Refusal> {
 /// The access log's view of the request.
 pub(super) fn request_line(session: &Session) -> RequestLine<'_> {
     let req = session.req_header();
-    let host = (req.headers.get(http::header::HOST).and_then(|h| h.to_str().ok()))
-        .or_else(|| req.uri.authority().map(|a| a.as_str()));
+    let host = (req
+        .headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok()))
+    .or_else(|| req.uri.authority().map(|a| a.as_str()));
     RequestLine {
         client: session.client_addr(),
         method: req.method.as_str(),

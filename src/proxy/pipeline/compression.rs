@@ -63,7 +63,13 @@ impl Gateway {
         ctx: &RequestCtx,
         facts: impl FnOnce() -> ResponseFacts<'f>,
     ) -> (Decision, Option<BodyEncoder>) {
-        let Some(policy) = self.control.config.compression.as_ref().filter(|_| !ctx.grpc) else {
+        let Some(policy) = self
+            .control
+            .config
+            .compression
+            .as_ref()
+            .filter(|_| !ctx.grpc)
+        else {
             return (Decision::Leave, None);
         };
         let decision = policy.decide(&facts(), ctx.coding);

@@ -9,7 +9,8 @@ use crate::routing::clock::Clock;
 use crate::routing::decision::Decision;
 use crate::routing::shard::{Shard, ShardStatus};
 use crate::routing::snapshot::{
-    ClientBucketSnapshot, RouteBucketSnapshot, RouterSnapshot, ShardSnapshot, TenantSnapshot, Tokens,
+    ClientBucketSnapshot, RouteBucketSnapshot, RouterSnapshot, ShardSnapshot, TenantSnapshot,
+    Tokens,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -73,7 +73,8 @@ impl Encoder {
             }
             Coding::Br => {
                 let quality = levels.br.min(11);
-                let writer = brotli::CompressorWriter::new(Vec::new(), BROTLI_BUFFER, quality, WINDOW_LOG);
+                let writer =
+                    brotli::CompressorWriter::new(Vec::new(), BROTLI_BUFFER, quality, WINDOW_LOG);
                 Inner::Br(Box::new(writer))
             }
             Coding::Zstd => {
@@ -174,8 +175,12 @@ mod tests {
                 // (a streaming decoder would not wait for the end).
                 let mut partial = Vec::new();
                 let read = match coding {
-                    Coding::Gzip => flate2::read::MultiGzDecoder::new(&sent[..]).read_to_end(&mut partial),
-                    Coding::Br => brotli::Decompressor::new(&sent[..], 4096).read_to_end(&mut partial),
+                    Coding::Gzip => {
+                        flate2::read::MultiGzDecoder::new(&sent[..]).read_to_end(&mut partial)
+                    }
+                    Coding::Br => {
+                        brotli::Decompressor::new(&sent[..], 4096).read_to_end(&mut partial)
+                    }
                     Coding::Zstd => {
                         let mut d = zstd::stream::read::Decoder::new(&sent[..]).expect("decoder");
                         d.read_to_end(&mut partial)
@@ -188,7 +193,12 @@ mod tests {
             }
             sent.extend_from_slice(&encoder.finish().expect("finish"));
             assert_eq!(decode(coding, &sent), given, "{coding:?}");
-            assert!(sent.len() * 4 < given.len(), "{coding:?}: {} → {}", given.len(), sent.len());
+            assert!(
+                sent.len() * 4 < given.len(),
+                "{coding:?}: {} → {}",
+                given.len(),
+                sent.len()
+            );
             assert!(encoder.chunk(b"late").is_err(), "ended");
             assert!(encoder.finish().expect("again").is_empty());
         }
