@@ -37,16 +37,13 @@ impl FastPath {
         let framed = outgoing(req, &stream, self.body_limits.max_body);
         let outgoing = *framed.as_ref().unwrap_or(&Outgoing::None);
         let mut body = H2Body::new(outgoing, self.body_limits.max_body);
+        let view = RequestView::from_pingora(req);
         let planned = match framed {
             Err(refusal) => Err(refusal),
             Ok(_) => {
                 let target = req.raw_path();
                 match target.starts_with(b"/") && target.iter().all(u8::is_ascii_graphic) {
-                    true => gw.plan(
-                        &RequestView::from_pingora(req),
-                        client_addr.as_ref(),
-                        &mut ctx,
-                    ),
+                    true => gw.plan(&view, client_addr.as_ref(), &mut ctx),
                     false => Err(Refusal::error(400, "invalid-target")),
                 }
             }

@@ -236,17 +236,7 @@ impl Relay {
             client.queue(content, end);
             return Ok(());
         };
-        let mut out = match content.is_empty() {
-            true => Bytes::new(),
-            false => encoder.chunk(&content).map_err(|_| ())?,
-        };
-        if end.is_some() {
-            let last = encoder.finish().map_err(|_| ())?;
-            out = match out.is_empty() {
-                true => last,
-                false => [out, last].concat().into(),
-            };
-        }
+        let out = encoder.encode(&content, end.is_some()).map_err(|_| ())?;
         client.queue(out, end);
         Ok(())
     }

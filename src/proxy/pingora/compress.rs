@@ -83,17 +83,7 @@ pub(super) fn compress_body(
     let failed = |e: std::io::Error| {
         Error::because(ErrorType::InternalError, "compressing a response body", e)
     };
-    let mut out = match body.take() {
-        Some(piece) if !piece.is_empty() => encoder.chunk(&piece).map_err(failed)?,
-        _ => Bytes::new(),
-    };
-    if end_of_stream {
-        let last = encoder.finish().map_err(failed)?;
-        out = match out.is_empty() {
-            true => last,
-            false => [out, last].concat().into(),
-        };
-    }
-    *body = Some(out);
+    let piece = body.take().unwrap_or_default();
+    *body = Some(encoder.encode(&piece, end_of_stream).map_err(failed)?);
     Ok(())
 }

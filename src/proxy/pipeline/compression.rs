@@ -3,8 +3,7 @@
 //! each response whether its body is compressed, left as it is, or left
 //! with `Vary: Accept-Encoding` (the rules: `wire::compress`). Bodies
 //! compressed at once are bounded (`compression.max_streams`): each holds
-//! an encoder's state (at most
-//! [`crate::wire::compress::encoder::MAX_STATE_BYTES`]).
+//! an encoder's state (measured in docs/compression.md).
 
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::Gateway;
@@ -23,14 +22,22 @@ pub(crate) struct BodyEncoder {
 }
 
 impl BodyEncoder {
-    /// See [`Encoder::chunk`].
-    pub(crate) fn chunk(&mut self, input: &[u8]) -> std::io::Result<Bytes> {
-        self.encoder.chunk(input)
-    }
-
-    /// See [`Encoder::finish`].
-    pub(crate) fn finish(&mut self) -> std::io::Result<Bytes> {
-        self.encoder.finish()
+    /// A piece of the body as the client gets it: compressed and flushed
+    /// (nothing for an empty piece), followed, at the body's `end`, by the
+    /// coding's last bytes.
+    pub(crate) fn encode(&mut self, piece: &[u8], end: bool) -> std::io::Result<Bytes> {
+        let out = match piece.is_empty() {
+            true => Bytes::new(),
+            false => self.encoder.chunk(piece)?,
+        };
+        if !end {
+            return Ok(out);
+        }
+        let last = self.encoder.finish()?;
+        Ok(match out.is_empty() {
+            true => last,
+            false => [out, last].concat().into(),
+        })
     }
 }
 

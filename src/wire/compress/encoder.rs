@@ -21,10 +21,6 @@ const WINDOW_LOG: u32 = 16;
 const ZSTD_HASH_LOG: u32 = 15;
 const ZSTD_CHAIN_LOG: u32 = 14;
 
-/// What one stream's encoder holds at the default levels, measured
-/// (docs/compression.md): gzip ~374 KiB, brotli ~932 KiB, zstd ~649 KiB.
-pub const MAX_STATE_BYTES: usize = 960 * 1024;
-
 /// Brotli's own output buffer.
 const BROTLI_BUFFER: usize = 4096;
 
