@@ -1,6 +1,6 @@
 //! The request-routing path: arbitrary request lines and headers go
 //! through `Gateway::plan` (host → domain map → route prefix → channel →
-//! region → admission) against a fixed configuration. It never panics, a
+//! region → per-client bucket → admission) against a fixed configuration. It never panics, a
 //! refusal is a 4xx/5xx with a JSON body, and an admission always names a
 //! shard the tenant may use.
 #![no_main]
@@ -8,11 +8,13 @@
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use pingora::http::RequestHeader;
+use pingora::protocols::l4::socket::SocketAddr;
 use shardgate::config::Config;
 use shardgate::control::Control;
 use shardgate::proxy::ctx::RequestCtx;
 use shardgate::proxy::hooks::{DefaultHooks, RequestView};
 use shardgate::proxy::Gateway;
+use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
 
 const CONFIG: &str = r#"
@@ -30,6 +32,8 @@ limits:
     /api/export: { tokens: 1, refill_per_second: 0.5 }
     /api/: { tokens: 3, refill_per_second: 1 }
   deny: [blocked]
+  per_client: { rate: { tokens: 2, refill_per_second: 1 } }
+  max_tracked_clients: 64
 regions: [{ id: us }, { id: eu, weight: 2 }]
 domains:
   map: { app.acme.com: acme, "*.beta.io": beta }
@@ -49,6 +53,8 @@ struct Input {
     method: String,
     target: Vec<u8>,
     headers: Vec<(String, Vec<u8>)>,
+    /// The connection's peer: none, an IPv4 or an IPv6 address.
+    client: Option<Result<[u8; 4], [u8; 16]>>,
 }
 
 fuzz_target!(|input: Input| {
@@ -66,7 +72,14 @@ fuzz_target!(|input: Input| {
     }
     let gw = gateway();
     let mut ctx = RequestCtx::default();
-    match gw.plan(&RequestView::from_pingora(&req), &mut ctx) {
+    let client = input.client.map(|ip| {
+        let ip = match ip {
+            Ok(v4) => IpAddr::from(v4),
+            Err(v6) => IpAddr::from(v6),
+        };
+        SocketAddr::Inet(std::net::SocketAddr::new(ip, 40000))
+    });
+    match gw.plan(&RequestView::from_pingora(&req), client.as_ref(), &mut ctx) {
         Ok(_) => {
             let shard = ctx.shard.as_ref().expect("an admission names a shard");
             let tenant = ctx.tenant.as_deref().expect("and a tenant");
