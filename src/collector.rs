@@ -348,10 +348,38 @@ fn duration_family(control: &Control) -> MetricFamily {
 }
 
 /// Certificates, handshakes and ACME, when TLS is configured.
+/// HTTP/3's connections (DESIGN §9).
+fn quic_families(control: &Control, out: &mut Vec<MetricFamily>) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let quic = &control.metrics.quic;
+    out.push(family(
+        "quic_connections",
+        "HTTP/3 connections open (handshake done).",
+        MetricType::GAUGE,
+        vec![gauge(vec![], quic.connections.load(Relaxed) as f64)],
+    ));
+    out.push(family(
+        "quic_retries_total",
+        "New HTTP/3 clients asked to prove their address first (a Retry: many handshakes at once).",
+        MetricType::COUNTER,
+        vec![counter(vec![], quic.retries.load(Relaxed) as f64)],
+    ));
+    out.push(family(
+        "quic_refused_total",
+        "New HTTP/3 clients refused: quic.max_connections were open.",
+        MetricType::COUNTER,
+        vec![counter(vec![], quic.refused.load(Relaxed) as f64)],
+    ));
+}
+
 fn tls_families(control: &Control, out: &mut Vec<MetricFamily>) {
     let edge = &control.edge;
     let failures = control.metrics.tls_failures.counts();
-    if control.config.listen.iter().any(|l| l.tls.is_on()) {
+    let quic = control.config.quic.is_some();
+    if quic {
+        quic_families(control, out);
+    }
+    if quic || control.config.listen.iter().any(|l| l.tls.is_on()) {
         out.push(family(
             "tls_handshake_failures_total",
             "Client TLS handshakes that failed (error: refused, bad or unknown name; timeout: not done within tls.handshake_timeout_ms).",

@@ -293,6 +293,11 @@ impl ResponseEdit {
         self.add.is_empty() && self.remove.is_empty()
     }
 
+    /// Adds a field of shardgate's own, after the shard's.
+    pub(crate) fn append(&mut self, name: HeaderName, value: HeaderValue) {
+        self.add.push((name, value));
+    }
+
     /// Whether the shard's field `name` is to go.
     pub(crate) fn removes(&self, name: &[u8]) -> bool {
         self.remove

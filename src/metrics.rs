@@ -27,6 +27,19 @@ pub struct GatewayMetrics {
     /// Shard → its host name failed to resolve again (bounded by the
     /// shards the operator configured).
     dns_failures: Mutex<BTreeMap<String, u64>>,
+    /// HTTP/3's connections (shared with the `quic` listeners).
+    pub quic: Arc<QuicCounts>,
+}
+
+/// What the `quic` listeners count.
+#[derive(Default)]
+pub struct QuicCounts {
+    /// Connections open (handshake done).
+    pub connections: std::sync::atomic::AtomicU64,
+    /// New clients sent a Retry to prove their address first.
+    pub retries: std::sync::atomic::AtomicU64,
+    /// New clients refused: `quic.max_connections` open.
+    pub refused: std::sync::atomic::AtomicU64,
 }
 
 impl Default for GatewayMetrics {
@@ -37,6 +50,7 @@ impl Default for GatewayMetrics {
             failures: Mutex::new(BTreeMap::new()),
             tls_failures: Arc::default(),
             dns_failures: Mutex::new(BTreeMap::new()),
+            quic: Arc::default(),
         }
     }
 }

@@ -147,8 +147,9 @@ impl Builder {
         let mut server = Server::new_with_opt_and_conf(opt, conf);
         server.bootstrap();
         let gateway = Gateway::new(Arc::clone(&control));
-        let fast = fast_transport_for(&gateway, fast_transport, &control)?;
+        let fast = fast_transport_for(&gateway, fast_transport, &control)?.map(Arc::new);
         let fast_on = fast.is_some();
+        let quic = quic_listeners(&control, fast.as_ref())?;
         let log_gateway = gateway.clone();
         let http = http_proxy(&server, wrap(gateway), &control);
         let proxy = front_end(http, fast, log_gateway, &control)?;
@@ -156,6 +157,9 @@ impl Builder {
         // from an idle WebSocket frees its slot.
         let keepalive = crate::control::keepalive();
         add_proxy_listeners(&mut server, proxy, &control, fast_on, &keepalive);
+        if let Some(quic) = quic {
+            server.add_service(quic);
+        }
         add_admin(&mut server, &control, &keepalive);
         let state = add_background_services(&mut server, &control);
         Ok(Shardgate {
@@ -200,6 +204,24 @@ fn fast_transport_for(
     Ok(fast)
 }
 
+/// The `quic` listeners (DESIGN §9), on the fast transport: HTTP/3 has
+/// no Pingora path, so they need it.
+fn quic_listeners(
+    control: &Control,
+    fast: Option<&Arc<FastPath>>,
+) -> Result<Option<crate::proxy::quic::QuicService>, String> {
+    if control.config.quic.is_none() {
+        return Ok(None);
+    }
+    let Some(fast) = fast else {
+        return Err("a `quic` listener needs the fast transport (`server.fast_path: true`, and \
+                    Builder::fast_transport(true) for a wrapped proxy): HTTP/3 has no Pingora \
+                    path"
+            .to_string());
+    };
+    crate::proxy::quic::QuicService::new(control, Arc::clone(fast))
+}
+
 /// Pingora's HTTP proxy around `proxy`, its HTTP/2 held to the limits
 /// HTTP/1 has.
 fn http_proxy<P>(server: &Server, proxy: P, control: &Control) -> HttpProxy<P>
@@ -228,7 +250,7 @@ where
 /// and `http` behind them.
 fn front_end<P>(
     http: HttpProxy<P>,
-    fast: Option<FastPath>,
+    fast: Option<Arc<FastPath>>,
     log_gateway: Gateway,
     control: &Control,
 ) -> Result<Frontend<HttpProxy<P>>, String> {

@@ -56,6 +56,9 @@ pub struct Config {
     pub plans: PlansConfig,
     /// Response compression (DESIGN §10); `None`: off.
     pub compression: Option<crate::wire::compress::Policy>,
+    /// HTTP/3 (DESIGN §9): its listeners and settings; `None` without a
+    /// `quic` listener.
+    pub quic: Option<QuicConfig>,
 }
 
 /// A tenant plan (DESIGN §6) with `limits`' values where it left a field
@@ -251,6 +254,23 @@ pub struct Listener {
     /// `proxy_protocol`: each connection opens with a PROXY header, taken
     /// only from peers in these blocks (`proxy_protocol_from`).
     pub proxy_protocol: Option<Vec<Cidr>>,
+}
+
+/// HTTP/3 over QUIC (DESIGN §9), with the `tls` section's certificates.
+#[derive(Clone, Debug)]
+pub struct QuicConfig {
+    /// The UDP addresses (`listen[] {quic: true}`).
+    pub listeners: Vec<SocketAddr>,
+    /// Requests in flight at once on one connection.
+    pub max_streams: u32,
+    /// Connections open at once, per listener (new ones are refused).
+    pub max_connections: usize,
+    /// 0-RTT: a request sent in early data is served if idempotent (else
+    /// 425).
+    pub early_data: bool,
+    /// The `Alt-Svc` field TLS listeners answer with (`None`: not
+    /// advertised).
+    pub alt_svc: Option<http::HeaderValue>,
 }
 
 /// What a listener does with TLS.

@@ -44,6 +44,9 @@ pub struct RawConfig {
     pub tls: Option<RawTlsSection>,
     /// Response compression (DESIGN §10); absent: off.
     pub compression: Option<RawCompression>,
+    /// HTTP/3's settings (DESIGN §9), for the `quic` listeners.
+    #[serde(default)]
+    pub quic: RawQuic,
     /// Tenant plans (DESIGN §6), in configuration order.
     #[serde(default)]
     pub plans: indexmap::IndexMap<String, RawPlan>,
@@ -144,6 +147,9 @@ pub struct RawListen {
     #[serde(default)]
     pub proxy_protocol: bool,
     pub proxy_protocol_from: Option<Vec<String>>,
+    /// HTTP/3 over QUIC (UDP) on this address (DESIGN §9).
+    #[serde(default)]
+    pub quic: bool,
 }
 
 /// `listen[].tls`: `true` (the `tls` section) or the old `{cert, key}`.
@@ -232,6 +238,16 @@ pub struct RawCompression {
     #[serde(default)]
     pub levels: RawLevels,
     pub max_streams: Option<u64>,
+}
+
+/// `quic` (DESIGN §9).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawQuic {
+    pub max_streams: Option<u64>,
+    pub early_data: Option<bool>,
+    pub alt_svc_max_age: Option<u64>,
+    pub max_connections: Option<u64>,
 }
 
 /// `compression.levels`.

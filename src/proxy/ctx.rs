@@ -31,6 +31,9 @@ pub struct RequestCtx {
     /// The client's address (the PROXY header's, if its listener takes
     /// one): its forwarding fields and its own bucket (`per_client`).
     pub client: Option<std::net::IpAddr>,
+    /// The client's connection is TLS (HTTPS, HTTP/3): its responses
+    /// advertise HTTP/3 when a `quic` listener does (`Alt-Svc`).
+    pub tls: bool,
     /// Index of the matched route prefix.
     pub(crate) route: RouteMatch,
     pub(crate) channel: Option<String>,
@@ -113,6 +116,7 @@ impl Default for RequestCtx {
             coding: None,
             encoder: None,
             client: None,
+            tls: false,
             route: RouteMatch::default(),
             channel: None,
             region: None,

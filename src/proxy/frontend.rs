@@ -30,7 +30,7 @@ use tokio::io::AsyncWriteExt;
 pub struct Frontend<A> {
     pub(super) inner: Arc<A>,
     pub(super) limits: HeadLimits,
-    pub(super) fast: Option<FastPath>,
+    pub(super) fast: Option<Arc<FastPath>>,
     /// What each listener is (TLS, redirecting), and the edge's state.
     edge: Option<(Arc<Roles>, Arc<Edge>)>,
     /// Logs what the front end answers itself.
@@ -63,7 +63,7 @@ impl<A> Frontend<A> {
     }
 
     /// Lets `fast` serve every request (else Pingora's proxy does).
-    pub fn with_fast_path(mut self, fast: Option<FastPath>) -> Self {
+    pub fn with_fast_path(mut self, fast: Option<Arc<FastPath>>) -> Self {
         self.fast = fast;
         self
     }
@@ -207,7 +207,7 @@ where
             )
         {
             if !h2c && stream.selected_alpn_proto() == Some(ALPN::H2) {
-                Box::pin(self.serve_h2(self.fast.as_ref(), stream, &[], shutdown)).await;
+                Box::pin(self.serve_h2(self.fast.as_deref(), stream, &[], shutdown)).await;
                 return None;
             }
             // h2c and custom protocols keep Pingora's own handling.
@@ -233,7 +233,7 @@ where
                         && !tls
                         && redirect.is_none() =>
                 {
-                    let fast = self.fast.as_ref();
+                    let fast = self.fast.as_deref();
                     Box::pin(self.serve_h2(fast, stream, &buf, shutdown)).await;
                     return None;
                 }

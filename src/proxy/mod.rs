@@ -30,6 +30,7 @@ pub mod listener;
 mod pingora;
 pub mod pipeline;
 pub mod proxy_protocol;
+pub mod quic;
 pub(crate) mod upstream;
 pub mod wrap;
 

@@ -275,6 +275,27 @@ impl Handshake {
     }
 }
 
+/// The rustls configuration of the `quic` listeners (DESIGN §9): the
+/// `tls` section's certificates by SNI, as the TCP listeners serve them
+/// (reloads and ACME included), TLS 1.3 only (QUIC's), ALPN `h3`, and
+/// 0-RTT when `early_data` (quinn wants the largest early data size).
+pub fn quic_server_config(edge: &Edge, early_data: bool) -> Result<ServerConfig, String> {
+    let store = edge.store.as_ref().ok_or("quic: the `tls` section is missing")?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| format!("quic: {e}"))?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(SniResolver(Arc::clone(store))));
+    config.alpn_protocols = vec![b"h3".to_vec()];
+    config.ticketer = rustls::crypto::ring::Ticketer::new().map_err(|e| format!("quic: {e}"))?;
+    config.session_storage = rustls::server::ServerSessionMemoryCache::new(20_000);
+    if early_data {
+        config.max_early_data_size = u32::MAX;
+    }
+    Ok(config)
+}
+
 /// Reads the certificate directories again every 2 s: files added,
 /// replaced or removed are served without a restart.
 pub struct CertWatcher(pub Arc<CertStore>);

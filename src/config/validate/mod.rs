@@ -16,6 +16,7 @@ mod compression;
 mod limits;
 mod observability;
 mod plans;
+mod quic;
 mod routing;
 mod server;
 mod tls;
@@ -157,9 +158,9 @@ pub fn parse(text: &str, file: Option<&str>) -> Result<Config, ConfigErrors> {
 
 fn check(c: &mut Checker<'_>, raw: RawConfig) -> Config {
     let server = server::check_server(c, raw.server);
-    let listen = match raw.listen {
+    let (listen, quic_addrs) = match raw.listen {
         Some(listen) => server::check_listen(c, listen),
-        None => c.required("listen", None),
+        None => (c.required("listen", None), Vec::new()),
     };
     let public_protocol = server::check_public_protocol(c, raw.public_protocol.as_deref());
     let tenant_header = routing::check_tenant_header(c, raw.tenant_header.as_deref());
@@ -181,14 +182,16 @@ fn check(c: &mut Checker<'_>, raw: RawConfig) -> Config {
     let tracing = raw.tracing.map(|t| observability::check_tracing(c, t));
     let cluster_secret_given = raw.cluster.as_ref().map(|r| r.secret_file.is_some());
     let cluster = raw.cluster.map(|r| cluster::check_cluster(c, r));
-    let wanted = listen.iter().any(|l| l.tls == ListenerTls::Section);
+    let wanted = listen.iter().any(|l| l.tls == ListenerTls::Section) || !quic_addrs.is_empty();
     let tls = tls::check_tls(c, raw.tls, wanted);
+    let quic = quic::check_quic(c, raw.quic, quic_addrs, &listen);
     check_acme_secret(c, tls.as_ref(), cluster_secret_given);
     let compression = raw
         .compression
         .map(|r| compression::check_compression(c, r));
     Config {
         compression,
+        quic,
         server,
         listen,
         public_protocol,

@@ -5,6 +5,7 @@ use super::{socket_addr, Checker};
 use crate::config::raw::{RawListen, RawListenTls, RawServer};
 use crate::config::{Cidr, Listener, ListenerTls, Scheme, ServerSettings};
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 pub(super) fn check_server(c: &mut Checker<'_>, s: RawServer) -> ServerSettings {
@@ -39,19 +40,30 @@ pub(super) fn check_server(c: &mut Checker<'_>, s: RawServer) -> ServerSettings 
     }
 }
 
-pub(super) fn check_listen(c: &mut Checker<'_>, listen: Vec<RawListen>) -> Vec<Listener> {
+/// The listeners: TCP ones, and the UDP addresses of the `quic` ones.
+pub(super) fn check_listen(
+    c: &mut Checker<'_>,
+    listen: Vec<RawListen>,
+) -> (Vec<Listener>, Vec<SocketAddr>) {
     if listen.is_empty() {
         c.error("listen", "at least one listener is needed");
     }
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
+    let mut quic = Vec::new();
     for (i, l) in listen.into_iter().enumerate() {
         let field = format!("listen[{i}].addr");
         let Some(addr) = socket_addr(c, &field, &l.addr) else {
             continue;
         };
-        if !seen.insert(addr) {
+        // A TCP and a UDP listener may share an address (HTTP/3 on 443).
+        if !seen.insert((addr, l.quic)) {
             c.error(field, format!("`{addr}` is listed twice"));
+        }
+        if l.quic {
+            check_quic_listener(c, i, &l);
+            quic.push(addr);
+            continue;
         }
         let tls = match l.tls {
             None | Some(RawListenTls::Section(false)) => ListenerTls::Off,
@@ -82,7 +94,28 @@ pub(super) fn check_listen(c: &mut Checker<'_>, listen: Vec<RawListen>) -> Vec<L
             proxy_protocol,
         });
     }
-    out
+    (out, quic)
+}
+
+/// A `quic` listener: the `tls` section's certificates (`tls: true` may
+/// say so), nothing TCP's.
+fn check_quic_listener(c: &mut Checker<'_>, i: usize, l: &RawListen) {
+    if let Some(RawListenTls::Files(_) | RawListenTls::Section(false)) = l.tls {
+        c.error(
+            format!("listen[{i}].tls"),
+            "a `quic` listener serves the `tls` section's certificates: leave `tls` out or \
+             say `true`",
+        );
+    }
+    if l.redirect_https {
+        c.error(format!("listen[{i}].redirect_https"), "not for a `quic` listener (it is https)");
+    }
+    if l.proxy_protocol || l.proxy_protocol_from.is_some() {
+        c.error(
+            format!("listen[{i}].proxy_protocol"),
+            "not for a `quic` listener: the PROXY protocol is TCP's",
+        );
+    }
 }
 
 /// `listen[i].proxy_protocol` and the peers it is taken from, which it

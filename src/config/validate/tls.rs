@@ -6,7 +6,7 @@ use crate::config::raw::{RawAcme, RawTlsSection};
 use crate::config::{AcmeConfig, TlsConfig};
 use std::path::{Path, PathBuf};
 
-/// `tls:` (DESIGN §5). `wanted`: a listener says `tls: true`.
+/// `tls:` (DESIGN §5). `wanted`: a listener says `tls: true` or `quic: true`.
 pub(super) fn check_tls(
     c: &mut Checker<'_>,
     raw: Option<RawTlsSection>,
@@ -16,7 +16,8 @@ pub(super) fn check_tls(
         if wanted {
             c.error(
                 "tls",
-                "a listener says `tls: true`: the `tls` section (certs and/or acme) is needed",
+                "a listener says `tls: true` or `quic: true`: the `tls` section (certs and/or \
+                 acme) is needed",
             );
         }
         return None;

@@ -2,7 +2,8 @@
 //! it, whatever the protocol: its body (as the shard receives it), whether
 //! the client went away, and where the answer goes. [`H1Client`] reads and
 //! writes an HTTP/1 connection's bytes; [`H2Client`] one HTTP/2 stream
-//! through Pingora's session (its flow control is the backpressure).
+//! through Pingora's session (its flow control is the backpressure); an
+//! HTTP/3 stream's is in `h3.rs`.
 
 use super::body::{BodyError, H1Body, H2Body, BODY_READ};
 use super::poll_read_buf;
@@ -150,11 +151,6 @@ impl<'c> H1Client<'c> {
         if self.interim == Some(0) {
             self.interim = None;
         }
-    }
-
-    /// The connection, once the exchange is over.
-    pub(super) fn stream(&mut self) -> &mut Stream {
-        self.stream
     }
 
     /// Writes the `100 Continue` under way, then `out`, then `pending`.
@@ -537,7 +533,7 @@ impl Downstream for H2Client {
 
 /// A response's trailer section as HTTP/2 trailers (none if empty or
 /// unreadable: the body then simply ends).
-fn h2_trailers(block: &[u8]) -> Option<http::HeaderMap> {
+pub(super) fn h2_trailers(block: &[u8]) -> Option<http::HeaderMap> {
     let mut map = http::HeaderMap::new();
     for (name, value) in trailer_fields(block, |_| false) {
         let name = http::HeaderName::from_bytes(name.as_bytes()).ok()?;

@@ -73,6 +73,7 @@ impl FastPath {
     ) -> Option<Stream> {
         let gw = &self.gateway;
         let mut ctx = RequestCtx::default();
+        ctx.tls = client.get_ssl_digest().is_some();
         let socket = client.get_socket_digest();
         let client_addr = socket.as_ref().and_then(|d| d.peer_addr().cloned());
         let ends = ends_of(socket.as_deref());
@@ -118,8 +119,7 @@ impl FastPath {
         let exchanged = match planned {
             Err(refusal) => self.refused(&mut c, &mut ctx, refusal).await,
             Ok(host_seen) => {
-                let tls = c.stream().get_ssl_digest().is_some();
-                let forwarding = self.forwarding(host_seen, tls, &ctx);
+                let forwarding = self.forwarding(host_seen, ctx.tls, &ctx);
                 let edit = &ctx.upstream_edit;
                 let bytes =
                     upstream_bytes(&parsed, &target, outgoing, whole_body, &forwarding, edit);

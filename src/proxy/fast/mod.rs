@@ -28,6 +28,7 @@ mod body;
 mod downstream;
 mod exchange;
 pub(crate) mod h2;
+pub(crate) mod h3;
 mod http1;
 mod request;
 mod respond;
@@ -157,16 +158,9 @@ impl FastPath {
         Some((header, ctx.request_id.as_str()))
     }
 
-    /// The embedder's edit of a response head (none unless a hook made one).
+    /// The edit of a proxied response's head (the pipeline's rule).
     fn response_edit(&self, status: u16, ctx: &RequestCtx) -> Option<ResponseEdit> {
-        let shard = ctx.shard.as_ref()?;
-        let mut edit = ResponseEdit::new(status);
-        let tenant = ctx.tenant.as_deref().unwrap_or_default();
-        self.gateway
-            .control()
-            .hooks
-            .edit_response(tenant, shard.id(), &mut edit);
-        (!edit.is_empty()).then_some(edit)
+        self.gateway.response_edit(status, ctx)
     }
 
     /// Writes `bytes` and flushes, unless that stalls for longer than

@@ -15,7 +15,7 @@ mod phases;
 mod session;
 
 use super::ctx::RequestCtx;
-use super::hooks::{RequestView, ResponseEdit, UpstreamFailure};
+use super::hooks::{RequestView, UpstreamFailure};
 use super::pipeline::answer::Refusal;
 use super::pipeline::failure::AttemptFailure;
 use super::pipeline::fields::{
@@ -50,6 +50,7 @@ impl ProxyHttp for Gateway {
     /// answered here (`Ok(true)`: nothing goes upstream).
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         ctx.phases |= phase::REQUEST_FILTER;
+        ctx.tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
         let outcome = self
             .plan(
                 &RequestView::from_pingora(session.req_header()),
@@ -381,12 +382,7 @@ impl ProxyHttp for Gateway {
         ctx.headers_received = true;
         strip_response_hop_by_hop(upstream_response);
 
-        if let Some(shard) = &ctx.shard {
-            let mut edit = ResponseEdit::new(status);
-            let tenant = ctx.tenant.as_deref().unwrap_or_default();
-            self.control
-                .hooks
-                .edit_response(tenant, shard.id(), &mut edit);
+        if let Some(edit) = self.response_edit(status, ctx) {
             if let Err(e) = edit.apply(upstream_response) {
                 ctx.phases &= !phase::UPSTREAM_RESPONSE_FILTER;
                 return Err(e);

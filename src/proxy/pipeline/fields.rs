@@ -18,6 +18,25 @@ pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
+/// The edit of a proxied response's head, for both transports: the
+/// embedder's (`GatewayHooks::edit_response`), and on a TLS connection
+/// HTTP/3's advertisement (`Alt-Svc`, DESIGN §9), after the shard's
+/// fields (as nginx's `add_header`). `None`: nothing to change.
+impl crate::proxy::Gateway {
+    pub fn response_edit(&self, status: u16, ctx: &crate::proxy::ctx::RequestCtx) -> Option<crate::hooks::ResponseEdit> {
+        let shard = ctx.shard.as_ref()?;
+        let control = self.control();
+        let mut edit = crate::hooks::ResponseEdit::new(status);
+        let tenant = ctx.tenant.as_deref().unwrap_or_default();
+        control.hooks.edit_response(tenant, shard.id(), &mut edit);
+        let quic = control.config.quic.as_ref();
+        if let Some(alt_svc) = quic.and_then(|q| q.alt_svc.as_ref()).filter(|_| ctx.tls) {
+            edit.append(http::header::ALT_SVC, alt_svc.clone());
+        }
+        (!edit.is_empty()).then_some(edit)
+    }
+}
+
 /// How the pipeline fills [`Owned`] in: from the configuration, and per
 /// request from its trace.
 impl<'a> Owned<'a> {

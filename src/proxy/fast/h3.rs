@@ -1,0 +1,372 @@
+//! HTTP/3 streams on the fast transport (DESIGN §9). The h3 crate reads
+//! each stream's head and DATA and writes its response frames over quinn
+//! (whose flow control holds a body back while the shard is slow to take
+//! it); the request is planned and exchanged with the shards as an HTTP/2
+//! stream's is (`h2.rs`): only the stream differs, here [`H3Client`].
+//!
+//! h3 sends asynchronously (a frame is handed to quinn, then its writing
+//! awaited), while the exchange polls: each frame's sending is a future
+//! that owns the stream's send half and gives it back once done. A
+//! response cut short resets the stream (quinn would finish a stream
+//! dropped unfinished, and a cut response would look whole).
+
+use super::body::{BodyError, H2Body};
+use super::downstream::{h2_trailers, Downstream, ResponseStart};
+use super::h2::{log_line, StreamHead};
+use super::response::h2_response_head;
+use super::FastPath;
+use crate::proxy::ctx::RequestCtx;
+use crate::proxy::pipeline::answer::Refusal;
+use bytes::{Buf, Bytes, BytesMut};
+use futures_util::FutureExt;
+use h3::error::{Code, StreamError};
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::protocols::l4::socket::SocketAddr;
+use std::future::{poll_fn, Future};
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+/// A request stream as the h3 crate accepts it.
+pub type H3Stream = h3::server::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>;
+type SendHalf = h3::server::RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
+type RecvHalf = h3::server::RequestStream<h3_quinn::RecvStream, Bytes>;
+
+/// What a stream's connection says of it.
+pub struct H3Conn {
+    pub conn: quinn::Connection,
+    /// The client's address.
+    pub client: SocketAddr,
+    /// The address the client sent to (a PROXY header to a shard names it).
+    pub local: Option<std::net::SocketAddr>,
+}
+
+impl FastPath {
+    /// Serves one HTTP/3 request: `req`, its head, came on `stream`;
+    /// `early`: before the handshake was done (0-RTT). A stream its client
+    /// reset already is not served (it reaches no shard, spends no token).
+    pub async fn serve_h3(
+        &self,
+        req: http::Request<()>,
+        stream: H3Stream,
+        conn: &H3Conn,
+        early: bool,
+    ) {
+        let (parts, ()) = req.into_parts();
+        let req = RequestHeader::from(parts);
+        let (send, mut recv) = stream.split();
+        // What already came after the head: the body's end (or its first
+        // bytes), or the client's reset.
+        let first = poll_fn(|cx| recv.poll_recv_data(cx)).now_or_never();
+        let (body_empty, first) = match first {
+            Some(Ok(None)) => (true, None),
+            Some(Ok(Some(mut data))) => (false, Some(data.copy_to_bytes(data.remaining()))),
+            Some(Err(_)) => {
+                let line = log_line(&req, Some(&conn.client), "HTTP/3");
+                return self.gateway.finish(&mut RequestCtx::default(), &line, 0);
+            }
+            None => (false, None),
+        };
+        let mut ctx = RequestCtx::default();
+        let head = StreamHead {
+            req: &req,
+            client: Some(&conn.client),
+            tls: true,
+            body_empty,
+            early,
+        };
+        let (body, planned) = self.plan_stream(&head, &mut ctx);
+        let ends = conn.client.as_inet().copied().zip(conn.local);
+        let mut client = H3Client::new(send, recv, body, conn.conn.clone());
+        client.first = first;
+        client.body_done = body_empty;
+        client.head_only = planned.head_only;
+        let status = self.exchange_stream(&mut client, planned, ends, &mut ctx).await;
+        (ctx.bytes_in, ctx.bytes_out) = client.counts();
+        {
+            let line = log_line(&req, Some(&conn.client), "HTTP/3");
+            self.gateway.finish(&mut ctx, &line, status);
+        }
+        // An answer came before the body ended: the client is told to
+        // stop sending it (RFC 9114 §4.1.1), the answer stands.
+        if !client.body_done {
+            client.recv.stop_sending(Code::H3_NO_ERROR);
+        }
+    }
+}
+
+/// A frame to send on a stream.
+enum Frame {
+    Head(http::Response<()>),
+    Data(Bytes),
+    /// Trailers, then the stream's end.
+    Trailers(http::HeaderMap),
+    End,
+}
+
+impl Frame {
+    async fn send(self, to: &mut SendHalf) -> Result<(), StreamError> {
+        match self {
+            Frame::Head(head) => to.send_response(head).await,
+            Frame::Data(data) => to.send_data(data).await,
+            Frame::Trailers(trailers) => {
+                to.send_trailers(trailers).await?;
+                to.finish().await
+            }
+            Frame::End => to.finish().await,
+        }
+    }
+}
+
+/// A frame's sending, owning the send half until it is done (or cut:
+/// `Err(None)`).
+type Sending =
+    Pin<Box<dyn Future<Output = (SendHalf, Result<(), Option<StreamError>>)> + Send + 'static>>;
+
+/// The send half: idle, or sending a frame.
+enum SendState {
+    Idle(SendHalf),
+    Busy(Sending),
+}
+
+/// Sends `frame` on `to`, unless `cut` is set first.
+fn sending(mut to: SendHalf, frame: Frame, cut: Arc<AtomicBool>) -> Sending {
+    Box::pin(async move {
+        let done = {
+            let send = frame.send(&mut to);
+            let mut send = std::pin::pin!(send);
+            poll_fn(|cx| match cut.load(Ordering::Relaxed) {
+                true => Poll::Ready(Err(None)),
+                false => send.as_mut().poll(cx).map(|r| r.map_err(Some)),
+            })
+            .await
+        };
+        (to, done)
+    })
+}
+
+/// An HTTP/3 request stream, for its one request.
+pub(super) struct H3Client {
+    recv: RecvHalf,
+    /// Body bytes read with the head.
+    first: Option<Bytes>,
+    body: H2Body,
+    body_done: bool,
+    head_only: bool,
+    send: Option<SendState>,
+    /// The response head, until it is sent.
+    head: Option<http::Response<()>>,
+    queued: Bytes,
+    /// The end is queued (with trailers if any).
+    end: Option<Option<http::HeaderMap>>,
+    /// The end was handed to the stream.
+    ended: bool,
+    /// Body bytes queued for the client.
+    bytes_out: u64,
+    conn: quinn::Connection,
+    /// The connection's end, once watched.
+    closed: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    /// Set to cut the frame being sent (the response is reset).
+    cut: Arc<AtomicBool>,
+}
+
+impl H3Client {
+    fn new(send: SendHalf, recv: RecvHalf, body: H2Body, conn: quinn::Connection) -> Self {
+        H3Client {
+            recv,
+            first: None,
+            body,
+            body_done: false,
+            head_only: false,
+            send: Some(SendState::Idle(send)),
+            head: None,
+            queued: Bytes::new(),
+            end: None,
+            ended: false,
+            bytes_out: 0,
+            conn,
+            closed: None,
+            cut: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// The response head `head` goes first; `end`: with no body after it.
+    fn head(&mut self, head: ResponseHeader, end: bool) {
+        let parts = http::response::Parts::from(head);
+        self.head = Some(http::Response::from_parts(parts, ()));
+        if end {
+            self.end = Some(None);
+        }
+    }
+
+    /// The next frame to send, if any.
+    fn next_frame(&mut self) -> Option<Frame> {
+        if let Some(head) = self.head.take() {
+            return Some(Frame::Head(head));
+        }
+        if !self.queued.is_empty() {
+            return Some(Frame::Data(std::mem::take(&mut self.queued)));
+        }
+        let end = self.end.take()?;
+        self.ended = true;
+        Some(match end {
+            Some(trailers) => Frame::Trailers(trailers),
+            None => Frame::End,
+        })
+    }
+}
+
+impl Downstream for H3Client {
+    fn poll_body(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, BodyError>> {
+        loop {
+            if self.body_done {
+                return Poll::Ready(Ok(None));
+            }
+            let data = match self.first.take() {
+                Some(first) => first,
+                None => match ready!(self.recv.poll_recv_data(cx)) {
+                    Ok(Some(mut data)) => data.copy_to_bytes(data.remaining()),
+                    Ok(None) => {
+                        self.body_done = true;
+                        let end = self.body.end()?;
+                        if !end.is_empty() {
+                            return Poll::Ready(Ok(Some(end)));
+                        }
+                        continue;
+                    }
+                    Err(_) => return Poll::Ready(Err(BodyError::Gone)),
+                },
+            };
+            let data = self.body.data(data)?;
+            if !data.is_empty() {
+                return Poll::Ready(Ok(Some(data)));
+            }
+        }
+    }
+
+    fn body_done(&self) -> bool {
+        self.body_done
+    }
+
+    /// Ready once the connection is gone. (A stream its client stopped
+    /// reading is found when its response is written.)
+    fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let conn = &self.conn;
+        let closed = self.closed.get_or_insert_with(|| {
+            let conn = conn.clone();
+            Box::pin(async move {
+                conn.closed().await;
+            })
+        });
+        closed.as_mut().poll(cx)
+    }
+
+    fn start(&mut self, head: ResponseStart<'_>) -> Result<(), ()> {
+        let header = h2_response_head(head.buf, head.parsed, head.edit, head.id)?;
+        let end = head.parsed.bodiless
+            || matches!(
+                head.parsed.framing,
+                crate::proxy::pipeline::framing::Framing::Length(0)
+            );
+        self.head(header, end);
+        Ok(())
+    }
+
+    fn queue(&mut self, content: Bytes, end: Option<&[u8]>) {
+        if self.ended || self.end.is_some() {
+            return;
+        }
+        self.bytes_out += content.len() as u64;
+        if self.queued.is_empty() {
+            self.queued = content;
+        } else if !content.is_empty() {
+            let mut joined = BytesMut::from(&self.queued[..]);
+            joined.extend_from_slice(&content);
+            self.queued = joined.freeze();
+        }
+        if let Some(trailers) = end {
+            self.end = Some(h2_trailers(trailers));
+        }
+    }
+
+    fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            let idle = match self.send.take() {
+                Some(SendState::Busy(mut busy)) => match busy.as_mut().poll(cx) {
+                    Poll::Pending => {
+                        self.send = Some(SendState::Busy(busy));
+                        return Poll::Pending;
+                    }
+                    Poll::Ready((to, done)) => {
+                        self.send = Some(SendState::Idle(to));
+                        if done.is_err() {
+                            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+                        }
+                        continue;
+                    }
+                },
+                Some(SendState::Idle(to)) => to,
+                None => return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
+            };
+            let Some(frame) = self.next_frame() else {
+                self.send = Some(SendState::Idle(idle));
+                return Poll::Ready(Ok(()));
+            };
+            let cut = Arc::clone(&self.cut);
+            self.send = Some(SendState::Busy(sending(idle, frame, cut)));
+        }
+    }
+
+    fn sending(&self) -> bool {
+        self.head.is_some()
+            || !self.queued.is_empty()
+            || self.end.is_some()
+            || matches!(self.send, Some(SendState::Busy(_)))
+    }
+
+    /// Resets the stream: a response cut short must not look complete (a
+    /// whole one, ended, is left to go out).
+    fn abort(&mut self) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        self.head = None;
+        self.queued = Bytes::new();
+        self.end = None;
+        self.cut.store(true, Ordering::Relaxed);
+        let mut to = match self.send.take() {
+            Some(SendState::Idle(to)) => to,
+            Some(SendState::Busy(mut busy)) => {
+                // Cut: ready at its next poll, with the send half back.
+                let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+                match busy.as_mut().poll(&mut cx) {
+                    Poll::Ready((to, _)) => to,
+                    Poll::Pending => return,
+                }
+            }
+            None => return,
+        };
+        to.stop_stream(Code::H3_INTERNAL_ERROR);
+        self.send = Some(SendState::Idle(to));
+    }
+
+    fn queue_answer(&mut self, refusal: &Refusal, _close: bool) {
+        let Ok(head) = refusal.response_header() else {
+            return;
+        };
+        let body = !self.head_only && !refusal.body.is_empty();
+        self.head(*head, !body);
+        if body {
+            self.bytes_out += refusal.body.len() as u64;
+            self.queued = Bytes::from(refusal.body.clone());
+            self.end = Some(None);
+        }
+    }
+
+    fn counts(&self) -> (u64, u64) {
+        (self.body.received(), self.bytes_out)
+    }
+}

@@ -1,0 +1,370 @@
+//! HTTP/3 to clients (DESIGN §9): the real binary with a `quic` listener
+//! beside its TLS one, driven by a real HTTP/3 client (quinn with the h3
+//! crate's client) to real shards on 127.0.0.1: the same pipeline as
+//! HTTP/1 and HTTP/2 (routing, refusals, forwarding fields, request IDs,
+//! the access log), bodies both ways, many streams on one connection,
+//! `Alt-Svc`, idle close, streams reset before they are served, and a
+//! Retry under a handshake flood. (HTTP/3 has no Pingora path: these run
+//! once, on the fast transport.)
+
+mod common;
+
+use bytes::{Buf, Bytes};
+use common::*;
+use sha2::Digest;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_rustls::rustls;
+
+/// A certificate for the tests' hosts, as the `tls` section's default
+/// (`apps`), in `dir/certs`. (No `*.localhost`: a wildcard over one label
+/// is refused by the client.)
+fn certs(dir: &std::path::Path) -> rcgen::CertifiedKey {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let names = ["t.localhost", "blocked.localhost", "localhost"].map(String::from).to_vec();
+    let cert = rcgen::generate_simple_self_signed(names).expect("cert");
+    let certs = dir.join("certs");
+    std::fs::create_dir_all(&certs).expect("certs dir");
+    std::fs::write(certs.join("apps.crt"), cert.cert.pem()).expect("crt");
+    std::fs::write(certs.join("apps.key"), cert.key_pair.serialize_pem()).expect("key");
+    cert
+}
+
+/// A gateway with a TLS and a `quic` listener on one port, in front of
+/// `backend`; `extra` is more configuration.
+fn gateway(backend: &Backend, extra: &str) -> (Gateway, rcgen::CertifiedKey, tempfile::TempDir) {
+    gateway_with(backend, "", extra)
+}
+
+/// [`gateway`], with more of the `tls` section (`tls`, indented).
+fn gateway_with(
+    backend: &Backend,
+    tls: &str,
+    extra: &str,
+) -> (Gateway, rcgen::CertifiedKey, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("dir");
+    let cert = certs(dir.path());
+    let yaml = format!(
+        "listen:\n  - {{ addr: \"127.0.0.1:{{port}}\", tls: true }}\n  - {{ addr: \"127.0.0.1:{{port}}\", quic: true }}\nadmin: {{ addr: \"127.0.0.1:{{admin}}\" }}\nstate: false\nlog: {{ access: info, access_format: json, access_path: \"{{dir}}/access.log\" }}\ntls:\n  certs: \"{}\"\n  default_cert: apps\n{tls}shards:\n  - {{ id: a, url: \"{}\" }}\ndomains: {{ fallback_suffix: .localhost }}\n{extra}",
+        dir.path().join("certs").display(),
+        backend.url()
+    );
+    let gw = Gateway::start(&yaml);
+    assert!(
+        eventually(Duration::from_secs(10), || listens_udp(gw.pid(), gw.port)),
+        "no UDP socket on {}",
+        gw.port
+    );
+    (gw, cert, dir)
+}
+
+/// Whether process `pid` holds a UDP socket bound to `port`.
+fn listens_udp(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/udp") else {
+        return true;
+    };
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (local, inode) = (fields.get(1)?, fields.get(9)?);
+            let local_port = u16::from_str_radix(local.rsplit(':').next()?, 16).ok()?;
+            (local_port == port).then(|| format!("socket:[{inode}]"))
+        })
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| inodes.iter().any(|s| target.as_os_str() == s.as_str()))
+    })
+}
+
+/// A QUIC client endpoint trusting `cert` alone, speaking `h3`.
+fn client(cert: &rcgen::CertifiedKey) -> quinn::Endpoint {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.cert.der().clone()).expect("root");
+    let mut tls = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).expect("quic tls");
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().expect("addr")).expect("udp");
+    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
+    endpoint
+}
+
+type Sender = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
+
+/// An HTTP/3 connection to the gateway as `host`: its request sender and
+/// the QUIC connection (the h3 driver runs on a task of its own).
+async fn connect(endpoint: &quinn::Endpoint, port: u16, host: &str) -> (Sender, quinn::Connection) {
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let conn = endpoint
+        .connect(addr, host)
+        .expect("connect")
+        .await
+        .expect("handshake");
+    let (mut driver, sender) = h3::client::new(h3_quinn::Connection::new(conn.clone()))
+        .await
+        .expect("h3");
+    tokio::spawn(async move {
+        let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
+    });
+    (sender, conn)
+}
+
+/// A response as the client got it.
+struct Got {
+    status: u16,
+    headers: http::HeaderMap,
+    body: Vec<u8>,
+}
+
+impl Got {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// One request on `sender`: `method` `path` at `host`, with `body`.
+async fn request(sender: &mut Sender, method: &str, host: &str, path: &str, body: &[u8]) -> Got {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(format!("https://{host}{path}"))
+        .body(())
+        .expect("request");
+    let mut stream = sender.send_request(req).await.expect("send");
+    for chunk in body.chunks(64 * 1024) {
+        stream
+            .send_data(Bytes::copy_from_slice(chunk))
+            .await
+            .expect("body");
+    }
+    stream.finish().await.expect("finish");
+    let head = stream.recv_response().await.expect("response");
+    let mut got = Vec::new();
+    while let Some(mut data) = stream.recv_data().await.expect("data") {
+        while data.has_remaining() {
+            let chunk = data.chunk();
+            got.extend_from_slice(chunk);
+            let n = chunk.len();
+            data.advance(n);
+        }
+    }
+    Got {
+        status: head.status().as_u16(),
+        headers: head.headers().clone(),
+        body: got,
+    }
+}
+
+#[test]
+fn get_and_post_go_through_the_pipeline_over_http3() {
+    let backend = Backend::start("a");
+    let (gw, cert, _dir) = gateway(&backend, "");
+    let upload: Vec<u8> = (0..(3 << 20)).map(|i: u32| (i * 7 % 251) as u8).collect();
+    runtime().block_on(async {
+        let endpoint = client(&cert);
+        let (mut sender, _conn) = connect(&endpoint, gw.port, "t.localhost").await;
+        let got = request(&mut sender, "GET", "t.localhost", "/hello?x=1", b"").await;
+        assert_eq!(got.status, 200, "{}", String::from_utf8_lossy(&got.body));
+        assert!(got.header("x-request-id").is_some(), "{:?}", got.headers);
+        let posted = request(&mut sender, "POST", "t.localhost", "/upload", &upload).await;
+        assert_eq!(posted.status, 200);
+    });
+    let seen = backend.requests();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let get = &seen[0];
+    assert_eq!(get.method, "GET");
+    assert_eq!(get.uri, "/hello?x=1");
+    let field = |s: &Seen, name: &str| {
+        s.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(field(get, "x-forwarded-proto").as_deref(), Some("https"));
+    assert_eq!(field(get, "x-forwarded-for").as_deref(), Some("127.0.0.1"));
+    assert_eq!(field(get, "host").as_deref(), Some("t.localhost"));
+    // The whole upload reached the shard, byte for byte.
+    let post = &seen[1];
+    assert_eq!(
+        sha2::Sha256::digest(&post.body),
+        sha2::Sha256::digest(&upload)
+    );
+    // The access log names the protocol.
+    let log = gw.dir.path().join("access.log");
+    let logged = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        eventually(Duration::from_secs(5), || logged().lines().any(|l| {
+            l.contains("\"protocol\":\"HTTP/3\"") && l.contains("/upload\"")
+        })),
+        "{}",
+        logged()
+    );
+}
+
+#[test]
+fn refusals_are_answered_over_http3_and_reach_no_shard() {
+    let backend = Backend::start("a");
+    let extra = "limits:\n  deny: [blocked]\n  rate: { tokens: 2, refill_per_second: 0.001 }\n";
+    let (gw, cert, _dir) = gateway(&backend, extra);
+    runtime().block_on(async {
+        let endpoint = client(&cert);
+        let (mut sender, _conn) = connect(&endpoint, gw.port, "t.localhost").await;
+        let denied = request(&mut sender, "GET", "blocked.localhost", "/", b"").await;
+        assert_eq!(denied.status, 403, "{}", String::from_utf8_lossy(&denied.body));
+        let statuses: Vec<u16> = futures_util::future::join_all(
+            (0..4).map(|_| {
+                let mut sender = sender.clone();
+                async move { request(&mut sender, "GET", "t.localhost", "/", b"").await.status }
+            }),
+        )
+        .await;
+        assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 2, "{statuses:?}");
+        let limited = request(&mut sender, "GET", "t.localhost", "/", b"").await;
+        assert_eq!(limited.status, 429);
+        assert!(limited.header("retry-after").is_some());
+        let body: serde_json::Value = serde_json::from_slice(&limited.body).expect("json");
+        assert_eq!(body["decision"], "rate-limited");
+    });
+    assert_eq!(backend.count(), 2);
+}
+
+#[test]
+fn many_streams_of_one_connection_are_served_side_by_side() {
+    let backend = Backend::start("a");
+    let (gw, cert, _dir) = gateway(&backend, "quic: { max_streams: 8 }\n");
+    runtime().block_on(async {
+        let endpoint = client(&cert);
+        let (sender, conn) = connect(&endpoint, gw.port, "t.localhost").await;
+        let statuses: Vec<u16> = futures_util::future::join_all((0..100).map(|i| {
+            let mut sender = sender.clone();
+            async move {
+                let path = format!("/item/{i}");
+                request(&mut sender, "GET", "t.localhost", &path, b"").await.status
+            }
+        }))
+        .await;
+        assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+        // One connection carried them all, and is still open.
+        assert!(conn.close_reason().is_none());
+    });
+    assert_eq!(backend.count(), 100);
+}
+
+#[test]
+fn tls_listeners_advertise_http3_with_alt_svc() {
+    let backend = Backend::start("a");
+    let (gw, cert, _dir) = gateway(&backend, "");
+    let connector = connector_trusting(&cert);
+    let head = runtime().block_on(async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", gw.port))
+            .await
+            .expect("tcp");
+        let name = rustls::pki_types::ServerName::try_from("t.localhost").expect("name");
+        let mut tls = connector.connect(name, tcp).await.expect("tls");
+        let req = "GET / HTTP/1.1\r\nHost: t.localhost\r\nConnection: close\r\n\r\n";
+        tls.write_all(req.as_bytes()).await.expect("write");
+        let mut out = Vec::new();
+        let _ = tls.read_to_end(&mut out).await;
+        String::from_utf8_lossy(&out).into_owned()
+    });
+    let want = format!("alt-svc: h3=\":{}\"; ma=86400", gw.port);
+    assert!(head.to_ascii_lowercase().contains(&want), "{head}");
+}
+
+#[test]
+fn an_idle_connection_is_closed_at_the_keepalive_timeout() {
+    let backend = Backend::start("a");
+    let (gw, cert, _dir) = gateway(&backend, "limits: { keepalive_timeout_ms: 600 }\n");
+    runtime().block_on(async {
+        let endpoint = client(&cert);
+        let (mut sender, conn) = connect(&endpoint, gw.port, "t.localhost").await;
+        assert_eq!(request(&mut sender, "GET", "t.localhost", "/", b"").await.status, 200);
+        let begun = Instant::now();
+        let closed = tokio::time::timeout(Duration::from_secs(5), conn.closed()).await;
+        assert!(closed.is_ok(), "the idle connection stayed open");
+        let after = begun.elapsed();
+        assert!(after >= Duration::from_millis(500), "closed after {after:?}");
+    });
+}
+
+#[test]
+fn streams_reset_with_their_head_reach_no_shard() {
+    let backend = Backend::start("a");
+    let (gw, cert, _dir) = gateway(&backend, "");
+    // One thread: a stream's head and its reset are both queued before
+    // the client's connection sends anything, and go out together.
+    let client_runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    client_runtime.block_on(async {
+        let endpoint = client(&cert);
+        let (mut sender, _conn) = connect(&endpoint, gw.port, "t.localhost").await;
+        for _ in 0..50 {
+            let req = http::Request::builder()
+                .method("POST")
+                .uri("https://t.localhost/reset")
+                .body(())
+                .expect("request");
+            let mut stream = sender.send_request(req).await.expect("send");
+            stream.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+            stream.stop_sending(h3::error::Code::H3_REQUEST_CANCELLED);
+            drop(stream);
+            tokio::task::yield_now().await;
+        }
+        // The connection still serves.
+        let got = request(&mut sender, "GET", "t.localhost", "/after", b"").await;
+        assert_eq!(got.status, 200);
+    });
+    let seen: Vec<String> = backend.requests().iter().map(|s| s.uri.clone()).collect();
+    assert_eq!(seen, vec!["/after".to_string()]);
+}
+
+#[test]
+fn a_handshake_flood_is_answered_with_retries() {
+    let backend = Backend::start("a");
+    let (gw, cert, _dir) = gateway_with(&backend, "  handshake_timeout_ms: 5000\n", "");
+    let _ = &gw;
+    let retries = "shardgate_quic_retries_total";
+    runtime().block_on(async {
+        // Clients whose Initials reach the gateway and whose answers are
+        // lost (a relay passes client to gateway only): each holds a
+        // handshake open there until its deadline.
+        let relay = tokio::net::UdpSocket::bind("127.0.0.1:0").await.expect("relay");
+        let relay_addr = relay.local_addr().expect("relay addr");
+        let out = tokio::net::UdpSocket::bind("127.0.0.1:0").await.expect("out");
+        let gateway_addr: SocketAddr = ([127, 0, 0, 1], gw.port).into();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 65_536];
+            while let Ok((n, _)) = relay.recv_from(&mut buf).await {
+                let _ = out.send_to(&buf[..n], gateway_addr).await;
+            }
+        });
+        let flood = client(&cert);
+        let mut pending = Vec::new();
+        for _ in 0..80 {
+            pending.push(flood.connect(relay_addr, "t.localhost").expect("connect"));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // A client now is asked to prove its address first, and then is
+        // served.
+        let endpoint = client(&cert);
+        let (mut sender, _conn) = connect(&endpoint, gw.port, "t.localhost").await;
+        assert_eq!(request(&mut sender, "GET", "t.localhost", "/", b"").await.status, 200);
+    });
+    let metrics = metrics_text(gw.admin_port);
+    let count = metrics
+        .lines()
+        .find(|l| l.starts_with(retries))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(count >= 1.0, "{metrics}");
+}
