@@ -8,14 +8,34 @@ bash scripts/prereqs.sh
 cargo clippy --locked --all-targets -- -D warnings
 # Every import points down the layers, none in a circle (issue 36).
 python3 scripts/imports.py
+cargo test --locked --no-run "$@"
+# The fuzz targets build (their own sanitized build of everything, minutes
+# of CPU) while the tests run, at the lowest priority: the tests mostly
+# wait on sockets and leave the cores idle. (FUZZ_SECONDS=0 skips fuzzing;
+# longer: scripts/fuzz.sh 600.)
+fuzz_seconds=${FUZZ_SECONDS:-15}
+if [ "$fuzz_seconds" != 0 ]; then
+  fuzz_log=$(mktemp)
+  # A session of its own, so that a failing test stops it too.
+  setsid nice -n 19 bash scripts/fuzz.sh build >"$fuzz_log" 2>&1 &
+  fuzz_build=$!
+  trap 'kill -- -"$fuzz_build" 2>/dev/null || true' EXIT
+fi
 cargo test --locked "$@"
 # The gateway suites once more with the fast path off: Pingora's path must
 # hold to the same tests for the requests the fast path usually takes.
+# (Not tests/http3.rs: HTTP/3 has no Pingora path.)
 SHARDGATE_TEST_FAST_PATH=off cargo test --locked --test gateway --test hostile \
   --test framing --test operations --test faults --test hooks --test embed \
   --test conformance --test tls --test bodies --test observability --test tracing \
   --test proxy_protocol --test per_client --test compression "$@"
-# Every fuzz target briefly (FUZZ_SECONDS=0 skips; longer: scripts/fuzz.sh 600).
-if [ "${FUZZ_SECONDS:-15}" != 0 ]; then
-  bash scripts/fuzz.sh "${FUZZ_SECONDS:-15}"
+if [ "$fuzz_seconds" != 0 ]; then
+  if ! wait "$fuzz_build"; then
+    tail -n 60 "$fuzz_log" >&2
+    echo "the fuzz targets did not build" >&2
+    exit 1
+  fi
+  trap - EXIT
+  rm -f "$fuzz_log"
+  bash scripts/fuzz.sh "$fuzz_seconds"
 fi

@@ -214,10 +214,12 @@ fn quic_listeners(
         return Ok(None);
     }
     let Some(fast) = fast else {
-        return Err("a `quic` listener needs the fast transport (`server.fast_path: true`, and \
+        return Err(
+            "a `quic` listener needs the fast transport (`server.fast_path: true`, and \
                     Builder::fast_transport(true) for a wrapped proxy): HTTP/3 has no Pingora \
                     path"
-            .to_string());
+                .to_string(),
+        );
     };
     crate::proxy::quic::QuicService::new(control, Arc::clone(fast))
 }

@@ -19,6 +19,7 @@
 //! - a stream its client reset before it was served reaches no shard.
 
 mod conn;
+mod handover;
 
 use super::fast::FastPath;
 use crate::control::Control;
@@ -132,7 +133,7 @@ impl Service for QuicService {
     ) {
         let mut loops = Vec::new();
         for addr in &self.addrs {
-            let endpoint = match endpoint(*addr, fds.as_ref(), &self.server) {
+            let endpoint = match endpoint(*addr, fds.as_ref(), &self.server).await {
                 Ok(endpoint) => endpoint,
                 Err(e) => {
                     // A gateway that cannot listen must not seem to run.
@@ -155,9 +156,11 @@ impl Service for QuicService {
         "shardgate quic"
     }
 
-    /// Keeps the UDP sockets a graceful upgrade handed over.
+    /// Keeps the UDP sockets a graceful upgrade handed over, and their
+    /// channels to the process before (`handover.rs`).
     fn listen_addresses(&self) -> Option<Vec<String>> {
-        Some(self.addrs.iter().map(key).collect())
+        let keys = self.addrs.iter().map(key);
+        Some(keys.flat_map(|k| [handover::channel_key(&k), k]).collect())
     }
 }
 
@@ -168,8 +171,9 @@ fn key(addr: &SocketAddr) -> String {
 }
 
 /// The endpoint on `addr`: its socket the one in the upgrade's table,
-/// else a new one, put in the table for the next upgrade.
-fn endpoint(
+/// else a new one, put in the table for the next upgrade; with the
+/// channel to the process before or after this one (`handover.rs`).
+async fn endpoint(
     addr: SocketAddr,
     fds: Option<&ListenFds>,
     server: &quinn::ServerConfig,
@@ -183,17 +187,19 @@ fn endpoint(
         None => {
             let socket = std::net::UdpSocket::bind(addr)?;
             if let Some(fds) = fds {
-                fds.lock().add(key, socket.as_raw_fd());
+                fds.lock().add(key.clone(), socket.as_raw_fd());
             }
             socket
         }
     };
-    quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
-        Some(server.clone()),
-        socket,
-        Arc::new(quinn::TokioRuntime),
-    )
+    let handover = Arc::new(handover::Handover::new(&key, fds).await?);
+    let mut config = quinn::EndpointConfig::default();
+    let me = handover.me;
+    config.cid_generator(move || Box::new(handover::Issuer(me)));
+    let runtime = Arc::new(quinn::TokioRuntime);
+    let udp = quinn::Runtime::wrap_udp_socket(runtime.as_ref(), socket)?;
+    let routed = Arc::new(handover::Routed::new(udp, handover));
+    quinn::Endpoint::new_with_abstract_socket(config, Some(server.clone()), routed, runtime)
 }
 
 /// One endpoint's accept loop.

@@ -280,7 +280,10 @@ impl Handshake {
 /// (reloads and ACME included), TLS 1.3 only (QUIC's), ALPN `h3`, and
 /// 0-RTT when `early_data` (quinn wants the largest early data size).
 pub fn quic_server_config(edge: &Edge, early_data: bool) -> Result<ServerConfig, String> {
-    let store = edge.store.as_ref().ok_or("quic: the `tls` section is missing")?;
+    let store = edge
+        .store
+        .as_ref()
+        .ok_or("quic: the `tls` section is missing")?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])

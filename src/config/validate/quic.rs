@@ -36,7 +36,10 @@ pub(super) fn check_quic(
     }
     let max_age = raw.alt_svc_max_age.unwrap_or(DEFAULT_ALT_SVC_MAX_AGE);
     if max_age > u64::from(u32::MAX) {
-        c.error("quic.alt_svc_max_age", "must be at most 4294967295 (seconds)");
+        c.error(
+            "quic.alt_svc_max_age",
+            "must be at most 4294967295 (seconds)",
+        );
     }
     let max_connections = raw.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
     if !(1..=10_000_000).contains(&max_connections) {

@@ -108,7 +108,10 @@ fn check_quic_listener(c: &mut Checker<'_>, i: usize, l: &RawListen) {
         );
     }
     if l.redirect_https {
-        c.error(format!("listen[{i}].redirect_https"), "not for a `quic` listener (it is https)");
+        c.error(
+            format!("listen[{i}].redirect_https"),
+            "not for a `quic` listener (it is https)",
+        );
     }
     if l.proxy_protocol || l.proxy_protocol_from.is_some() {
         c.error(

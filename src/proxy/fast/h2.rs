@@ -42,7 +42,9 @@ impl FastPath {
         let (body, planned) = self.plan_stream(&head, &mut ctx);
         let ends = ends(&stream);
         let mut client = H2Client::new(stream, body, planned.head_only);
-        let status = self.exchange_stream(&mut client, planned, ends, &mut ctx).await;
+        let status = self
+            .exchange_stream(&mut client, planned, ends, &mut ctx)
+            .await;
         (ctx.bytes_in, ctx.bytes_out) = client.counts();
         {
             let line = log_line(client.session.req_header(), client_addr.as_ref(), "HTTP/2");
@@ -62,7 +64,11 @@ impl FastPath {
 
     /// Plans a stream's request (HTTP/2 or HTTP/3): its body's framer for
     /// the shard, and the head the shard receives or the answer to give.
-    pub(super) fn plan_stream(&self, head: &StreamHead<'_>, ctx: &mut RequestCtx) -> (H2Body, Planned) {
+    pub(super) fn plan_stream(
+        &self,
+        head: &StreamHead<'_>,
+        ctx: &mut RequestCtx,
+    ) -> (H2Body, Planned) {
         let gw = &self.gateway;
         let req = head.req;
         ctx.tls = head.tls;
@@ -74,9 +80,7 @@ impl FastPath {
         let planned = match framed {
             Err(refusal) => Err(refusal),
             // RFC 8470: what may be replayed is served from early data.
-            Ok(_) if head.early && !method.is_idempotent() => {
-                Err(Refusal::error(425, "too-early"))
-            }
+            Ok(_) if head.early && !method.is_idempotent() => Err(Refusal::error(425, "too-early")),
             Ok(_) => {
                 let target = req.raw_path();
                 match target.starts_with(b"/") && target.iter().all(u8::is_ascii_graphic) {

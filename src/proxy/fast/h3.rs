@@ -83,7 +83,9 @@ impl FastPath {
         client.first = first;
         client.body_done = body_empty;
         client.head_only = planned.head_only;
-        let status = self.exchange_stream(&mut client, planned, ends, &mut ctx).await;
+        let status = self
+            .exchange_stream(&mut client, planned, ends, &mut ctx)
+            .await;
         (ctx.bytes_in, ctx.bytes_out) = client.counts();
         {
             let line = log_line(&req, Some(&conn.client), "HTTP/3");

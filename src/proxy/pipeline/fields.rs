@@ -23,7 +23,11 @@ pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-p
 /// HTTP/3's advertisement (`Alt-Svc`, DESIGN §9), after the shard's
 /// fields (as nginx's `add_header`). `None`: nothing to change.
 impl crate::proxy::Gateway {
-    pub fn response_edit(&self, status: u16, ctx: &crate::proxy::ctx::RequestCtx) -> Option<crate::hooks::ResponseEdit> {
+    pub fn response_edit(
+        &self,
+        status: u16,
+        ctx: &crate::proxy::ctx::RequestCtx,
+    ) -> Option<crate::hooks::ResponseEdit> {
         let shard = ctx.shard.as_ref()?;
         let control = self.control();
         let mut edit = crate::hooks::ResponseEdit::new(status);

@@ -36,7 +36,9 @@ pub(super) async fn serve(
     let info = H3Conn {
         conn: conn.clone(),
         client: SocketAddr::Inet(client),
-        local: conn.local_ip().map(|ip| std::net::SocketAddr::new(ip, port)),
+        local: conn
+            .local_ip()
+            .map(|ip| std::net::SocketAddr::new(ip, port)),
     };
     let mut builder = h3::server::builder();
     builder.max_field_section_size(shared.max_header_bytes as u64);
