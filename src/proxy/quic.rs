@@ -53,7 +53,7 @@ const UNI_STREAMS: u32 = 8;
 const MAX_INCOMING: usize = 4096;
 
 /// How long a stopping endpoint waits for its connections' last packets.
-const CLOSE_WAIT: Duration = Duration::from_secs(1);
+const CLOSE_WAIT: Duration = Duration::from_millis(500);
 
 /// What every connection of the `quic` listeners shares.
 pub(crate) struct Shared {
@@ -63,6 +63,8 @@ pub(crate) struct Shared {
     keepalive_timeout: Duration,
     max_header_bytes: usize,
     early_data: bool,
+    /// `server.grace_period_seconds`: what is in flight has this long.
+    grace: Duration,
     failures: Arc<TlsFailures>,
     counts: Arc<QuicCounts>,
 }
@@ -111,6 +113,7 @@ impl QuicService {
             keepalive_timeout: keepalive,
             max_header_bytes: config.limits.max_header_bytes,
             early_data: quic.early_data,
+            grace: Duration::from_secs(config.server.grace_period_seconds),
             failures: Arc::clone(&control.metrics.tls_failures),
             counts: Arc::clone(&control.metrics.quic),
         };
@@ -247,9 +250,14 @@ impl Accepting {
             connections.spawn_on(connection, &pingora_runtime::current_handle());
         }
         // No new connection; those open get GOAWAY (their watch) and end
-        // once their requests are answered.
+        // once their requests are answered, or are closed when the grace
+        // period ends (Pingora then stops the runtime, which would drop
+        // them without a word: their clients would wait for the idle
+        // timeout).
         self.endpoint.set_server_config(None);
-        while connections.join_next().await.is_some() {}
+        let drained = async { while connections.join_next().await.is_some() {} };
+        let _ = tokio::time::timeout(self.shared.grace.saturating_sub(CLOSE_WAIT), drained).await;
+        self.endpoint.close(conn::NO_ERROR.into(), b"");
         let _ = tokio::time::timeout(CLOSE_WAIT, self.endpoint.wait_idle()).await;
     }
 }

@@ -278,7 +278,8 @@ impl Handshake {
 /// The rustls configuration of the `quic` listeners (DESIGN §9): the
 /// `tls` section's certificates by SNI, as the TCP listeners serve them
 /// (reloads and ACME included), TLS 1.3 only (QUIC's), ALPN `h3`, and
-/// 0-RTT when `early_data` (quinn wants the largest early data size).
+/// 0-RTT when `early_data` (quinn wants the largest early data size), on
+/// resumption from the session cache then rather than by tickets.
 pub fn quic_server_config(edge: &Edge, early_data: bool) -> Result<ServerConfig, String> {
     let store = edge
         .store
@@ -291,10 +292,15 @@ pub fn quic_server_config(edge: &Edge, early_data: bool) -> Result<ServerConfig,
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(SniResolver(Arc::clone(store))));
     config.alpn_protocols = vec![b"h3".to_vec()];
-    config.ticketer = rustls::crypto::ring::Ticketer::new().map_err(|e| format!("quic: {e}"))?;
     config.session_storage = rustls::server::ServerSessionMemoryCache::new(20_000);
-    if early_data {
-        config.max_early_data_size = u32::MAX;
+    match early_data {
+        // 0-RTT needs resumption the server keeps state for (a ticket
+        // alone could be replayed anywhere): the session cache.
+        true => config.max_early_data_size = u32::MAX,
+        false => {
+            config.ticketer =
+                rustls::crypto::ring::Ticketer::new().map_err(|e| format!("quic: {e}"))?;
+        }
     }
     Ok(config)
 }

@@ -127,12 +127,6 @@ impl Frame {
 type Sending =
     Pin<Box<dyn Future<Output = (SendHalf, Result<(), Option<StreamError>>)> + Send + 'static>>;
 
-/// The send half: idle, or sending a frame.
-enum SendState {
-    Idle(SendHalf),
-    Busy(Sending),
-}
-
 /// Sends `frame` on `to`, unless `cut` is set first.
 fn sending(mut to: SendHalf, frame: Frame, cut: Arc<AtomicBool>) -> Sending {
     Box::pin(async move {
@@ -157,7 +151,10 @@ pub(super) struct H3Client {
     body: H2Body,
     body_done: bool,
     head_only: bool,
-    send: Option<SendState>,
+    /// The send half, while no frame is being sent.
+    idle: Option<SendHalf>,
+    /// The frame being sent (it holds the send half).
+    busy: Option<Sending>,
     /// The response head, until it is sent.
     head: Option<http::Response<()>>,
     queued: Bytes,
@@ -182,7 +179,8 @@ impl H3Client {
             body,
             body_done: false,
             head_only: false,
-            send: Some(SendState::Idle(send)),
+            idle: Some(send),
+            busy: None,
             head: None,
             queued: Bytes::new(),
             end: None,
@@ -295,37 +293,26 @@ impl Downstream for H3Client {
 
     fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         loop {
-            let idle = match self.send.take() {
-                Some(SendState::Busy(mut busy)) => match busy.as_mut().poll(cx) {
-                    Poll::Pending => {
-                        self.send = Some(SendState::Busy(busy));
-                        return Poll::Pending;
-                    }
-                    Poll::Ready((to, done)) => {
-                        self.send = Some(SendState::Idle(to));
-                        if done.is_err() {
-                            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
-                        }
-                        continue;
-                    }
-                },
-                Some(SendState::Idle(to)) => to,
-                None => return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
-            };
+            if let Some(busy) = &mut self.busy {
+                let (to, done) = ready!(busy.as_mut().poll(cx));
+                self.busy = None;
+                self.idle = Some(to);
+                if done.is_err() {
+                    return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+                }
+            }
             let Some(frame) = self.next_frame() else {
-                self.send = Some(SendState::Idle(idle));
                 return Poll::Ready(Ok(()));
             };
-            let cut = Arc::clone(&self.cut);
-            self.send = Some(SendState::Busy(sending(idle, frame, cut)));
+            let Some(to) = self.idle.take() else {
+                return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+            };
+            self.busy = Some(sending(to, frame, Arc::clone(&self.cut)));
         }
     }
 
     fn sending(&self) -> bool {
-        self.head.is_some()
-            || !self.queued.is_empty()
-            || self.end.is_some()
-            || matches!(self.send, Some(SendState::Busy(_)))
+        self.head.is_some() || !self.queued.is_empty() || self.end.is_some() || self.busy.is_some()
     }
 
     /// Resets the stream: a response cut short must not look complete (a
@@ -339,20 +326,16 @@ impl Downstream for H3Client {
         self.queued = Bytes::new();
         self.end = None;
         self.cut.store(true, Ordering::Relaxed);
-        let mut to = match self.send.take() {
-            Some(SendState::Idle(to)) => to,
-            Some(SendState::Busy(mut busy)) => {
-                // Cut: ready at its next poll, with the send half back.
-                let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
-                match busy.as_mut().poll(&mut cx) {
-                    Poll::Ready((to, _)) => to,
-                    Poll::Pending => return,
-                }
+        if let Some(mut busy) = self.busy.take() {
+            // Cut: ready at its next poll, with the send half back.
+            let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+            if let Poll::Ready((to, _)) = busy.as_mut().poll(&mut cx) {
+                self.idle = Some(to);
             }
-            None => return,
-        };
-        to.stop_stream(Code::H3_INTERNAL_ERROR);
-        self.send = Some(SendState::Idle(to));
+        }
+        if let Some(to) = &mut self.idle {
+            to.stop_stream(Code::H3_INTERNAL_ERROR);
+        }
     }
 
     fn queue_answer(&mut self, refusal: &Refusal, _close: bool) {

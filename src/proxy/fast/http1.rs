@@ -72,8 +72,10 @@ impl FastPath {
         closing: bool,
     ) -> Option<Stream> {
         let gw = &self.gateway;
-        let mut ctx = RequestCtx::default();
-        ctx.tls = client.get_ssl_digest().is_some();
+        let mut ctx = RequestCtx {
+            tls: client.get_ssl_digest().is_some(),
+            ..RequestCtx::default()
+        };
         let socket = client.get_socket_digest();
         let client_addr = socket.as_ref().and_then(|d| d.peer_addr().cloned());
         let ends = ends_of(socket.as_deref());

@@ -13,10 +13,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::time::Instant;
 
 /// The code a connection closes with: HTTP/3's `H3_NO_ERROR`.
-const NO_ERROR: u32 = 0x100;
+pub(super) const NO_ERROR: u32 = 0x100;
 
 /// A connection's handshake, then its requests until it ends.
 pub(super) async fn serve(
@@ -54,7 +55,14 @@ pub(super) async fn serve(
             return;
         }
     };
-    requests(&shared, h3, &info, confirmed, shutdown).await;
+    let ended = requests(&shared, h3, &info, confirmed, shutdown).await;
+    if ended == Ended::Drained {
+        // The last answers were handed to QUIC, not yet delivered: a close
+        // now would drop what is unacknowledged. The client closes once it
+        // has them (GOAWAY said to), or a few round trips pass.
+        let delivered = (conn.rtt() * 4).clamp(Duration::from_millis(200), Duration::from_secs(2));
+        let _ = tokio::time::timeout(delivered, conn.closed()).await;
+    }
     conn.close(NO_ERROR.into(), b"");
 }
 
@@ -98,6 +106,15 @@ async fn handshake(
 
 type H3Connection = h3::server::Connection<h3_quinn::Connection, bytes::Bytes>;
 
+/// How a connection's requests ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ended {
+    /// Closed by the client, an HTTP/3 error, or idle.
+    Over,
+    /// The gateway stops: GOAWAY went, and what was in flight is answered.
+    Drained,
+}
+
 /// The connection's requests, each on this task, until the client closes
 /// it, it is idle for `limits.keepalive_timeout_ms` (or has no first
 /// request by then), or the gateway stops (GOAWAY; those in flight end).
@@ -107,7 +124,7 @@ async fn requests(
     info: &H3Conn,
     confirmed: Option<quinn::ZeroRttAccepted>,
     mut shutdown: ShutdownWatch,
-) {
+) -> Ended {
     let mut in_flight = FuturesUnordered::new();
     let mut closing = false;
     // 0-RTT: until the handshake is done, requests came in early data.
@@ -126,21 +143,21 @@ async fn requests(
                 // The last stream accepted is served; later ones are not.
                 let _ = h3.shutdown(1).await;
                 if in_flight.is_empty() {
-                    return;
+                    return Ended::Drained;
                 }
                 continue;
             }
             Some(()) = in_flight.next(), if !in_flight.is_empty() => {
                 if in_flight.is_empty() {
                     if closing {
-                        return;
+                        return Ended::Drained;
                     }
                     idle.as_mut().reset(Instant::now() + shared.keepalive_timeout);
                 }
                 continue;
             }
             accepted = h3.accept() => accepted,
-            () = &mut idle, if in_flight.is_empty() => return,
+            () = &mut idle, if in_flight.is_empty() => return Ended::Over,
         };
         let resolver = match accepted {
             Ok(Some(resolver)) => resolver,
@@ -161,6 +178,10 @@ async fn requests(
         in_flight.push(served);
     }
     while in_flight.next().await.is_some() {}
+    match closing {
+        true => Ended::Drained,
+        false => Ended::Over,
+    }
 }
 
 /// Serves one stream, a panic in it caught: it ends that stream only
