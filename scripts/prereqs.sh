@@ -22,6 +22,7 @@ command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # the operator's pag
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 command -v ss >/dev/null 2>&1 || missing+=(iproute2)       # tests/faults.rs: a shard socket's keep-alive timer
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)  # tests/cluster.rs: a node with a skewed clock
+command -v pgrep >/dev/null 2>&1 || missing+=(procps)        # scripts/test.sh stops the fuzz build's tree
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 if [ "${#missing[@]}" -ne 0 ]; then

@@ -12,14 +12,20 @@ cargo test --locked --no-run "$@"
 # The fuzz targets build (their own sanitized build of everything, minutes
 # of CPU) while the tests run, at the lowest priority: the tests mostly
 # wait on sockets and leave the cores idle. (FUZZ_SECONDS=0 skips fuzzing;
-# longer: scripts/fuzz.sh 600.)
+# longer: scripts/fuzz.sh 600.) It is a child of this script, in its
+# process group: what stops the script's group stops it too.
 fuzz_seconds=${FUZZ_SECONDS:-15}
+# A process and everything it started (a failing test stops the build).
+kill_tree() {
+  local child
+  for child in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$child"; done
+  kill "$1" 2>/dev/null || true
+}
 if [ "$fuzz_seconds" != 0 ]; then
   fuzz_log=$(mktemp)
-  # A session of its own, so that a failing test stops it too.
-  setsid nice -n 19 bash scripts/fuzz.sh build >"$fuzz_log" 2>&1 &
+  nice -n 19 bash scripts/fuzz.sh build >"$fuzz_log" 2>&1 &
   fuzz_build=$!
-  trap 'kill -- -"$fuzz_build" 2>/dev/null || true' EXIT
+  trap 'kill_tree "$fuzz_build"; rm -f "$fuzz_log"' EXIT
 fi
 cargo test --locked "$@"
 # The gateway suites once more with the fast path off: Pingora's path must

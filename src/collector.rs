@@ -347,7 +347,6 @@ fn duration_family(control: &Control) -> MetricFamily {
     )
 }
 
-/// Certificates, handshakes and ACME, when TLS is configured.
 /// HTTP/3's connections (DESIGN §9).
 fn quic_families(control: &Control, out: &mut Vec<MetricFamily>) {
     use std::sync::atomic::Ordering::Relaxed;
@@ -372,6 +371,7 @@ fn quic_families(control: &Control, out: &mut Vec<MetricFamily>) {
     ));
 }
 
+/// Certificates, handshakes and ACME, when TLS is configured.
 fn tls_families(control: &Control, out: &mut Vec<MetricFamily>) {
     let edge = &control.edge;
     let failures = control.metrics.tls_failures.counts();

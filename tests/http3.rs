@@ -194,9 +194,29 @@ fn get_and_post_go_through_the_pipeline_over_http3() {
         assert!(got.header("x-request-id").is_some(), "{:?}", got.headers);
         let posted = request(&mut sender, "POST", "t.localhost", "/upload", &upload).await;
         assert_eq!(posted.status, 200);
+        // A body of announced length: it is whole before its stream ends.
+        for _ in 0..20 {
+            let req = http::Request::builder()
+                .method("POST")
+                .uri("https://t.localhost/sized")
+                .header("content-length", "5")
+                .body(())
+                .expect("request");
+            let mut stream = sender.send_request(req).await.expect("send");
+            stream
+                .send_data(Bytes::from_static(b"hello"))
+                .await
+                .expect("body");
+            stream.finish().await.expect("finish");
+            let head = stream.recv_response().await.expect("response");
+            assert_eq!(head.status(), 200);
+            while stream.recv_data().await.expect("data").is_some() {}
+        }
     });
+    // Nothing panicked on the way (a stream's panic is caught and logged).
+    assert!(!gw.log().contains("panicked"), "{}", gw.log());
     let seen = backend.requests();
-    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen.len(), 22, "{seen:?}");
     let get = &seen[0];
     assert_eq!(get.method, "GET");
     assert_eq!(get.uri, "/hello?x=1");
@@ -335,8 +355,26 @@ fn an_idle_connection_is_closed_at_the_keepalive_timeout() {
     });
 }
 
+/// `n` streams whose head and reset go out together: none is served.
+async fn reset_streams(sender: &mut Sender, n: usize) {
+    for _ in 0..n {
+        let req = http::Request::builder()
+            .method("POST")
+            .uri("https://t.localhost/reset")
+            .body(())
+            .expect("request");
+        let Ok(mut stream) = sender.send_request(req).await else {
+            return;
+        };
+        stream.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+        stream.stop_sending(h3::error::Code::H3_REQUEST_CANCELLED);
+        drop(stream);
+        tokio::task::yield_now().await;
+    }
+}
+
 #[test]
-fn streams_reset_with_their_head_reach_no_shard() {
+fn streams_reset_with_their_head_reach_no_shard_and_a_rapid_reset_loses_the_connection() {
     let backend = Backend::start("a");
     let (gw, cert, _dir) = gateway(&backend, "");
     // One thread: a stream's head and its reset are both queued before
@@ -347,22 +385,20 @@ fn streams_reset_with_their_head_reach_no_shard() {
         .expect("runtime");
     client_runtime.block_on(async {
         let endpoint = client(&cert);
-        let (mut sender, _conn) = connect(&endpoint, gw.port, "t.localhost").await;
-        for _ in 0..50 {
-            let req = http::Request::builder()
-                .method("POST")
-                .uri("https://t.localhost/reset")
-                .body(())
-                .expect("request");
-            let mut stream = sender.send_request(req).await.expect("send");
-            stream.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
-            stream.stop_sending(h3::error::Code::H3_REQUEST_CANCELLED);
-            drop(stream);
-            tokio::task::yield_now().await;
-        }
+        let (mut sender, conn) = connect(&endpoint, gw.port, "t.localhost").await;
+        reset_streams(&mut sender, 20).await;
         // The connection still serves.
         let got = request(&mut sender, "GET", "t.localhost", "/after", b"").await;
         assert_eq!(got.status, 200);
+        // More resets than the bound, and than streams served: the
+        // connection goes, with H3_EXCESSIVE_LOAD (0x107).
+        reset_streams(&mut sender, 60).await;
+        let closed = tokio::time::timeout(Duration::from_secs(5), conn.closed()).await;
+        let reason = closed.expect("the connection closed").to_string();
+        assert!(
+            reason.contains("263") || reason.contains("EXCESSIVE"),
+            "{reason}"
+        );
     });
     let seen: Vec<String> = backend.requests().iter().map(|s| s.uri.clone()).collect();
     assert_eq!(seen, vec!["/after".to_string()]);
@@ -443,7 +479,9 @@ async fn try_get(sender: &mut Sender, path: &str) -> Result<u16, (bool, String)>
     // processed: a client sends it again.
     let unprocessed = |e: &dyn std::fmt::Display| {
         let text = e.to_string();
-        let rejected = text.contains("H3_REQUEST_REJECTED") || text.contains("H3_NO_ERROR");
+        let rejected = text.contains("H3_REQUEST_REJECTED")
+            || text.contains("H3_NO_ERROR")
+            || text.contains("Remote is closing the connection");
         (rejected, text)
     };
     let mut stream = sender
@@ -490,7 +528,8 @@ fn an_upgrade_under_http3_load_loses_no_request() {
                     Ok(200) => tally.ok += 1,
                     Ok(status) => tally.failed.push(format!("status {status}")),
                     Err((true, _)) => tally.rejected += 1,
-                    Err((false, e)) => tally.failed.push(e),
+                    Err((false, e)) if tally.failed.len() < 20 => tally.failed.push(e),
+                    Err((false, _)) => {}
                 }
                 // Closed or going away: a new connection (GOAWAY's meaning).
                 if _conn.close_reason().is_some() || tally.rejected > rejected {
@@ -683,7 +722,7 @@ fn sigterm_sends_goaway_and_lets_the_request_in_flight_finish() {
         let closed = tokio::time::timeout(Duration::from_secs(5), conn.closed()).await;
         let reason = closed.expect("the connection closed").to_string();
         // H3_NO_ERROR (0x100).
-        assert!(reason.contains("code 256"), "{reason}");
+        assert!(reason.contains("256"), "{reason}");
         assert!(try_get(&mut sender, "/").await.is_err());
     });
     assert!(gw.wait_exit(Duration::from_secs(10)));
@@ -725,7 +764,11 @@ fn early_data_serves_what_may_be_replayed_and_answers_425_to_the_rest() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         conn.close(0u32.into(), b"");
         drop(sender);
-        let connecting = endpoint.connect(addr, "t.localhost").expect("connect");
+        // The second one goes through a relay that holds the gateway's
+        // answers back 300 ms: the handshake cannot be done before the
+        // client's requests go, in early data.
+        let relay = delaying_relay(addr, Duration::from_millis(300)).await;
+        let connecting = endpoint.connect(relay, "t.localhost").expect("connect");
         let (conn, _accepted) = connecting.into_0rtt().expect("0-RTT with the ticket");
         let (mut driver, mut sender) = h3::client::new(h3_quinn::Connection::new(conn.clone()))
             .await
@@ -740,7 +783,7 @@ fn early_data_serves_what_may_be_replayed_and_answers_425_to_the_rest() {
         assert_eq!(post.status, 425, "{}", String::from_utf8_lossy(&post.body));
         assert_eq!(get.status, 200);
         // Once the handshake is done, the same POST is served.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
         let later = request(&mut sender, "POST", "t.localhost", "/later", b"x").await;
         assert_eq!(later.status, 200);
     });
@@ -749,4 +792,89 @@ fn early_data_serves_what_may_be_replayed_and_answers_425_to_the_rest() {
         .map(|s| s.uri.clone())
         .collect();
     assert_eq!(posts, vec!["/later".to_string()]);
+}
+
+/// A UDP relay to `to` for one client: what the client sends goes on at
+/// once, what comes back is held `delay`. Its address.
+async fn delaying_relay(to: SocketAddr, delay: Duration) -> SocketAddr {
+    let front = Arc::new(
+        tokio::net::UdpSocket::bind("127.0.0.1:0")
+            .await
+            .expect("front"),
+    );
+    let back = Arc::new(
+        tokio::net::UdpSocket::bind("127.0.0.1:0")
+            .await
+            .expect("back"),
+    );
+    let addr = front.local_addr().expect("addr");
+    let client: Arc<std::sync::Mutex<Option<SocketAddr>>> = Arc::default();
+    let (f, b, c) = (Arc::clone(&front), Arc::clone(&back), Arc::clone(&client));
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_536];
+        while let Ok((n, from)) = f.recv_from(&mut buf).await {
+            *c.lock().unwrap() = Some(from);
+            let _ = b.send_to(&buf[..n], to).await;
+        }
+    });
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_536];
+        while let Ok((n, _)) = back.recv_from(&mut buf).await {
+            let Some(client) = *client.lock().unwrap() else {
+                continue;
+            };
+            let (front, datagram) = (Arc::clone(&front), buf[..n].to_vec());
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = front.send_to(&datagram, client).await;
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_response_cut_short_by_its_shard_is_reset_not_ended() {
+    // A shard that announces 100 000 bytes, sends 10 and closes.
+    let shard = std::net::TcpListener::bind("127.0.0.1:0").expect("shard");
+    let shard_port = shard.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for conn in shard.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n0123456789");
+        }
+    });
+    let backend = Backend::start("unused");
+    let shards = format!("shards:\n  - {{ id: a, url: \"http://127.0.0.1:{shard_port}\" }}\n");
+    let (gw, cert, _dir) = gateway_shards(&backend, &shards, "retry: false\n");
+    runtime().block_on(async {
+        let endpoint = client(&cert);
+        let (mut sender, _conn) = connect(&endpoint, gw.port, "t.localhost").await;
+        let req = http::Request::builder()
+            .uri("https://t.localhost/cut")
+            .body(())
+            .expect("request");
+        let mut stream = sender.send_request(req).await.expect("send");
+        stream.finish().await.expect("finish");
+        // The reset may overtake the head (a reset drops what is unsent).
+        let Ok(head) = stream.recv_response().await else {
+            return;
+        };
+        assert_eq!(head.status(), 200);
+        let mut got = 0;
+        let end = loop {
+            match stream.recv_data().await {
+                Ok(Some(mut data)) => got += data.copy_to_bytes(data.remaining()).len(),
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e.to_string()),
+            }
+        };
+        assert!(
+            end.is_err(),
+            "the cut response ended as if whole after {got} bytes"
+        );
+    });
 }

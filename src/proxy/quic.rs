@@ -98,7 +98,11 @@ impl QuicService {
             .max_idle_timeout(quinn::IdleTimeout::try_from(keepalive).ok())
             .stream_receive_window(STREAM_WINDOW.into())
             .receive_window(CONNECTION_WINDOW.into())
-            .send_window(SEND_WINDOW);
+            .send_window(SEND_WINDOW)
+            // No QUIC datagrams (HTTP/3 datagrams are not offered): none
+            // is buffered for a reader that never comes.
+            .datagram_receive_buffer_size(None)
+            .datagram_send_buffer_size(0);
         server
             .transport_config(Arc::new(transport))
             .max_incoming(MAX_INCOMING);

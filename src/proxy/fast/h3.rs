@@ -12,7 +12,7 @@
 
 use super::body::{BodyError, H2Body};
 use super::downstream::{h2_trailers, Downstream, ResponseStart};
-use super::h2::{log_line, StreamHead};
+use super::h2::{log_line, Served, StreamHead};
 use super::response::h2_response_head;
 use super::FastPath;
 use crate::proxy::ctx::RequestCtx;
@@ -46,28 +46,22 @@ pub struct H3Conn {
 impl FastPath {
     /// Serves one HTTP/3 request: `req`, its head, came on `stream`;
     /// `early`: before the handshake was done (0-RTT). A stream its client
-    /// reset already is not served (it reaches no shard, spends no token).
+    /// reset already is not served (it reaches no shard, spends no token):
+    /// [`Served::Reset`].
     pub async fn serve_h3(
         &self,
         req: http::Request<()>,
         stream: H3Stream,
         conn: &H3Conn,
         early: bool,
-    ) {
+    ) -> Served {
         let (parts, ()) = req.into_parts();
         let req = RequestHeader::from(parts);
         let (send, mut recv) = stream.split();
-        // What already came after the head: the body's end (or its first
-        // bytes), or the client's reset.
-        let first = poll_fn(|cx| recv.poll_recv_data(cx)).now_or_never();
-        let (body_empty, first) = match first {
-            Some(Ok(None)) => (true, None),
-            Some(Ok(Some(mut data))) => (false, Some(data.copy_to_bytes(data.remaining()))),
-            Some(Err(_)) => {
-                let line = log_line(&req, Some(&conn.client), "HTTP/3");
-                return self.gateway.finish(&mut RequestCtx::default(), &line, 0);
-            }
-            None => (false, None),
+        let Some((body_empty, first)) = self.body_start(&req, &mut recv).await else {
+            let line = log_line(&req, Some(&conn.client), "HTTP/3");
+            self.gateway.finish(&mut RequestCtx::default(), &line, 0);
+            return Served::Reset;
         };
         let mut ctx = RequestCtx::default();
         let head = StreamHead {
@@ -92,9 +86,36 @@ impl FastPath {
             self.gateway.finish(&mut ctx, &line, status);
         }
         // An answer came before the body ended: the client is told to
-        // stop sending it (RFC 9114 §4.1.1), the answer stands.
-        if !client.body_done {
-            client.recv.stop_sending(Code::H3_NO_ERROR);
+        // stop sending it (RFC 9114 §4.1.1), the answer stands. (By
+        // dropping the receive half: quinn sends STOP_SENDING then, with
+        // code 0, which HTTP/3 reads as H3_NO_ERROR; h3-quinn's
+        // `stop_sending` panics while a read is pending.)
+        drop(client);
+        Served::Done
+    }
+
+    /// What came after the head: whether the body is empty, and its first
+    /// bytes; `None`: the client reset the stream. A GET or HEAD without
+    /// a length whose stream has not ended yet is waited for (its end
+    /// mostly comes a packet later), so that it goes to the shard without
+    /// a body; other requests go on at once (a gRPC client may wait for
+    /// the answer's head before it sends).
+    async fn body_start(
+        &self,
+        req: &RequestHeader,
+        recv: &mut RecvHalf,
+    ) -> Option<(bool, Option<Bytes>)> {
+        let mut first = poll_fn(|cx| recv.poll_recv_data(cx)).now_or_never();
+        let bodiless = matches!(req.method, http::Method::GET | http::Method::HEAD);
+        if first.is_none() && bodiless && !req.headers.contains_key(http::header::CONTENT_LENGTH) {
+            let read = poll_fn(|cx| recv.poll_recv_data(cx));
+            first = tokio::time::timeout(self.body_timeout, read).await.ok();
+        }
+        match first {
+            Some(Ok(None)) => Some((true, None)),
+            Some(Ok(Some(mut data))) => Some((false, Some(data.copy_to_bytes(data.remaining())))),
+            Some(Err(_)) => None,
+            None => Some((false, None)),
         }
     }
 }
@@ -162,6 +183,8 @@ pub(super) struct H3Client {
     end: Option<Option<http::HeaderMap>>,
     /// The end was handed to the stream.
     ended: bool,
+    /// The end went: the stream is finished (never reset after).
+    finished: bool,
     /// Body bytes queued for the client.
     bytes_out: u64,
     conn: quinn::Connection,
@@ -185,6 +208,7 @@ impl H3Client {
             queued: Bytes::new(),
             end: None,
             ended: false,
+            finished: false,
             bytes_out: 0,
             conn,
             closed: None,
@@ -215,6 +239,40 @@ impl H3Client {
             Some(trailers) => Frame::Trailers(trailers),
             None => Frame::End,
         })
+    }
+}
+
+impl H3Client {
+    /// Resets the stream unless its end went (an end still queued, or a
+    /// frame half sent, is cut).
+    fn reset(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        self.ended = true;
+        self.head = None;
+        self.queued = Bytes::new();
+        self.end = None;
+        self.cut.store(true, Ordering::Relaxed);
+        if let Some(mut busy) = self.busy.take() {
+            // Cut: ready at its next poll, with the send half back.
+            let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+            if let Poll::Ready((to, _)) = busy.as_mut().poll(&mut cx) {
+                self.idle = Some(to);
+            }
+        }
+        if let Some(to) = &mut self.idle {
+            to.stop_stream(Code::H3_INTERNAL_ERROR);
+        }
+    }
+}
+
+/// A stream dropped before its end went (a panic, a send that timed out)
+/// is reset: quinn would finish it, and a cut response would look whole.
+impl Drop for H3Client {
+    fn drop(&mut self) {
+        self.reset();
     }
 }
 
@@ -300,6 +358,8 @@ impl Downstream for H3Client {
                 if done.is_err() {
                     return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
                 }
+                // The frame that went was the end (trailers and all).
+                self.finished = self.ended;
             }
             let Some(frame) = self.next_frame() else {
                 return Poll::Ready(Ok(()));
@@ -316,26 +376,9 @@ impl Downstream for H3Client {
     }
 
     /// Resets the stream: a response cut short must not look complete (a
-    /// whole one, ended, is left to go out).
+    /// whole one, finished, is left to go out).
     fn abort(&mut self) {
-        if self.ended {
-            return;
-        }
-        self.ended = true;
-        self.head = None;
-        self.queued = Bytes::new();
-        self.end = None;
-        self.cut.store(true, Ordering::Relaxed);
-        if let Some(mut busy) = self.busy.take() {
-            // Cut: ready at its next poll, with the send half back.
-            let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
-            if let Poll::Ready((to, _)) = busy.as_mut().poll(&mut cx) {
-                self.idle = Some(to);
-            }
-        }
-        if let Some(to) = &mut self.idle {
-            to.stop_stream(Code::H3_INTERNAL_ERROR);
-        }
+        self.reset();
     }
 
     fn queue_answer(&mut self, refusal: &Refusal, _close: bool) {

@@ -4,6 +4,7 @@
 //! stops, and its close once idle.
 
 use super::{Handshaking, Shared};
+use crate::proxy::fast::h2::Served;
 use crate::proxy::fast::h3::{H3Conn, H3Stream};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
@@ -13,7 +14,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::time::Instant;
 
 /// The code a connection closes with: HTTP/3's `H3_NO_ERROR`.
@@ -30,21 +30,30 @@ pub(super) async fn serve(
     let Some((conn, confirmed)) = handshake(&shared, incoming).await else {
         return;
     };
-    drop(handshaking);
-    let _open = Open::count(&shared.counts);
+    // With 0-RTT the handshake goes on while early requests are served:
+    // it keeps its place among the handshakes, and its deadline.
+    let handshake = match confirmed {
+        None => {
+            drop(handshaking);
+            None
+        }
+        Some(confirmed) => Some(Finishing {
+            confirmed: Box::pin(confirmed),
+            by: Instant::now() + shared.handshake_timeout,
+            _counted: handshaking,
+        }),
+    };
     let client = conn.remote_address();
     let client = std::net::SocketAddr::new(client.ip().to_canonical(), client.port());
     let info = H3Conn {
         conn: conn.clone(),
         client: SocketAddr::Inet(client),
-        local: conn
-            .local_ip()
-            .map(|ip| std::net::SocketAddr::new(ip, port)),
+        local: (conn.local_ip()).map(|ip| std::net::SocketAddr::new(ip, port)),
     };
     let mut builder = h3::server::builder();
     builder.max_field_section_size(shared.max_header_bytes as u64);
     let h3 = builder.build::<_, bytes::Bytes>(h3_quinn::Connection::new(conn.clone()));
-    let h3 = match tokio::time::timeout(shared.handshake_timeout, h3).await {
+    let mut h3 = match tokio::time::timeout(shared.handshake_timeout, h3).await {
         Ok(Ok(h3)) => h3,
         Ok(Err(e)) => {
             log::debug!("HTTP/3 with {client} did not start: {e}");
@@ -55,15 +64,31 @@ pub(super) async fn serve(
             return;
         }
     };
-    let ended = requests(&shared, h3, &info, confirmed, shutdown).await;
-    if ended == Ended::Drained {
-        // The last answers were handed to QUIC, not yet delivered: a close
+    let ended = requests(&shared, &mut h3, &info, handshake, shutdown).await;
+    let code = match ended {
+        // The last answers were handed to QUIC, not all delivered: a close
         // now would drop what is unacknowledged. The client closes once it
-        // has them (GOAWAY said to), or a few round trips pass.
-        let delivered = (conn.rtt() * 4).clamp(Duration::from_millis(200), Duration::from_secs(2));
-        let _ = tokio::time::timeout(delivered, conn.closed()).await;
-    }
-    conn.close(NO_ERROR.into(), b"");
+        // has them (GOAWAY told it to go); the endpoint closes every
+        // connection at the grace period's end.
+        Ended::Drained => {
+            let _ = tokio::time::timeout(shared.grace, conn.closed()).await;
+            NO_ERROR
+        }
+        Ended::Over => NO_ERROR,
+        Ended::Refused(code) => code,
+    };
+    // With its code, then: the h3 connection closes the QUIC one when
+    // dropped (so only now), with H3_NO_ERROR.
+    conn.close(code.into(), b"");
+    drop(h3);
+}
+
+/// A 0-RTT connection's handshake, still going while it serves.
+struct Finishing {
+    confirmed: Pin<Box<quinn::ZeroRttAccepted>>,
+    /// `tls.handshake_timeout_ms` from its start.
+    by: Instant,
+    _counted: Handshaking,
 }
 
 /// The handshake under `tls.handshake_timeout_ms` (counted as a TLS
@@ -106,6 +131,15 @@ async fn handshake(
 
 type H3Connection = h3::server::Connection<h3_quinn::Connection, bytes::Bytes>;
 
+/// HTTP/3's `H3_EXCESSIVE_LOAD`: a client resetting streams faster than
+/// it lets them be served.
+const EXCESSIVE_LOAD: u32 = 0x107;
+
+/// More streams than this reset before they are served, and more of them
+/// than were served, and the connection closes (as HTTP/2's rapid reset
+/// guard does, `frontend_h2.rs`).
+const MAX_EARLY_RESETS: usize = 32;
+
 /// How a connection's requests ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Ended {
@@ -113,6 +147,9 @@ enum Ended {
     Over,
     /// The gateway stops: GOAWAY went, and what was in flight is answered.
     Drained,
+    /// Closed by the gateway with this code (a handshake not done in
+    /// time, a rapid reset).
+    Refused(u32),
 }
 
 /// The connection's requests, each on this task, until the client closes
@@ -120,22 +157,29 @@ enum Ended {
 /// request by then), or the gateway stops (GOAWAY; those in flight end).
 async fn requests(
     shared: &Shared,
-    mut h3: H3Connection,
+    h3: &mut H3Connection,
     info: &H3Conn,
-    confirmed: Option<quinn::ZeroRttAccepted>,
+    mut handshake: Option<Finishing>,
     mut shutdown: ShutdownWatch,
 ) -> Ended {
     let mut in_flight = FuturesUnordered::new();
     let mut closing = false;
-    // 0-RTT: until the handshake is done, requests came in early data.
-    let mut confirmed = confirmed.map(Box::pin);
+    let mut open = handshake.is_none().then(|| Open::count(&shared.counts));
+    let (mut served, mut early_resets) = (0usize, 0usize);
     let idle = tokio::time::sleep(shared.keepalive_timeout);
     tokio::pin!(idle);
     loop {
         let accepted = tokio::select! {
             biased;
-            _ = async { confirmed.as_mut().expect("early").await }, if confirmed.is_some() => {
-                confirmed = None;
+            // 0-RTT: until the handshake is done, requests came in early
+            // data; not done in time, the connection ends.
+            done = finishing(&mut handshake), if handshake.is_some() => {
+                if !done {
+                    shared.failures.failed("timeout");
+                    return Ended::Refused(NO_ERROR);
+                }
+                handshake = None;
+                open = Some(Open::count(&shared.counts));
                 continue;
             }
             _ = shutdown.changed(), if !closing => {
@@ -147,7 +191,15 @@ async fn requests(
                 }
                 continue;
             }
-            Some(()) = in_flight.next(), if !in_flight.is_empty() => {
+            Some(done) = in_flight.next(), if !in_flight.is_empty() => {
+                match done {
+                    Served::Reset => early_resets += 1,
+                    Served::Done => served += 1,
+                }
+                if early_resets > MAX_EARLY_RESETS && early_resets > served {
+                    log::warn!("an HTTP/3 client reset {early_resets} streams before they were served (rapid reset): closed");
+                    return Ended::Refused(EXCESSIVE_LOAD);
+                }
                 if in_flight.is_empty() {
                     if closing {
                         return Ended::Drained;
@@ -159,47 +211,66 @@ async fn requests(
             accepted = h3.accept() => accepted,
             () = &mut idle, if in_flight.is_empty() => return Ended::Over,
         };
-        let resolver = match accepted {
-            Ok(Some(resolver)) => resolver,
+        let Ok(Some(resolver)) = accepted else {
             // Closed by the client, or an HTTP/3 error (the h3 crate
             // closed the connection with its code).
-            Ok(None) | Err(_) => break,
+            break;
         };
-        let early = confirmed.is_some();
-        let fast = &shared.fast;
-        let header_timeout = shared.header_timeout;
-        let served: Pin<Box<dyn Future<Output = ()> + Send + '_>> = Box::pin(async move {
-            let resolved = tokio::time::timeout(header_timeout, resolver.resolve_request()).await;
-            let Ok(Ok((req, stream))) = resolved else {
-                return;
-            };
-            serve_stream(fast, req, stream, info, early).await;
-        });
-        in_flight.push(served);
+        in_flight.push(stream(shared, resolver, info, handshake.is_some()));
     }
     while in_flight.next().await.is_some() {}
-    match closing {
-        true => Ended::Drained,
-        false => Ended::Over,
-    }
+    drop(open);
+    Ended::Over
+}
+
+/// A 0-RTT handshake's end: `true` once done, `false` once its deadline
+/// passed first.
+async fn finishing(handshake: &mut Option<Finishing>) -> bool {
+    let Some(h) = handshake else { return true };
+    let by = h.by;
+    tokio::time::timeout_at(by, h.confirmed.as_mut())
+        .await
+        .is_ok()
+}
+
+type Resolver = h3::server::RequestResolver<h3_quinn::Connection, bytes::Bytes>;
+
+/// A stream's course: its head read within `limits.header_timeout_ms`,
+/// then its request served. `early`: it came before the handshake was
+/// done (0-RTT).
+fn stream<'a>(
+    shared: &'a Shared,
+    resolver: Resolver,
+    info: &'a H3Conn,
+    early: bool,
+) -> Pin<Box<dyn Future<Output = Served> + Send + 'a>> {
+    Box::pin(async move {
+        let resolved = tokio::time::timeout(shared.header_timeout, resolver.resolve_request());
+        match resolved.await {
+            Ok(Ok((req, stream))) => serve_stream(&shared.fast, req, stream, info, early).await,
+            // Reset before its head was read, or no head in time.
+            _ => Served::Reset,
+        }
+    })
 }
 
 /// Serves one stream, a panic in it caught: it ends that stream only
-/// (dropped, it is reset).
+/// (its client's drop resets it).
 async fn serve_stream(
     fast: &crate::proxy::fast::FastPath,
     req: http::Request<()>,
     stream: H3Stream,
     info: &H3Conn,
     early: bool,
-) {
+) -> Served {
     let served = std::panic::AssertUnwindSafe(fast.serve_h3(req, stream, info, early));
-    if let Err(panic) = served.catch_unwind().await {
+    served.catch_unwind().await.unwrap_or_else(|panic| {
         let what = (panic.downcast_ref::<&str>().copied())
             .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
             .unwrap_or("?");
         log::error!("an HTTP/3 stream panicked ({what}); the stream was reset");
-    }
+        Served::Done
+    })
 }
 
 /// An open connection, counted until dropped.

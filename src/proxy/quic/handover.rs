@@ -37,7 +37,7 @@ use tokio::net::UnixDatagram;
 pub(super) const CID_LEN: usize = 8;
 
 /// How long a new process waits for the old one's answer to its hello.
-const HELLO_WAIT: Duration = Duration::from_secs(1);
+const HELLO_WAIT: Duration = Duration::from_secs(3);
 
 /// The largest message on the channel: a datagram and its addresses.
 const MESSAGE: usize = 65_536 + 64;
@@ -113,9 +113,14 @@ impl quinn::ConnectionIdGenerator for Issuer {
     }
 }
 
-/// The messages on the channel.
+/// The messages on the channel: hello (the new process's identity), its
+/// answer (the old one's), the new one's confirmation that it got the
+/// answer in time (only then does the old one pass datagrams on: a new
+/// process that gave up waiting reads nothing from the channel), and a
+/// datagram.
 const HELLO: u8 = b'H';
 const ANSWER: u8 = b'A';
+const CONFIRM: u8 = b'C';
 const DATAGRAM: u8 = b'D';
 
 /// The two processes' channel, as one of them holds it.
@@ -127,7 +132,9 @@ pub(super) struct Handover {
     _theirs: std::os::unix::net::UnixDatagram,
     /// The predecessor's channel and identity, when it answered.
     predecessor: Option<(UnixDatagram, Identity)>,
-    /// The successor's identity, once it said hello.
+    /// The successor's identity, once it said hello, until it confirms.
+    greeted: Mutex<Option<Identity>>,
+    /// The successor's identity, once it confirmed.
     successor: arc_swap::ArcSwapOption<Identity>,
 }
 
@@ -165,20 +172,25 @@ impl Handover {
             mine,
             _theirs: theirs,
             predecessor,
+            greeted: Mutex::new(None),
             successor: arc_swap::ArcSwapOption::empty(),
         })
     }
 
     /// Where a datagram goes: `None` here, else the channel to send it on.
+    /// The predecessor's own first: with two upgrades under way (A, then
+    /// B, then C), B sends A's to A, and C's to C. (C knows nothing of A:
+    /// what of A's comes to C is lost, a second upgrade should wait for
+    /// the first old process to exit.)
     fn route(&self, datagram: &[u8]) -> Option<&UnixDatagram> {
         let cid = destination_cid(datagram)?;
-        if self.successor.load().is_some() && !self.me.owns(cid) {
-            return Some(&self.mine);
+        if let Some((channel, them)) = &self.predecessor {
+            if them.owns(cid) {
+                return Some(channel);
+            }
         }
-        match &self.predecessor {
-            Some((channel, them)) if them.owns(cid) => Some(channel),
-            _ => None,
-        }
+        let successor = self.successor.load().is_some();
+        (successor && !self.me.owns(cid)).then_some(&self.mine)
     }
 
     /// Whether anything is passed on at all (the usual case: no).
@@ -200,6 +212,9 @@ async fn greet(channel: UnixDatagram, me: Identity) -> Option<(UnixDatagram, Ide
     match answer {
         Ok(Ok(n)) if n > 0 && buf[0] == ANSWER => {
             let them = Identity::decode(&buf[1..n])?;
+            let mut confirm = vec![CONFIRM];
+            confirm.extend_from_slice(&me.encode());
+            channel.send(&confirm).await.ok()?;
             log::info!("quic: the old process answered; its connections stay with it");
             Some((channel, them))
         }
@@ -315,6 +330,7 @@ impl Routed {
                 let message = &scratch[..n];
                 match message.first() {
                     Some(&HELLO) => self.answer_hello(message),
+                    Some(&CONFIRM) => self.confirmed(message),
                     Some(&DATAGRAM) => {
                         let Some((read, start)) = read_datagram(message) else {
                             continue;
@@ -333,8 +349,7 @@ impl Routed {
         Poll::Pending
     }
 
-    /// A successor said hello: it gets this process's identity, and every
-    /// datagram not this process's from now on.
+    /// A successor said hello: it gets this process's identity.
     fn answer_hello(&self, message: &[u8]) {
         let Some(them) = Identity::decode(&message[1..]) else {
             return;
@@ -342,8 +357,17 @@ impl Routed {
         let mut answer = vec![ANSWER];
         answer.extend_from_slice(&self.handover.me.encode());
         if self.handover.mine.try_send(&answer).is_ok() {
+            *self.handover.greeted.lock() = Some(them);
+        }
+    }
+
+    /// The successor got the answer: it gets every datagram not this
+    /// process's from now on.
+    fn confirmed(&self, message: &[u8]) {
+        let them = Identity::decode(&message[1..]);
+        if them.is_some() && *self.handover.greeted.lock() == them {
             log::info!("quic: a new process took over; this one keeps its own connections");
-            self.handover.successor.store(Some(Arc::new(them)));
+            self.handover.successor.store(them.map(Arc::new));
         }
     }
 
