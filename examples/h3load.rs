@@ -8,6 +8,7 @@
 //!   cargo run --release --example h3load -- ADDR HOST PATH \
 //!       [--conns 32] [--streams 10] [--secs 5] [--requests N] [--body BYTES] [--threads 1]
 //!       [--hold SECS]   (the connections stay open, idle, that long after)
+//!       [--print]       (each response's head and body, for a one-off request)
 //!
 //! Certificates are not verified (a benchmark against a local gateway).
 
@@ -31,11 +32,13 @@ struct Args {
     threads: usize,
     /// Seconds the connections are held open, idle, after the run.
     hold: f64,
+    /// Print each response's status, fields and body (a one-off request).
+    print: bool,
 }
 
 fn args() -> Result<Args, String> {
     let mut raw = std::env::args().skip(1);
-    let usage = "h3load ADDR HOST PATH [--conns N] [--streams N] [--secs S] [--requests N] [--body BYTES] [--threads N] [--hold S]";
+    let usage = "h3load ADDR HOST PATH [--conns N] [--streams N] [--secs S] [--requests N] [--body BYTES] [--threads N] [--hold S] [--print]";
     let addr = raw
         .next()
         .ok_or(usage)?
@@ -54,8 +57,13 @@ fn args() -> Result<Args, String> {
         body: 0,
         threads: 1,
         hold: 0.0,
+        print: false,
     };
     while let Some(flag) = raw.next() {
+        if flag == "--print" {
+            args.print = true;
+            continue;
+        }
         let value = raw.next().ok_or(format!("{flag} wants a value"))?;
         let number = |v: &str| v.parse::<f64>().map_err(|e| format!("{flag}: {e}"));
         match flag.as_str() {
@@ -185,12 +193,22 @@ async fn one(
     }
     stream.finish().await.map_err(|e| e.to_string())?;
     let head = stream.recv_response().await.map_err(|e| e.to_string())?;
-    if !head.status().is_success() {
+    if !head.status().is_success() && !args.print {
         return Err(format!("status {}", head.status()));
+    }
+    if args.print {
+        println!("{:?} {}", head.version(), head.status());
+        for (name, value) in head.headers() {
+            println!("{name}: {}", String::from_utf8_lossy(value.as_bytes()));
+        }
+        println!();
     }
     let mut read = 0u64;
     while let Some(mut data) = stream.recv_data().await.map_err(|e| e.to_string())? {
         read += data.remaining() as u64;
+        if args.print {
+            print!("{}", String::from_utf8_lossy(data.chunk()));
+        }
         data.advance(data.remaining());
     }
     Ok(read)

@@ -11,7 +11,9 @@
 # - memory per idle HTTP/3 connection (IDLE connections held open, the
 #   proxy's RSS before and after);
 # - one 1 GiB download over HTTP/3 and over HTTP/2 (curl) through
-#   shardgate, MB/s.
+#   shardgate, MB/s and shardgate's CPU per GiB (the client runs beside
+#   the backend on core 1: h3load, quinn in one thread, is the slower
+#   client, so MB/s says less than the CPU does).
 # Interleaved over ROUNDS rounds; prints medians (min-max).
 #
 #   bash benches/load/http3.sh [--build]
@@ -25,7 +27,8 @@
 #   CONNS=32     connections
 #   STREAMS=10   requests in flight per connection
 #   IDLE=1000    idle connections for the memory figure
-#   BIG=1        1: the 1 GiB download too
+#   BIG=1        1: the 1 GiB downloads too
+#   LOAD=1       0: only the downloads
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -34,7 +37,7 @@ CALLER=$PWD
 source "$HERE/lib.sh"
 parse_args "$0" "$@"
 ROUNDS=${ROUNDS:-3} SECS=${SECS:-5} CONNS=${CONNS:-32} STREAMS=${STREAMS:-10}
-IDLE=${IDLE:-1000} BIG=${BIG:-1}
+IDLE=${IDLE:-1000} BIG=${BIG:-1} LOAD=${LOAD:-1}
 if [[ ${BUILD:-0} == 1 ]]; then
   (cd "$ROOT" && cargo build --release --bin shardgate --example h3load)
   BUILD=0
@@ -192,7 +195,7 @@ idle() {
 printf 'HTTP/3: %s, commit %s; %s, caddy %s\n' "$(date -u '+%Y-%m-%d %H:%M:%S UTC')" \
   "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')" "$(nginx -v 2>&1)" "$(caddy version | cut -d' ' -f1)"
 printf '  %s connections x %s streams, %s s per run, proxies on core 0 with one thread\n' "$CONNS" "$STREAMS" "$SECS"
-for ((r = 1; r <= ROUNDS; r++)); do
+for ((r = 1; r <= ROUNDS * LOAD; r++)); do
   printf 'round %s/%s\n' "$r" "$ROUNDS"
   if ((r % 2)); then order=(shardgate caddy); else order=(caddy shardgate); fi
   for kind in "${order[@]}"; do load "$kind" "h3 GET"; done
@@ -200,10 +203,11 @@ for ((r = 1; r <= ROUNDS; r++)); do
   h2 "h2+TLS GET"
   h2 "h2+TLS POST 1 KiB" -d "$SG_WORK/post.body"
 done
-for kind in shardgate caddy; do idle "$kind"; done
+if [[ $LOAD == 1 ]]; then for kind in shardgate caddy; do idle "$kind"; done; fi
 
 median() { tr ' ' '\n' | sort -n | awk 'NF { v[++n] = $1 } END { m = v[int((n + 1) / 2)]; printf "%s (%s-%s)", m, v[1], v[n] }'; }
 med() { tr ' ' '\n' | sort -n | awk 'NF { v[++n] = $1 } END { print v[int((n + 1) / 2)] }'; }
+if [[ $LOAD == 1 ]]; then
 printf '\n%-32s %s\n' "CPU µs per request" "median (min-max)"
 for key in "shardgate h3 GET" "caddy h3 GET" "shardgate h2+TLS GET" "shardgate h3 POST 1 KiB" "caddy h3 POST 1 KiB" "shardgate h2+TLS POST 1 KiB"; do
   printf '%-32s %s\n' "$key" "$(median <<<"${CPU[$key]}")"
@@ -215,16 +219,39 @@ for shape in "GET" "POST 1 KiB"; do
     "$(awk -v a="$sg" -v b="$(med <<<"${CPU["shardgate h2+TLS $shape"]}")" 'BEGIN { printf "%.2f", a / b }')"
 done
 printf 'idle HTTP/3 connection: shardgate %s KiB, caddy %s KiB\n' "${IDLE_KIB[shardgate]}" "${IDLE_KIB[caddy]}"
+fi
+
+# big PROTO: one 1 GiB download through shardgate over HTTP/3 (h3load) or
+# HTTP/2 (curl): "MB/s cpu_ms_per_GiB".
+big() {
+  local pid=$1 proto=$2 before after begun ended
+  before=$(cpu_ticks "$pid")
+  begun=$(date +%s.%N)
+  case $proto in
+    h3) h3 /big --conns 1 --streams 1 --requests 1 --secs 300 >/dev/null ;;
+    h2) taskset -c 1 curl -sk --http2 -o /dev/null "https://localhost:$SG/big" ;;
+  esac
+  ended=$(date +%s.%N)
+  after=$(cpu_ticks "$pid")
+  awk -v a="$begun" -v b="$ended" -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" \
+    'BEGIN { printf "%.0f %.0f\n", 1024 / (b - a), t * 1000 / hz }'
+}
 
 if [[ $BIG == 1 ]]; then
   start shardgate
   pid=$SPAWNED
-  out=$(h3 /big --conns 1 --streams 1 --requests 1 --secs 300)
-  printf '1 GiB over HTTP/3: %s\n' "$out"
-  begun=$(date +%s.%N)
-  size=$(taskset -c 1 curl -sk --http2 -o /dev/null -w '%{size_download}' "https://localhost:$SG/big")
-  ended=$(date +%s.%N)
-  printf '1 GiB over HTTP/2: %s bytes in %.2f s, %.1f MB/s\n' "$size" "$(awk -v a="$begun" -v b="$ended" 'BEGIN { print b - a }')" \
-    "$(awk -v a="$begun" -v b="$ended" -v s="$size" 'BEGIN { print s / (b - a) / 1048576 }')"
+  declare -A RATE=() BIGCPU=()
+  for ((r = 1; r <= ROUNDS; r++)); do
+    for proto in h3 h2; do
+      read -r rate cpu <<<"$(big "$pid" "$proto")"
+      printf '  1 GiB over %s: %s MB/s, shardgate %s ms CPU\n' "$proto" "$rate" "$cpu"
+      RATE[$proto]+="$rate "
+      BIGCPU[$proto]+="$cpu "
+    done
+  done
   stop "$pid"
+  for proto in h3 h2; do
+    printf '1 GiB download over %s: %s MB/s, shardgate CPU %s ms per GiB\n' "$proto" \
+      "$(median <<<"${RATE[$proto]}")" "$(median <<<"${BIGCPU[$proto]}")"
+  done
 fi
