@@ -162,7 +162,10 @@ async fn stream_loop(
                 counts.requests.fetch_add(1, Ordering::Relaxed);
                 counts.bytes.fetch_add(bytes, Ordering::Relaxed);
             }
-            Err(_) => {
+            Err(e) => {
+                if args.print {
+                    eprintln!("h3load: {e}");
+                }
                 counts.errors.fetch_add(1, Ordering::Relaxed);
                 return;
             }
@@ -221,8 +224,11 @@ async fn run(args: Arc<Args>) -> Result<(), String> {
     let mut endpoints = Vec::new();
     let mut senders = Vec::new();
     for _ in 0..args.conns {
-        let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().expect("addr"))
-            .map_err(|e| e.to_string())?;
+        let any: SocketAddr = match args.addr {
+            SocketAddr::V4(_) => ([0, 0, 0, 0], 0).into(),
+            SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+        };
+        let mut endpoint = quinn::Endpoint::client(any).map_err(|e| e.to_string())?;
         endpoint.set_default_client_config(client_config());
         let conn = endpoint
             .connect(args.addr, &args.host)
@@ -252,6 +258,9 @@ async fn run(args: Arc<Args>) -> Result<(), String> {
     let _ = tokio::time::timeout(Duration::from_secs_f64(args.secs), all).await;
     stop.store(true, Ordering::Relaxed);
     let secs = begun.elapsed().as_secs_f64();
+    if args.print {
+        println!();
+    }
     let requests = counts.requests.load(Ordering::Relaxed);
     let bytes = counts.bytes.load(Ordering::Relaxed);
     println!(

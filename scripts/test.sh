@@ -36,12 +36,15 @@ SHARDGATE_TEST_FAST_PATH=off cargo test --locked --test gateway --test hostile \
   --test conformance --test tls --test bodies --test observability --test tracing \
   --test proxy_protocol --test per_client --test compression "$@"
 if [ "$fuzz_seconds" != 0 ]; then
-  if ! wait "$fuzz_build"; then
+  built=0
+  wait "$fuzz_build" || built=$?
+  trap - EXIT
+  if [ "$built" != 0 ]; then
     tail -n 60 "$fuzz_log" >&2
+    rm -f "$fuzz_log"
     echo "the fuzz targets did not build" >&2
     exit 1
   fi
-  trap - EXIT
   rm -f "$fuzz_log"
   bash scripts/fuzz.sh "$fuzz_seconds"
 fi

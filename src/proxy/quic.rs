@@ -201,8 +201,8 @@ async fn endpoint(
     };
     let handover = Arc::new(handover::Handover::new(&key, fds).await?);
     let mut config = quinn::EndpointConfig::default();
-    let me = handover.me;
-    config.cid_generator(move || Box::new(handover::Issuer(me)));
+    let (me, predecessor) = (handover.me, handover.predecessor());
+    config.cid_generator(move || Box::new(handover::Issuer { me, predecessor }));
     let runtime = Arc::new(quinn::TokioRuntime);
     let udp = quinn::Runtime::wrap_udp_socket(runtime.as_ref(), socket)?;
     let routed = Arc::new(handover::Routed::new(udp, handover));

@@ -29,6 +29,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
+/// How long a GET or HEAD's stream end is waited for (then it goes as a
+/// request whose body may come).
+const BODYLESS_END_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// A request stream as the h3 crate accepts it.
 pub type H3Stream = h3::server::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>;
 type SendHalf = h3::server::RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
@@ -96,10 +100,11 @@ impl FastPath {
 
     /// What came after the head: whether the body is empty, and its first
     /// bytes; `None`: the client reset the stream. A GET or HEAD without
-    /// a length whose stream has not ended yet is waited for (its end
-    /// mostly comes a packet later), so that it goes to the shard without
-    /// a body; other requests go on at once (a gRPC client may wait for
-    /// the answer's head before it sends).
+    /// a length whose stream has not ended yet is waited for a while
+    /// ([`BODYLESS_END_WAIT`]: its end mostly comes a packet later), so
+    /// that it goes to the shard without a body; other requests go on at
+    /// once (a gRPC client may wait for the answer's head before it
+    /// sends).
     async fn body_start(
         &self,
         req: &RequestHeader,
@@ -109,7 +114,7 @@ impl FastPath {
         let bodiless = matches!(req.method, http::Method::GET | http::Method::HEAD);
         if first.is_none() && bodiless && !req.headers.contains_key(http::header::CONTENT_LENGTH) {
             let read = poll_fn(|cx| recv.poll_recv_data(cx));
-            first = tokio::time::timeout(self.body_timeout, read).await.ok();
+            first = tokio::time::timeout(BODYLESS_END_WAIT, read).await.ok();
         }
         match first {
             Some(Ok(None)) => Some((true, None)),
@@ -256,10 +261,14 @@ impl H3Client {
         self.end = None;
         self.cut.store(true, Ordering::Relaxed);
         if let Some(mut busy) = self.busy.take() {
-            // Cut: ready at its next poll, with the send half back.
-            let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
-            if let Poll::Ready((to, _)) = busy.as_mut().poll(&mut cx) {
-                self.idle = Some(to);
+            // Cut: ready at its next poll, with the send half back. (Not
+            // while a panic unwinds: the panic may have come from that
+            // future, and polling it again would abort the process.)
+            if !std::thread::panicking() {
+                let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+                if let Poll::Ready((to, _)) = busy.as_mut().poll(&mut cx) {
+                    self.idle = Some(to);
+                }
             }
         }
         if let Some(to) = &mut self.idle {

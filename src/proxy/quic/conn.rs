@@ -74,6 +74,11 @@ pub(super) async fn serve(
             let _ = tokio::time::timeout(shared.grace, conn.closed()).await;
             NO_ERROR
         }
+        // The client's GOAWAY: it closes once it has the last answers.
+        Ended::Away => {
+            let _ = tokio::time::timeout(shared.keepalive_timeout, conn.closed()).await;
+            NO_ERROR
+        }
         Ended::Over => NO_ERROR,
         Ended::Refused(code) => code,
     };
@@ -147,6 +152,8 @@ enum Ended {
     Over,
     /// The gateway stops: GOAWAY went, and what was in flight is answered.
     Drained,
+    /// The client sent GOAWAY, and what was in flight is answered.
+    Away,
     /// Closed by the gateway with this code (a handshake not done in
     /// time, a rapid reset).
     Refused(u32),
@@ -177,6 +184,11 @@ async fn requests(
                 if !done {
                     shared.failures.failed("timeout");
                     return Ended::Refused(NO_ERROR);
+                }
+                // Done, or failed (quinn says which only by the close).
+                if info.conn.close_reason().is_some() {
+                    shared.failures.failed("error");
+                    return Ended::Over;
                 }
                 handshake = None;
                 open = Some(Open::count(&shared.counts));
@@ -211,16 +223,37 @@ async fn requests(
             accepted = h3.accept() => accepted,
             () = &mut idle, if in_flight.is_empty() => return Ended::Over,
         };
-        let Ok(Some(resolver)) = accepted else {
+        let resolver = match accepted {
+            Ok(Some(resolver)) => resolver,
+            // The client's GOAWAY, its requests answered.
+            Ok(None) => {
+                while in_flight.next().await.is_some() {}
+                return Ended::Away;
+            }
             // Closed by the client, or an HTTP/3 error (the h3 crate
             // closed the connection with its code).
-            break;
+            Err(_) => break,
         };
-        in_flight.push(stream(shared, resolver, info, handshake.is_some()));
+        // After GOAWAY, a stream is refused unprocessed (the client may
+        // send it again elsewhere, RFC 9114 §5.2).
+        let course = Course {
+            early: handshake.is_some(),
+            refused: closing,
+        };
+        in_flight.push(stream(shared, resolver, info, course));
     }
     while in_flight.next().await.is_some() {}
     drop(open);
     Ended::Over
+}
+
+/// What a stream's connection knew of it when it came.
+#[derive(Clone, Copy)]
+struct Course {
+    /// Before the handshake was done (0-RTT).
+    early: bool,
+    /// After the gateway's GOAWAY: refused, `H3_REQUEST_REJECTED`.
+    refused: bool,
 }
 
 /// A 0-RTT handshake's end: `true` once done, `false` once its deadline
@@ -236,18 +269,23 @@ async fn finishing(handshake: &mut Option<Finishing>) -> bool {
 type Resolver = h3::server::RequestResolver<h3_quinn::Connection, bytes::Bytes>;
 
 /// A stream's course: its head read within `limits.header_timeout_ms`,
-/// then its request served. `early`: it came before the handshake was
-/// done (0-RTT).
+/// then its request served (or refused, after GOAWAY).
 fn stream<'a>(
     shared: &'a Shared,
     resolver: Resolver,
     info: &'a H3Conn,
-    early: bool,
+    course: Course,
 ) -> Pin<Box<dyn Future<Output = Served> + Send + 'a>> {
     Box::pin(async move {
         let resolved = tokio::time::timeout(shared.header_timeout, resolver.resolve_request());
         match resolved.await {
-            Ok(Ok((req, stream))) => serve_stream(&shared.fast, req, stream, info, early).await,
+            Ok(Ok((_, mut stream))) if course.refused => {
+                stream.stop_stream(h3::error::Code::H3_REQUEST_REJECTED);
+                Served::Done
+            }
+            Ok(Ok((req, stream))) => {
+                serve_stream(&shared.fast, req, stream, info, course.early).await
+            }
             // Reset before its head was read, or no head in time.
             _ => Served::Reset,
         }

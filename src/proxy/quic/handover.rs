@@ -93,15 +93,24 @@ fn random_bytes<const N: usize>() -> [u8; N] {
     bytes
 }
 
-/// Issues this process's connection IDs: random, with its tag.
-pub(super) struct Issuer(pub Identity);
+/// Issues this process's connection IDs: random, with its tag; none that
+/// would also read as the predecessor's (its tag is 16 bits: one ID in
+/// 65 536 would).
+pub(super) struct Issuer {
+    pub me: Identity,
+    pub predecessor: Option<Identity>,
+}
 
 impl quinn::ConnectionIdGenerator for Issuer {
     fn generate_cid(&mut self) -> quinn::ConnectionId {
-        let mut cid = random_bytes::<CID_LEN>();
-        let tag = self.0.tag ^ self.0.mask(&cid[2..]);
-        cid[..2].copy_from_slice(&tag.to_be_bytes());
-        quinn::ConnectionId::new(&cid)
+        loop {
+            let mut cid = random_bytes::<CID_LEN>();
+            let tag = self.me.tag ^ self.me.mask(&cid[2..]);
+            cid[..2].copy_from_slice(&tag.to_be_bytes());
+            if !self.predecessor.is_some_and(|p| p.owns(&cid)) {
+                return quinn::ConnectionId::new(&cid);
+            }
+        }
     }
 
     fn cid_len(&self) -> usize {
@@ -178,19 +187,26 @@ impl Handover {
     }
 
     /// Where a datagram goes: `None` here, else the channel to send it on.
-    /// The predecessor's own first: with two upgrades under way (A, then
-    /// B, then C), B sends A's to A, and C's to C. (C knows nothing of A:
+    /// This process's own first, then the predecessor's: with two upgrades
+    /// under way (A, then B, then C), B sends A's to A, and C's to C. (C knows nothing of A:
     /// what of A's comes to C is lost, a second upgrade should wait for
     /// the first old process to exit.)
     fn route(&self, datagram: &[u8]) -> Option<&UnixDatagram> {
         let cid = destination_cid(datagram)?;
+        if self.me.owns(cid) {
+            return None;
+        }
         if let Some((channel, them)) = &self.predecessor {
             if them.owns(cid) {
                 return Some(channel);
             }
         }
-        let successor = self.successor.load().is_some();
-        (successor && !self.me.owns(cid)).then_some(&self.mine)
+        self.successor.load().is_some().then_some(&self.mine)
+    }
+
+    /// The predecessor's identity, if it answered.
+    pub(super) fn predecessor(&self) -> Option<Identity> {
+        self.predecessor.as_ref().map(|(_, them)| *them)
     }
 
     /// Whether anything is passed on at all (the usual case: no).
@@ -481,17 +497,23 @@ mod tests {
     #[test]
     fn each_process_knows_its_own_connection_ids_and_no_other() {
         let (a, b) = (Identity::random(), Identity::random());
-        let mut issue_a = Issuer(a);
+        let mut issue_a = Issuer {
+            me: a,
+            predecessor: None,
+        };
         for _ in 0..1000 {
             let cid = issue_a.generate_cid();
             assert!(a.owns(&cid));
         }
-        let foreign = (0..1000)
-            .map(|_| Issuer(b).generate_cid())
-            .filter(|cid| a.owns(cid))
-            .count();
-        // 1 in 65 536 by chance.
-        assert!(foreign <= 2, "{foreign}");
+        // b, after a: none of b's reads as a's.
+        let mut issue_b = Issuer {
+            me: b,
+            predecessor: Some(a),
+        };
+        for _ in 0..200_000 {
+            let cid = issue_b.generate_cid();
+            assert!(b.owns(&cid) && !a.owns(&cid));
+        }
         assert_eq!(Identity::decode(&a.encode()), Some(a));
     }
 
