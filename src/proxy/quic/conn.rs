@@ -172,7 +172,7 @@ async fn requests(
     let mut in_flight = FuturesUnordered::new();
     let mut closing = false;
     let mut open = handshake.is_none().then(|| Open::count(&shared.counts));
-    let (mut served, mut early_resets) = (0usize, 0usize);
+    let mut resets = Resets::default();
     let idle = tokio::time::sleep(shared.keepalive_timeout);
     tokio::pin!(idle);
     loop {
@@ -204,12 +204,7 @@ async fn requests(
                 continue;
             }
             Some(done) = in_flight.next(), if !in_flight.is_empty() => {
-                match done {
-                    Served::Reset => early_resets += 1,
-                    Served::Done => served += 1,
-                }
-                if early_resets > MAX_EARLY_RESETS && early_resets > served {
-                    log::warn!("an HTTP/3 client reset {early_resets} streams before they were served (rapid reset): closed");
+                if resets.rapid(done) {
                     return Ended::Refused(EXCESSIVE_LOAD);
                 }
                 if in_flight.is_empty() {
@@ -245,6 +240,32 @@ async fn requests(
     while in_flight.next().await.is_some() {}
     drop(open);
     Ended::Over
+}
+
+/// Streams served, and reset by their client before they were.
+#[derive(Default)]
+struct Resets {
+    served: usize,
+    early: usize,
+}
+
+impl Resets {
+    /// Counts a stream's end; whether the client is resetting streams
+    /// faster than it lets them be served (a rapid reset).
+    fn rapid(&mut self, done: Served) -> bool {
+        match done {
+            Served::Reset => self.early += 1,
+            Served::Done => self.served += 1,
+        }
+        let rapid = self.early > MAX_EARLY_RESETS && self.early > self.served;
+        if rapid {
+            log::warn!(
+                "an HTTP/3 client reset {} streams before they were served (rapid reset): closed",
+                self.early
+            );
+        }
+        rapid
+    }
 }
 
 /// What a stream's connection knew of it when it came.
