@@ -441,13 +441,7 @@ impl Downstream for H2Client {
             return;
         }
         self.bytes_out += content.len() as u64;
-        if self.queued.is_empty() {
-            self.queued = content;
-        } else if !content.is_empty() {
-            let mut joined = BytesMut::from(&self.queued[..]);
-            joined.extend_from_slice(&content);
-            self.queued = joined.freeze();
-        }
+        append(&mut self.queued, content);
         if let Some(trailers) = end {
             self.end = Some(h2_trailers(trailers));
         }
@@ -528,6 +522,18 @@ impl Downstream for H2Client {
 
     fn counts(&self) -> (u64, u64) {
         (self.body.received(), self.bytes_out)
+    }
+}
+
+/// Queues `content` after what `queued` holds (a stream's body frames,
+/// HTTP/2's and HTTP/3's, go out as one when they can).
+pub(super) fn append(queued: &mut Bytes, content: Bytes) {
+    if queued.is_empty() {
+        *queued = content;
+    } else if !content.is_empty() {
+        let mut joined = BytesMut::from(&queued[..]);
+        joined.extend_from_slice(&content);
+        *queued = joined.freeze();
     }
 }
 

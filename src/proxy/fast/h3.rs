@@ -11,13 +11,13 @@
 //! dropped unfinished, and a cut response would look whole).
 
 use super::body::{BodyError, H2Body};
-use super::downstream::{h2_trailers, Downstream, ResponseStart};
+use super::downstream::{append, h2_trailers, Downstream, ResponseStart};
 use super::h2::{log_line, Served, StreamHead};
 use super::response::h2_response_head;
 use super::FastPath;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::pipeline::answer::Refusal;
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use futures_util::FutureExt;
 use h3::error::{Code, StreamError};
 use pingora::http::{RequestHeader, ResponseHeader};
@@ -346,13 +346,7 @@ impl Downstream for H3Client {
             return;
         }
         self.bytes_out += content.len() as u64;
-        if self.queued.is_empty() {
-            self.queued = content;
-        } else if !content.is_empty() {
-            let mut joined = BytesMut::from(&self.queued[..]);
-            joined.extend_from_slice(&content);
-            self.queued = joined.freeze();
-        }
+        append(&mut self.queued, content);
         if let Some(trailers) = end {
             self.end = Some(h2_trailers(trailers));
         }
