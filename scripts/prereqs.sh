@@ -4,9 +4,10 @@
 # tests), wrk (the fault tests under load), redis-server (cluster mode),
 # pebble (ACME), nghttp2-client and curl (HTTP/2), chromium and
 # chromium-driver (the operator's page), faketime (a node whose clock is
-# off, in the cluster tests), grpcio from PyPI (a real gRPC server and
-# client, tests/grpc.rs). Debian/Ubuntu, as root; otherwise prints what to
-# install.
+# off, in the cluster tests), procps (pgrep), grpcio from PyPI (a real
+# gRPC server and client, tests/grpc.rs) and aioquic (an HTTP/3 client of
+# another stack, tests/http3.rs). Debian/Ubuntu, as root; otherwise prints
+# what to install.
 set -euo pipefail
 missing=()
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)
@@ -42,4 +43,11 @@ if ! python3 -c "import grpc" >/dev/null 2>&1; then
   python3 -m pip install --quiet grpcio \
     || python3 -m pip install --quiet --break-system-packages grpcio \
     || { echo "please install grpcio (python3 -m pip install grpcio)" >&2; exit 1; }
+fi
+# An HTTP/3 client of another stack than quinn's for tests/http3.rs.
+if ! python3 -c "import aioquic" >/dev/null 2>&1; then
+  echo "installing: aioquic (PyPI)"
+  python3 -m pip install --quiet aioquic \
+    || python3 -m pip install --quiet --break-system-packages aioquic \
+    || { echo "please install aioquic (python3 -m pip install aioquic)" >&2; exit 1; }
 fi

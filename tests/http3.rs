@@ -878,3 +878,25 @@ fn a_response_cut_short_by_its_shard_is_reset_not_ended() {
         );
     });
 }
+
+#[test]
+fn a_client_of_another_stack_aioquic_is_served_with_its_body_whole() {
+    let backend = Backend::start("a");
+    let (gw, _cert, _dir) = gateway(&backend, "");
+    let peer = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/h3_peer.py");
+    let target = format!("127.0.0.1:{}", gw.port);
+    let out = std::process::Command::new("python3")
+        .args([peer, &target, "t.localhost", "/aioquic", "POST", "300000"])
+        .output()
+        .expect("python3 with aioquic (scripts/prereqs.sh installs it)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let got: serde_json::Value = serde_json::from_str(text.trim())
+        .unwrap_or_else(|_| panic!("{text}\n{}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(got["status"], 200, "{got}");
+    assert!(got["headers"]["alt-svc"].is_string(), "{got}");
+    let seen = backend.requests();
+    let post = seen.iter().find(|s| s.uri == "/aioquic").expect("the shard got it");
+    let digest = format!("{:x}", sha2::Sha256::digest(&post.body));
+    assert_eq!(got["sha256"], digest.as_str());
+    assert_eq!(post.body.len(), 300_000);
+}
