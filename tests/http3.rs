@@ -895,7 +895,10 @@ fn a_client_of_another_stack_aioquic_is_served_with_its_body_whole() {
     assert_eq!(got["status"], 200, "{got}");
     assert!(got["headers"]["alt-svc"].is_string(), "{got}");
     let seen = backend.requests();
-    let post = seen.iter().find(|s| s.uri == "/aioquic").expect("the shard got it");
+    let post = seen
+        .iter()
+        .find(|s| s.uri == "/aioquic")
+        .expect("the shard got it");
     let digest = format!("{:x}", sha2::Sha256::digest(&post.body));
     assert_eq!(got["sha256"], digest.as_str());
     assert_eq!(post.body.len(), 300_000);
