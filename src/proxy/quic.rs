@@ -205,6 +205,12 @@ async fn endpoint(
     config.cid_generator(move || Box::new(handover::Issuer { me, predecessor }));
     let runtime = Arc::new(quinn::TokioRuntime);
     let udp = quinn::Runtime::wrap_udp_socket(runtime.as_ref(), socket)?;
+    // GSO and GRO, where the kernel has them (quinn-udp finds out).
+    log::info!(
+        "quic: HTTP/3 on udp {addr} (datagrams per send: {}, per receive: {})",
+        udp.max_transmit_segments(),
+        udp.max_receive_segments()
+    );
     let routed = Arc::new(handover::Routed::new(udp, handover));
     quinn::Endpoint::new_with_abstract_socket(config, Some(server.clone()), routed, runtime)
 }
