@@ -298,6 +298,10 @@ fn a_field_the_edit_removes_does_not_come_back_as_a_trailer() {
         let got = read_until(&mut conn, |got| {
             got.windows(5).any(|w| w == b"\r\n0\r\n") && got.ends_with(b"\r\n\r\n")
         });
+        // A health probe's connection sends nothing: not a request.
+        if got.is_empty() {
+            return;
+        }
         kept.lock()
             .unwrap()
             .push(String::from_utf8_lossy(&got).to_ascii_lowercase());
