@@ -903,3 +903,55 @@ fn a_client_of_another_stack_aioquic_is_served_with_its_body_whole() {
     assert_eq!(got["sha256"], digest.as_str());
     assert_eq!(post.body.len(), 300_000);
 }
+
+#[test]
+fn a_browser_chromium_fetches_a_page_over_http3() {
+    if std::env::var("SHARDGATE_SKIP_BROWSER").as_deref() == Ok("1") {
+        eprintln!("skipped: SHARDGATE_SKIP_BROWSER=1");
+        return;
+    }
+    let chromium = [
+        "/usr/bin/chromium",
+        "/usr/bin/chromium-browser",
+        "/usr/bin/google-chrome",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists())
+    .expect("chromium is needed for this test (scripts/prereqs.sh installs it)");
+    let backend = Backend::start("a");
+    let (gw, cert, _dir) = gateway(&backend, "");
+    // Chromium takes a self-signed certificate over QUIC only by its key's
+    // hash; HTTP/3 is forced on for the origin (no Alt-Svc round first).
+    let spki = sha2::Sha256::digest(cert.key_pair.public_key_der());
+    let spki = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, spki);
+    let profile = tempfile::tempdir().expect("profile");
+    let origin = format!("t.localhost:{}", gw.port);
+    let out = std::process::Command::new(chromium)
+        .args([
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-quic",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(format!("--origin-to-force-quic-on={origin}"))
+        .arg("--host-resolver-rules=MAP t.localhost 127.0.0.1")
+        .arg(format!("--ignore-certificate-errors-spki-list={spki}"))
+        .args(["--dump-dom", &format!("https://{origin}/browser")])
+        .output()
+        .expect("chromium");
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(dom.contains("\"shard\":\"a\""), "{dom}");
+    let log = gw.dir.path().join("access.log");
+    let logged = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        eventually(Duration::from_secs(5), || logged().lines().any(|l| {
+            l.contains("/browser\"")
+                && l.contains("\"protocol\":\"HTTP/3\"")
+                && l.contains("\"status\":200")
+        })),
+        "{}\n{}",
+        logged(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
