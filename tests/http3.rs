@@ -156,6 +156,15 @@ async fn request(sender: &mut Sender, method: &str, host: &str, path: &str, body
         .uri(format!("https://{host}{path}"))
         .body(())
         .expect("request");
+    exchange(sender, req, body).await.0
+}
+
+/// `req` sent on `sender` with `body`: the response, and its trailers.
+async fn exchange(
+    sender: &mut Sender,
+    req: http::Request<()>,
+    body: &[u8],
+) -> (Got, Option<http::HeaderMap>) {
     let mut stream = sender.send_request(req).await.expect("send");
     for chunk in body.chunks(64 * 1024) {
         stream
@@ -167,18 +176,15 @@ async fn request(sender: &mut Sender, method: &str, host: &str, path: &str, body
     let head = stream.recv_response().await.expect("response");
     let mut got = Vec::new();
     while let Some(mut data) = stream.recv_data().await.expect("data") {
-        while data.has_remaining() {
-            let chunk = data.chunk();
-            got.extend_from_slice(chunk);
-            let n = chunk.len();
-            data.advance(n);
-        }
+        got.extend_from_slice(&data.copy_to_bytes(data.remaining()));
     }
-    Got {
+    let trailers = stream.recv_trailers().await.expect("trailers");
+    let got = Got {
         status: head.status().as_u16(),
         headers: head.headers().clone(),
         body: got,
-    }
+    };
+    (got, trailers)
 }
 
 #[test]
@@ -202,15 +208,8 @@ fn get_and_post_go_through_the_pipeline_over_http3() {
                 .header("content-length", "5")
                 .body(())
                 .expect("request");
-            let mut stream = sender.send_request(req).await.expect("send");
-            stream
-                .send_data(Bytes::from_static(b"hello"))
-                .await
-                .expect("body");
-            stream.finish().await.expect("finish");
-            let head = stream.recv_response().await.expect("response");
-            assert_eq!(head.status(), 200);
-            while stream.recv_data().await.expect("data").is_some() {}
+            let (sized, _) = exchange(&mut sender, req, b"hello").await;
+            assert_eq!(sized.status, 200);
         }
     });
     // Nothing panicked on the way (a stream's panic is caught and logged).
@@ -630,27 +629,11 @@ async fn grpc_call(
         .header("te", "trailers")
         .body(())
         .expect("request");
-    let mut stream = sender.send_request(req).await.expect("send");
     let mut framed = vec![0u8];
     framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
     framed.extend_from_slice(message);
-    stream
-        .send_data(Bytes::from(framed))
-        .await
-        .expect("message");
-    stream.finish().await.expect("finish");
-    let head = stream.recv_response().await.expect("response");
-    let mut body = Vec::new();
-    while let Some(mut data) = stream.recv_data().await.expect("data") {
-        body.extend_from_slice(&data.copy_to_bytes(data.remaining()));
-    }
-    let trailers = stream.recv_trailers().await.expect("trailers");
-    let message = body.get(5..).unwrap_or_default().to_vec();
-    let got = Got {
-        status: head.status().as_u16(),
-        headers: head.headers().clone(),
-        body: message,
-    };
+    let (mut got, trailers) = exchange(sender, req, &framed).await;
+    got.body = got.body.get(5..).unwrap_or_default().to_vec();
     (got, trailers)
 }
 

@@ -226,18 +226,8 @@ impl Handshake {
         resolver: Arc<dyn ResolvesServerCert>,
         failures: &Arc<TlsFailures>,
     ) -> Result<Self, String> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = ServerConfig::builder_with_provider(provider)
-            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-            .map_err(|e| format!("tls: {e}"))?
-            .with_no_client_auth()
-            .with_cert_resolver(resolver);
-        config.alpn_protocols = tls.alpn.clone();
-        // Resumption without server state (tickets, keys rotated by rustls
-        // every 6 h), as nginx does by default; the session cache serves
-        // clients that do not take tickets.
-        config.ticketer = rustls::crypto::ring::Ticketer::new().map_err(|e| format!("tls: {e}"))?;
-        config.session_storage = rustls::server::ServerSessionMemoryCache::new(20_000);
+        let versions = [&rustls::version::TLS13, &rustls::version::TLS12];
+        let config = server_config(&versions, resolver, tls.alpn.clone(), true)?;
         Ok(Handshake {
             acceptor: Acceptor::from_server_config(Arc::new(config)),
             timeout: tls.handshake_timeout,
@@ -285,22 +275,41 @@ pub fn quic_server_config(edge: &Edge, early_data: bool) -> Result<ServerConfig,
         .store
         .as_ref()
         .ok_or("quic: the `tls` section is missing")?;
+    let resolver = Arc::new(SniResolver(Arc::clone(store)));
+    // 0-RTT needs resumption the server keeps state for (a ticket alone
+    // could be replayed anywhere): the session cache, no tickets.
+    let mut config = server_config(
+        &[&rustls::version::TLS13],
+        resolver,
+        vec![b"h3".to_vec()],
+        !early_data,
+    )?;
+    if early_data {
+        config.max_early_data_size = u32::MAX;
+    }
+    Ok(config)
+}
+
+/// A listener's rustls configuration: `versions`, certificates from
+/// `resolver`, `alpn` offered, resumption from a session cache and, with
+/// `tickets`, by tickets without server state (keys rotated by rustls every
+/// 6 h), as nginx does by default.
+fn server_config(
+    versions: &[&'static rustls::SupportedProtocolVersion],
+    resolver: Arc<dyn ResolvesServerCert>,
+    alpn: Vec<Vec<u8>>,
+    tickets: bool,
+) -> Result<ServerConfig, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| format!("quic: {e}"))?
+        .with_protocol_versions(versions)
+        .map_err(|e| format!("tls: {e}"))?
         .with_no_client_auth()
-        .with_cert_resolver(Arc::new(SniResolver(Arc::clone(store))));
-    config.alpn_protocols = vec![b"h3".to_vec()];
+        .with_cert_resolver(resolver);
+    config.alpn_protocols = alpn;
     config.session_storage = rustls::server::ServerSessionMemoryCache::new(20_000);
-    match early_data {
-        // 0-RTT needs resumption the server keeps state for (a ticket
-        // alone could be replayed anywhere): the session cache.
-        true => config.max_early_data_size = u32::MAX,
-        false => {
-            config.ticketer =
-                rustls::crypto::ring::Ticketer::new().map_err(|e| format!("quic: {e}"))?;
-        }
+    if tickets {
+        config.ticketer = rustls::crypto::ring::Ticketer::new().map_err(|e| format!("tls: {e}"))?;
     }
     Ok(config)
 }

@@ -44,7 +44,6 @@ pub use crate::proxy::upstream::conn::UpstreamKey;
 pub mod fuzzing;
 
 use super::ctx::RequestCtx;
-use super::hooks::ResponseEdit;
 use super::pipeline::fields::{Forwarding, Owned};
 use super::Gateway;
 use body::BodyLimits;
@@ -156,11 +155,6 @@ impl FastPath {
     fn id_field<'a>(&'a self, ctx: &'a RequestCtx) -> response::IdField<'a> {
         let header = &self.gateway.control().config.request_id.header;
         Some((header, ctx.request_id.as_str()))
-    }
-
-    /// The edit of a proxied response's head (the pipeline's rule).
-    fn response_edit(&self, status: u16, ctx: &RequestCtx) -> Option<ResponseEdit> {
-        self.gateway.response_edit(status, ctx)
     }
 
     /// Writes `bytes` and flushes, unless that stalls for longer than

@@ -65,7 +65,7 @@ impl FastPath {
         // encoder that cannot start leaves the body as it is.
         let encoder;
         (parsed.compress, encoder) = self.gateway.compression(ctx, || parsed.facts(&head));
-        let edit = self.response_edit(status, ctx);
+        let edit = self.gateway.response_edit(status, ctx);
         let start = ResponseStart {
             buf: &head,
             parsed: &parsed,

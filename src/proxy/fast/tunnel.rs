@@ -143,7 +143,7 @@ impl FastPath {
             buf,
             parsed,
         } = upstream;
-        let edit = self.response_edit(parsed.status, ctx);
+        let edit = self.gateway.response_edit(parsed.status, ctx);
         let mut out = response_head(
             &buf,
             &parsed,

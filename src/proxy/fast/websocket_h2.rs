@@ -121,7 +121,7 @@ impl FastPath {
     ) -> Served {
         let Upstream { conn, buf, parsed } = upstream;
         let mut session = client.session;
-        let edit = self.response_edit(parsed.status, &ctx);
+        let edit = self.gateway.response_edit(parsed.status, &ctx);
         let head = h2_response_head(&buf, &parsed, edit.as_ref(), self.id_field(&ctx));
         let started = head.and_then(|mut head| {
             head.set_status(200).map_err(|_| ())?;
