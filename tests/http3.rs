@@ -938,3 +938,28 @@ fn a_browser_chromium_fetches_a_page_over_http3() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn connections_past_max_connections_are_refused() {
+    let backend = Backend::start("a");
+    let (gw, cert, _dir) = gateway(&backend, "quic: { max_connections: 2 }\n");
+    runtime().block_on(async {
+        let endpoint = client(&cert);
+        let (mut first, _a) = connect(&endpoint, gw.port, "t.localhost").await;
+        let (_second, _b) = connect(&endpoint, gw.port, "t.localhost").await;
+        let addr: SocketAddr = ([127, 0, 0, 1], gw.port).into();
+        let third = endpoint.connect(addr, "t.localhost").expect("connect");
+        let third = tokio::time::timeout(Duration::from_secs(5), third).await;
+        assert!(matches!(third, Ok(Err(_))), "a third connection was let in");
+        // Those open still serve.
+        let got = request(&mut first, "GET", "t.localhost", "/", b"").await;
+        assert_eq!(got.status, 200);
+    });
+    let metrics = metrics_text(gw.admin_port);
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "shardgate_quic_refused_total 1"),
+        "{metrics}"
+    );
+}
