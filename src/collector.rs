@@ -89,6 +89,8 @@ fn families(control: &Control) -> Vec<MetricFamily> {
     tenant_families(control, &mut out);
     cluster_families(control, &mut out);
     tls_families(control, &mut out);
+    #[cfg(feature = "alloc-counts")]
+    heap_families(&mut out);
     out.push(duration_family(control));
     out
 }
@@ -368,6 +370,25 @@ fn quic_families(control: &Control, out: &mut Vec<MetricFamily>) {
         "New HTTP/3 clients refused: quic.max_connections were open.",
         MetricType::COUNTER,
         vec![counter(vec![], quic.refused.load(Relaxed) as f64)],
+    ));
+}
+
+/// Heap allocations since start (`alloc-counts` builds only).
+#[cfg(feature = "alloc-counts")]
+fn heap_families(out: &mut Vec<MetricFamily>) {
+    use crate::alloc_counts::{ALLOCATIONS, BYTES};
+    use std::sync::atomic::Ordering::Relaxed;
+    out.push(family(
+        "heap_allocations_total",
+        "Heap allocations and reallocations made (alloc-counts builds).",
+        MetricType::COUNTER,
+        vec![counter(vec![], ALLOCATIONS.load(Relaxed) as f64)],
+    ));
+    out.push(family(
+        "heap_allocated_bytes_total",
+        "Bytes those allocations asked for (alloc-counts builds).",
+        MetricType::COUNTER,
+        vec![counter(vec![], BYTES.load(Relaxed) as f64)],
     ));
 }
 

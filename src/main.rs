@@ -2,8 +2,15 @@
 //! configuration and exits. Pingora's own flags (`-d` daemon, `-u` graceful
 //! upgrade) keep their meaning.
 
+#[cfg(not(feature = "alloc-counts"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Every allocation counted (benches/load/counts.sh).
+#[cfg(feature = "alloc-counts")]
+#[global_allocator]
+static ALLOCATOR: shardgate::alloc_counts::Counting<mimalloc::MiMalloc> =
+    shardgate::alloc_counts::Counting(mimalloc::MiMalloc);
 
 use shardgate::server::run_cli;
 use std::process::ExitCode;

@@ -459,6 +459,73 @@ EOF
   } >"$file"
 }
 
+# write_grpc_confs DIR PORT ADMIN_PORT BACKEND_PORT CLIENT: shardgate.yaml,
+# nginx.conf and haproxy.cfg in DIR for gRPC over h2c to one HTTP/2 backend
+# (shardgate: a `protocol: h2` shard; nginx: `grpc_pass`; HAProxy: `proto
+# h2` to the server, and on the bind unless CLIENT is h1).
+write_grpc_confs() {
+  local dir=$1 port=$2 admin=$3 backend=$4 client=$5
+  cat >"$dir/shardgate.yaml" <<CONF
+server: { threads: 1, pid_file: $dir/shardgate.pid, upgrade_sock: $dir/shardgate.sock }
+listen: [{ addr: 127.0.0.1:$port }]
+admin: { addr: 127.0.0.1:$admin }
+state: false
+shards:
+  - { id: g1, url: "http://127.0.0.1:$backend", protocol: h2 }
+limits:
+  connection_cap: 100000
+  rate: { tokens: 1000000000, refill_per_second: 1000000000 }
+domains: { map: { localhost: t } }
+log: { access: off }
+CONF
+  mkdir -p "$dir/nginx-tmp"
+  cat >"$dir/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+master_process on;
+pid $dir/nginx.pid;
+error_log $dir/nginx-error.log warn;
+events { worker_connections 4096; }
+http {
+$(nginx_paths "$dir" nginx)
+    access_log off;
+    keepalive_requests 100000000;
+    http2_max_concurrent_streams 1024;
+    upstream grpc_shards {
+        server 127.0.0.1:$backend;
+        keepalive 1024;
+        keepalive_requests 100000000;
+    }
+    server {
+        listen 127.0.0.1:$port http2 default_server;
+        server_name _;
+        location / {
+            grpc_pass grpc://grpc_shards;
+            grpc_set_header X-Forwarded-For \$remote_addr;
+        }
+    }
+}
+CONF
+  cat >"$dir/haproxy.cfg" <<CONF
+global
+    nbthread 1
+    maxconn 4096
+    log stderr format raw local0 emerg
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 300s
+    timeout server 300s
+frontend fe
+    bind 127.0.0.1:$port $([[ $client == h2 ]] && echo proto h2)
+    option forwardfor
+    default_backend grpc_shards
+backend grpc_shards
+    http-reuse always
+    server g1 127.0.0.1:$backend proto h2
+CONF
+}
+
 # ----------------------------------------------------------- the proxies
 
 # resolve_shardgate_bin ROOT CALLER_PWD: sets SHARDGATE_BIN to an absolute

@@ -155,11 +155,10 @@ impl HeadEnd {
             }
         };
         let from = self.next.max(start).min(buf.len());
-        let found = buf[from..]
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| **b == b'\n')
-            .find_map(|(i, _)| match &buf[from + i + 1..] {
+        // Line feeds found with memchr (a head's lines are tens of bytes:
+        // a byte-by-byte scan was 5 % of a GET's instructions).
+        let found =
+            memchr::memchr_iter(b'\n', &buf[from..]).find_map(|i| match &buf[from + i + 1..] {
                 [b'\n', ..] => Some(from + i + 2),
                 [b'\r', b'\n', ..] => Some(from + i + 3),
                 _ => None,

@@ -49,18 +49,25 @@ impl Conn {
 
     /// Whether an idle connection has nothing to read: neither closed by
     /// the shard nor sent bytes no request asked for (which must never
-    /// answer the next request). One non-blocking peek, a real system call
-    /// (the reactor may not have seen bytes that just arrived). On TLS,
-    /// bytes there are read into rustls (without the reactor, which may
-    /// not know of them either): records that carry no data, a session
-    /// ticket sent after the response, leave the connection quiet.
+    /// answer the next request). The runtime's readiness first, without a
+    /// system call: the last read of the response drained the socket
+    /// (tokio forgets readiness after a short read), so nothing came
+    /// unless the reactor has seen an event since. Only then one
+    /// non-blocking peek, a real system call. What arrived after the
+    /// reactor's last look (it looks whenever the thread waits, and every
+    /// 61 tasks under load) is not seen, as nginx's and HAProxy's pools do
+    /// not see it: a close then fails the attempt as stale (sent again on a
+    /// new connection), and bytes a shard wrote past its response in that
+    /// window would be read as the next answer's start. On TLS,
+    /// bytes there are read into rustls: records that carry no data, a
+    /// session ticket sent after the response, leave the connection quiet.
     pub(crate) fn is_quiet(&mut self) -> bool {
         // An HTTP/2 stream is never pooled: its connection is.
         let Some(tcp) = self.tcp() else {
             return false;
         };
         let fd = tcp.as_raw_fd();
-        if quiet(fd) {
+        if !read_ready(tcp) || quiet(fd) {
             return match self {
                 Conn::Tls(tls) => !has_plaintext(tls),
                 _ => true,
@@ -100,6 +107,15 @@ impl Conn {
             Conn::Tls(tls) => tls.get_ref().0.poll_read_ready(cx),
         }
     }
+}
+
+/// Whether the reactor has seen `tcp` become readable (or closed) since
+/// its last read found it drained: its readiness, read without a system
+/// call (the waker left behind is a no-op one: an idle connection has no
+/// task waiting on it).
+fn read_ready(tcp: &TcpStream) -> bool {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    tcp.poll_read_ready(&mut cx).is_ready()
 }
 
 /// Whether rustls holds decrypted bytes or the shard's close (after

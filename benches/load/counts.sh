@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# Deterministic counts per request, shardgate against nginx and HAProxy on
+# the same backend: what the machine's noise cannot move.
+#   - instructions (callgrind), and heap allocations (calls into the
+#     allocator: mimalloc's for shardgate, glibc's for nginx and HAProxy),
+#     counted over N requests after W warm-up ones (`callgrind_control -z`
+#     between them, so start-up and warm-up are not in the count);
+#   - system calls (`strace -c -f` on every thread, attached after the
+#     warm-up, the proxy running natively), with the calls that failed
+#     (EAGAIN) shown apart;
+#   - with ALLOC_BIN set, shardgate's allocations and bytes allocated per
+#     request as its counting allocator reports them (a build with
+#     `--features alloc-counts`: metrics shardgate_heap_*_total).
+# Hardware counters (`perf stat` cycles, IPC, cache misses) are printed
+# when the machine has them (this VM does not: "not supported").
+#
+#   bash benches/load/counts.sh [--build]
+#   SHAPES="get grpc" PROXIES="shardgate nginx" bash benches/load/counts.sh
+#
+# Shapes (SHAPES, default "get post grpc"):
+#   get    HTTP/1.1 keep-alive GETs (h2load --h1), C connections
+#   post   the same with a 1 KiB body
+#   grpc   gRPC unary over h2c on 1 connection, 32 calls in flight, to an
+#          HTTP/2 backend (examples/grpc_echo.rs; `protocol: h2` shard,
+#          nginx grpc_pass, HAProxy proto h2: benches/load/grpc.sh's setup)
+# Environment (defaults): N=2000 requests counted, W=500 warm-up, C=8
+# connections (get, post), PROXIES="shardgate nginx haproxy",
+# SHARDGATE_BIN=target/release/shardgate, ECHO_BIN (grpc.sh's),
+# TOP=0 (print each callgrind dump's TOP functions by own instructions),
+# SYSCALLS=1 (0: skip the strace runs).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+CALLER=$PWD
+# shellcheck source=benches/load/lib.sh
+source "$HERE/lib.sh"
+parse_args "$0" "$@"
+N=${N:-2000} W=${W:-500} C=${C:-8}
+SHAPES=${SHAPES:-"get post grpc"}
+PROXIES=${PROXIES:-"shardgate nginx haproxy"}
+TOP=${TOP:-0} SYSCALLS=${SYSCALLS:-1}
+ECHO_BIN=${ECHO_BIN:-$ROOT/target/release/examples/grpc_echo}
+if [[ ${BUILD:-0} == 1 ]]; then
+  (cd "$ROOT" && cargo build --release --example grpc_echo)
+fi
+resolve_shardgate_bin "$ROOT" "$CALLER"
+for tool in valgrind callgrind_control strace h2load; do
+  command -v $tool >/dev/null || die "$tool is missing (apt-get install valgrind strace nghttp2-client)"
+done
+lib_init
+
+BACKEND=18301 GRPC_BACKEND=18302 PORT=18380 ADMIN=18381
+check_ports_free $BACKEND $GRPC_BACKEND $PORT $ADMIN
+write_backend_conf "$SG_WORK/backend.conf" $BACKEND
+spawn backend TERM nginx -p "$SG_WORK/" -c "$SG_WORK/backend.conf" -e "$SG_WORK/backend-error.log"
+wait_tcp $BACKEND "$SPAWNED" backend
+if [[ " $SHAPES " == *" grpc "* ]]; then
+  [[ -x $ECHO_BIN ]] || die "no gRPC backend at $ECHO_BIN (cargo build --release --example grpc_echo, or --build)"
+  spawn grpc-backend TERM "$ECHO_BIN" 127.0.0.1:$GRPC_BACKEND 1
+  wait_tcp $GRPC_BACKEND "$SPAWNED" grpc-backend
+fi
+head -c 1024 /dev/zero | tr '\0' 'x' >"$SG_WORK/post.bin"
+printf '\x00\x00\x00\x00\x10%s' 0123456789abcdef >"$SG_WORK/call.bin"
+
+# The configurations of one shape, in their own folder (so the HTTP/1.1 and
+# gRPC setups keep their file names); prints the folder.
+confs_of() {
+  local dir=$SG_WORK/$1
+  mkdir -p "$dir"
+  case $1 in
+    grpc) write_grpc_confs "$dir" $PORT $ADMIN $GRPC_BACKEND h2 ;;
+    *)
+      write_shardgate_conf "$dir/shardgate.yaml" $PORT $ADMIN $BACKEND
+      write_nginx_proxy_conf "$dir/nginx.conf" http $PORT 1024 $BACKEND
+      write_haproxy_conf "$dir/haproxy.cfg" $PORT 4096 $BACKEND
+      ;;
+  esac
+  # One nginx process under valgrind: its counts are the worker's own.
+  sed -i 's/^master_process on;/master_process off;/' "$dir/nginx.conf"
+  echo "$dir"
+}
+
+# One tenant's host (h2load sends it as Host).
+HOST=":authority: tenant-1.localhost"
+
+# load SHAPE COUNT: sends COUNT requests of SHAPE; fails unless all got 2xx.
+load() {
+  local shape=$1 n=$2 out ok
+  case $shape in
+    get) out=$(h2load --h1 -n "$n" -c "$C" -H "$HOST" "http://localhost:$PORT/" 2>&1) ;;
+    post) out=$(h2load --h1 -n "$n" -c "$C" -H "$HOST" -d "$SG_WORK/post.bin" "http://localhost:$PORT/" 2>&1) ;;
+    grpc)
+      out=$(h2load -n "$n" -c 1 -m 32 -d "$SG_WORK/call.bin" -H 'content-type: application/grpc' \
+        -H 'te: trailers' "http://localhost:$PORT/test.Echo/Unary" 2>&1)
+      ;;
+    *) die "unknown shape $shape" ;;
+  esac
+  ok=$(awk '/^status codes:/ { print $3 }' <<<"$out")
+  [[ ${ok:-0} -eq $n ]] || { printf '%s\n' "$out" >&2; die "$shape: ${ok:-0} of $n requests got 2xx"; }
+}
+
+# run_proxy PROXY DIR [PREFIX...]: starts PROXY with DIR's configuration,
+# under PREFIX (valgrind); waits up to 300 s for its listener.
+run_proxy() {
+  local proxy=$1 dir=$2
+  shift 2
+  case $proxy in
+    shardgate) spawn shardgate INT env RUST_LOG=error "$@" "$SHARDGATE_BIN" -c "$dir/shardgate.yaml" ;;
+    nginx) spawn nginx TERM "$@" nginx -p "$dir/" -c "$dir/nginx.conf" -e "$dir/nginx-error.log" ;;
+    haproxy) spawn haproxy TERM "$@" haproxy -db -f "$dir/haproxy.cfg" ;;
+    *) die "unknown proxy $proxy" ;;
+  esac
+  wait_tcp $PORT "$SPAWNED" "$proxy" 300
+}
+
+per() { awk -v a="$1" -v n="$2" 'BEGIN { printf "%.1f", a / n }'; }
+
+declare -A ROWS=()
+# callgrind_counts PROXY SHAPE DIR: instructions and allocations per request.
+callgrind_counts() {
+  local proxy=$1 shape=$2 dir=$3 out=$SG_WORK/cg.$1.$2 f instr=0 allocs=0 counts
+  run_proxy "$proxy" "$dir" valgrind --tool=callgrind --dump-instr=no \
+    --callgrind-out-file="$out.%p"
+  local pid=$SPAWNED
+  load "$shape" "$W"
+  callgrind_control -z "$pid" >/dev/null
+  load "$shape" "$N"
+  callgrind_control -d "$pid" >/dev/null
+  stop "$pid"
+  for f in "$out".*.1; do
+    [[ -e $f ]] || die "$proxy: no callgrind dump"
+    counts=$(python3 "$HERE/callgrind_counts.py" "$f" --top "$TOP")
+    instr=$((instr + $(awk '$1 == "instructions" { print $2 }' <<<"$counts")))
+    allocs=$((allocs + $(awk '$1 == "allocations" { print $2 }' <<<"$counts")))
+    ((TOP == 0)) || printf '%s %s, top functions (own instructions over %s requests):\n%s\n' \
+      "$proxy" "$shape" "$N" "$(tail -n +3 <<<"$counts")"
+  done
+  ROWS["$proxy $shape"]="$(per $instr "$N") $(per $allocs "$N")"
+}
+
+# syscall_counts PROXY SHAPE DIR: system calls per request, and those of
+# them that failed.
+syscall_counts() {
+  local proxy=$1 shape=$2 dir=$3 pid tids=() t strace_pid calls errors
+  run_proxy "$proxy" "$dir"
+  pid=$SPAWNED
+  load "$shape" "$W"
+  for t in /proc/"$pid"/task/*; do tids+=(-p "${t##*/}"); done
+  strace -c -f -o "$SG_WORK/strace.$proxy.$shape" "${tids[@]}" 2>/dev/null &
+  strace_pid=$!
+  sleep 1
+  load "$shape" "$N"
+  kill -INT "$strace_pid"
+  wait "$strace_pid" 2>/dev/null || true
+  stop "$pid"
+  # "% time, seconds, usecs/call, calls[, errors] total"
+  read -r calls errors < <(awk '$NF == "total" { print $4, (NF == 6 ? $5 : 0) }' \
+    "$SG_WORK/strace.$proxy.$shape")
+  ROWS["$proxy $shape"]+=" $(per "${calls:-0}" "$N") $(per "${errors:-0}" "$N")"
+  if [[ ${VERBOSE:-0} == 1 ]]; then cat "$SG_WORK/strace.$proxy.$shape"; fi
+}
+
+# alloc_counts SHAPE DIR: the counting allocator's allocations and bytes
+# per request (ALLOC_BIN: a shardgate built with --features alloc-counts).
+alloc_counts() {
+  local shape=$1 dir=$2 before after
+  [[ -n ${ALLOC_BIN:-} ]] || return 0
+  spawn shardgate INT env RUST_LOG=error "$ALLOC_BIN" -c "$dir/shardgate.yaml"
+  local pid=$SPAWNED
+  wait_tcp $PORT "$pid" shardgate
+  wait_http "http://127.0.0.1:$ADMIN/healthz" "$pid" shardgate
+  load "$shape" "$W"
+  before=$(curl -fsS "http://127.0.0.1:$ADMIN/metrics" | awk '/^shardgate_heap_(allocations|allocated_bytes)_total / { printf "%s ", $2 }')
+  load "$shape" "$N"
+  after=$(curl -fsS "http://127.0.0.1:$ADMIN/metrics" | awk '/^shardgate_heap_(allocations|allocated_bytes)_total / { printf "%s ", $2 }')
+  stop "$pid"
+  read -r a0 b0 <<<"$before"
+  read -r a1 b1 <<<"$after"
+  [[ -n ${a1:-} ]] || die "$ALLOC_BIN reports no shardgate_heap_* metrics (built without --features alloc-counts?)"
+  ALLOC_ROWS[$shape]="$(per $((a1 - a0)) "$N") $(per $((b1 - b0)) "$N")"
+}
+declare -A ALLOC_ROWS=()
+
+printf 'Counts per request: %s, commit %s; N=%s after W=%s\n' "$(date -u '+%Y-%m-%d %H:%M:%S UTC')" \
+  "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')" "$N" "$W"
+if ! perf stat -e cycles true 2>&1 | grep -q "not supported"; then
+  printf 'perf stat: hardware counters available (not yet collected by this script)\n'
+else
+  printf 'perf stat: hardware counters not supported on this machine (cycles, IPC, cache misses: n/a)\n'
+fi
+read -r -a proxies <<<"$PROXIES"
+for shape in $SHAPES; do
+  dir=$(confs_of "$shape")
+  for proxy in "${proxies[@]}"; do
+    callgrind_counts "$proxy" "$shape" "$dir"
+    if [[ $SYSCALLS == 1 ]]; then syscall_counts "$proxy" "$shape" "$dir"; else ROWS["$proxy $shape"]+=" - -"; fi
+  done
+  alloc_counts "$shape" "$dir"
+done
+
+printf '\n%-6s %-10s %14s %12s %12s %16s\n' shape proxy instructions allocations syscalls "failed syscalls"
+for shape in $SHAPES; do
+  for proxy in "${proxies[@]}"; do
+    read -r instr allocs calls errors <<<"${ROWS["$proxy $shape"]}"
+    printf '%-6s %-10s %14s %12s %12s %16s\n' "$shape" "$proxy" "$instr" "$allocs" "$calls" "$errors"
+  done
+  if [[ -n ${ALLOC_ROWS[$shape]:-} ]]; then
+    read -r allocs bytes <<<"${ALLOC_ROWS[$shape]}"
+    printf '%-6s %-10s counting allocator: %s allocations, %s bytes per request\n' "$shape" shardgate "$allocs" "$bytes"
+  fi
+done
