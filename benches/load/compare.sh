@@ -307,11 +307,26 @@ def spread(values, fmt):
     return f"{med} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
 
+def median_ci(values, fmt):
+    """The median, and a distribution-free interval of at least 95 % for
+    it (order statistics of the binomial: 7 rounds give min-max, 98.4 %);
+    fewer than 6 values: min-max."""
+    from math import comb
+    v = sorted(x for x in values if x is not None)
+    n = len(v)
+    if n < 6:
+        return spread(v, fmt)
+    k = max(j for j in range(1, n // 2 + 1)
+            if j == 1 or 1 - 2 * sum(comb(n, i) for i in range(j)) / 2 ** n >= 0.95)
+    return f"{fmt.format(statistics.median(v))} [{fmt.format(v[k - 1])}-{fmt.format(v[n - k])}]"
+
+
 # Cases in SHAPES order, then by connections and hosts.
 cases = sorted({(s, c, h) for (_, s, c, h) in runs}, key=lambda k: (shapes.index(k[0]), k[1], k[2]))
 proxies = [p for p in order if any(k[0] == p for k in runs)]
 head = ["proxy", "req/s", "p50 ms", "p99 ms", "CPU ms/1k req", "core %", "others %",
-        "peak RSS MiB", "new upstr. conns", "req/s / nginx", "CPU / nginx", "errors"]
+        "peak RSS MiB", "new upstr. conns", "req/s / nginx", "CPU / nginx",
+        "CPU / lower of nginx, HAProxy [95% CI]", "errors"]
 print(f"Medians over {rounds} round(s) of {secs} s, (min-max) where more than one;"
       " ratios: median of the per-round ratios to the same round's nginx run.")
 any_errors = False
@@ -328,6 +343,11 @@ for shape, conns, hosts in cases:
         rps_ratio = [m["rps"] / ngx[r]["rps"] for r, m in rs.items() if r in ngx]
         cpu_ratio = [m["cpu"] / ngx[r]["cpu"] for r, m in rs.items()
                      if r in ngx and m["cpu"] is not None and ngx[r]["cpu"]]
+        hap = runs.get(("haproxy", shape, conns, hosts), {})
+        lower = {r: min(x["cpu"] for x in (ngx[r], hap[r]) if x["cpu"])
+                 for r in ngx if r in hap and (ngx[r]["cpu"] or hap[r]["cpu"])}
+        lower_ratio = [m["cpu"] / lower[r] for r, m in rs.items()
+                       if r in lower and m["cpu"] is not None]
         errors = sum(col("errors"))
         any_errors |= errors > 0
         table.append([
@@ -342,6 +362,7 @@ for shape, conns, hosts in cases:
             spread(col("conns"), "{:.0f}"),
             "-" if p == "nginx" else spread(rps_ratio, "{:.2f}"),
             "-" if p == "nginx" else spread(cpu_ratio, "{:.2f}"),
+            "-" if p in ("nginx", "haproxy") else median_ci(lower_ratio, "{:.2f}"),
             str(errors),
         ])
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
@@ -358,7 +379,11 @@ peak RSS: VmHWM at the end of the run (nginx: master + worker summed); every
 new upstr. conns: connections the backends accepted during the run, counted
   by the backend's log of first requests (direct: wrk's own connections).
 req/s / nginx, CPU / nginx: >1 = more throughput / more CPU per request than
-  nginx.  direct: wrk straight at one backend (the ceiling of core 1).
+  nginx.  CPU / lower of nginx, HAProxy: each round's CPU per request over
+  the lower of that round's nginx and HAProxy runs; the median, and in
+  brackets an interval holding the true median with at least 95 %
+  (distribution-free; from 6 rounds: ROUNDS=7 gives min-max, 98.4 %).
+  direct: wrk straight at one backend (the ceiling of core 1).
 Per-run lines above also show how busy cores 0 and 1 were (all processes).
 Shapes: get = GET /; post = POST / with a 1 KiB JSON body; upload = POST
   /upload with a 1 MiB body (req/s = MiB/s of request body).""")

@@ -52,6 +52,28 @@ pub fn check_host(host: &str) -> Result<&str, &'static str> {
     }
 }
 
+/// What each byte is in a plain host: of a label (letters, digits, `-`),
+/// a dot, the port's colon, or none of these (0).
+const LABEL: u8 = 1;
+const DOT: u8 = 2;
+const COLON: u8 = 3;
+const NAME_BYTES: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = match c {
+            b'.' => DOT,
+            b':' => COLON,
+            b'-' => LABEL,
+            _ if c.is_ascii_alphanumeric() => LABEL,
+            _ => 0,
+        };
+        b += 1;
+    }
+    table
+};
+
 /// The host rule for nearly every host, in one pass: a name of letters,
 /// digits, `.` and `-`, then a port of 1–5 digits (at most 65535) or none.
 /// `Some`: such a host, and whether its name is within the bounds; `None`:
@@ -59,16 +81,16 @@ pub fn check_host(host: &str) -> Result<&str, &'static str> {
 fn plain_host_in_bounds(host: &[u8]) -> Option<bool> {
     let (mut label, mut longest, mut name_end) = (0usize, 0usize, host.len());
     for (i, &b) in host.iter().enumerate() {
-        match b {
-            b'.' => {
+        match NAME_BYTES[usize::from(b)] {
+            LABEL => label += 1,
+            DOT => {
                 longest = longest.max(label);
                 label = 0;
             }
-            b':' => {
+            COLON => {
                 name_end = i;
                 break;
             }
-            b if b.is_ascii_alphanumeric() || b == b'-' => label += 1,
             _ => return None,
         }
     }
