@@ -22,12 +22,16 @@ ALLOCATORS = {
     "mi_malloc", "mi_malloc_aligned", "mi_zalloc", "mi_zalloc_aligned",
     "mi_calloc", "mi_realloc", "mi_realloc_aligned", "mi_malloc_aligned_at",
     "malloc", "calloc", "realloc", "posix_memalign", "memalign", "aligned_alloc",
+    # glibc's aligned allocations, as callgrind names them (posix_memalign
+    # is not seen under its own name).
+    "_mid_memalign",
 }
 
 
 def base_name(name):
-    # "malloc'2" is callgrind's name for a recursive instance.
-    return name.split("'")[0].strip()
+    # "malloc'2" is callgrind's name for a recursive instance; GCC's
+    # clones ("_mid_memalign.constprop.0") are the function itself.
+    return re.sub(r"\.(constprop|isra|part|cold)\.\d+$", "", name.split("'")[0].strip())
 
 
 def read(path, callee=None):

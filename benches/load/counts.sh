@@ -11,15 +11,18 @@
 #   - with ALLOC_BIN set, shardgate's allocations and bytes allocated per
 #     request as its counting allocator reports them (a build with
 #     `--features alloc-counts`: metrics shardgate_heap_*_total).
-# Hardware counters (`perf stat` cycles, IPC, cache misses) are printed
-# when the machine has them (this VM does not: "not supported").
+# Hardware counters (`perf stat` cycles, IPC, cache misses) are not
+# collected: the script only says whether the machine has them (the VM it
+# was written on has none: "not supported").
 #
 #   bash benches/load/counts.sh [--build]
 #   SHAPES="get grpc" PROXIES="shardgate nginx" bash benches/load/counts.sh
 #
-# Shapes (SHAPES, default "get post grpc"):
+# Shapes (SHAPES, default "get post h2get grpc"):
 #   get    HTTP/1.1 keep-alive GETs (h2load --h1), C connections
 #   post   the same with a 1 KiB body
+#   h2get  HTTP/2 GETs with prior knowledge (h2c), C connections, 4 streams
+#          in flight on each
 #   grpc   gRPC unary over h2c on 1 connection, 32 calls in flight, to an
 #          HTTP/2 backend (examples/grpc_echo.rs; `protocol: h2` shard,
 #          nginx grpc_pass, HAProxy proto h2: benches/load/grpc.sh's setup)
@@ -36,7 +39,7 @@ CALLER=$PWD
 source "$HERE/lib.sh"
 parse_args "$0" "$@"
 N=${N:-2000} W=${W:-500} C=${C:-8}
-SHAPES=${SHAPES:-"get post grpc"}
+SHAPES=${SHAPES:-"get post h2get grpc"}
 PROXIES=${PROXIES:-"shardgate nginx haproxy"}
 TOP=${TOP:-0} SYSCALLS=${SYSCALLS:-1}
 ECHO_BIN=${ECHO_BIN:-$ROOT/target/release/examples/grpc_echo}
@@ -75,6 +78,12 @@ confs_of() {
       write_haproxy_conf "$dir/haproxy.cfg" $PORT 4096 $BACKEND
       ;;
   esac
+  if [[ $1 == h2get ]]; then
+    # HTTP/2 with prior knowledge on the plain listener (shardgate takes it
+    # there as it is).
+    sed -i "s/listen 127.0.0.1:$PORT default_server/listen 127.0.0.1:$PORT http2 default_server/" "$dir/nginx.conf"
+    sed -i "s/^    bind 127.0.0.1:$PORT\$/    bind 127.0.0.1:$PORT proto h2/" "$dir/haproxy.cfg"
+  fi
   # One nginx process under valgrind: its counts are the worker's own.
   sed -i 's/^master_process on;/master_process off;/' "$dir/nginx.conf"
   echo "$dir"
@@ -89,6 +98,7 @@ load() {
   case $shape in
     get) out=$(h2load --h1 -n "$n" -c "$C" -H "$HOST" "http://localhost:$PORT/" 2>&1) ;;
     post) out=$(h2load --h1 -n "$n" -c "$C" -H "$HOST" -d "$SG_WORK/post.bin" "http://localhost:$PORT/" 2>&1) ;;
+    h2get) out=$(h2load -n "$n" -c "$C" -m 4 -H "$HOST" "http://localhost:$PORT/" 2>&1) ;;
     grpc)
       out=$(h2load -n "$n" -c 1 -m 32 -d "$SG_WORK/call.bin" -H 'content-type: application/grpc' \
         -H 'te: trailers' "http://localhost:$PORT/test.Echo/Unary" 2>&1)
@@ -146,7 +156,7 @@ syscall_counts() {
   pid=$SPAWNED
   load "$shape" "$W"
   for t in /proc/"$pid"/task/*; do tids+=(-p "${t##*/}"); done
-  strace -c -f -o "$SG_WORK/strace.$proxy.$shape" "${tids[@]}" 2>/dev/null &
+  strace -c -f -o "$SG_WORK/strace.$proxy.$shape" "${tids[@]}" 2>"$SG_WORK/strace.log" &
   strace_pid=$!
   sleep 1
   load "$shape" "$N"
@@ -154,10 +164,19 @@ syscall_counts() {
   wait "$strace_pid" 2>/dev/null || true
   stop "$pid"
   # "% time, seconds, usecs/call, calls[, errors] total"
-  read -r calls errors < <(awk '$NF == "total" { print $4, (NF == 6 ? $5 : 0) }' \
-    "$SG_WORK/strace.$proxy.$shape")
+  calls=$(awk '$NF == "total" { print $4, (NF == 6 ? $5 : 0) }' "$SG_WORK/strace.$proxy.$shape" 2>/dev/null)
+  [[ -n $calls ]] || { cat "$SG_WORK/strace.log" >&2; die "$proxy: strace gave no summary (log above)"; }
+  read -r calls errors <<<"$calls"
   ROWS["$proxy $shape"]+=" $(per "${calls:-0}" "$N") $(per "${errors:-0}" "$N")"
   if [[ ${VERBOSE:-0} == 1 ]]; then cat "$SG_WORK/strace.$proxy.$shape"; fi
+}
+
+# heap_counts: the counting allocator's allocations and bytes so far.
+heap_counts() {
+  curl -fsS "http://127.0.0.1:$ADMIN/metrics" | awk '
+    $1 == "shardgate_heap_allocations_total" { a = $2 }
+    $1 == "shardgate_heap_allocated_bytes_total" { b = $2 }
+    END { printf "%.0f %.0f\n", a, b }'
 }
 
 # alloc_counts SHAPE DIR: the counting allocator's allocations and bytes
@@ -170,23 +189,28 @@ alloc_counts() {
   wait_tcp $PORT "$pid" shardgate
   wait_http "http://127.0.0.1:$ADMIN/healthz" "$pid" shardgate
   load "$shape" "$W"
-  before=$(curl -fsS "http://127.0.0.1:$ADMIN/metrics" | awk '/^shardgate_heap_(allocations|allocated_bytes)_total / { printf "%s ", $2 }')
+  before=$(heap_counts)
   load "$shape" "$N"
-  after=$(curl -fsS "http://127.0.0.1:$ADMIN/metrics" | awk '/^shardgate_heap_(allocations|allocated_bytes)_total / { printf "%s ", $2 }')
+  after=$(heap_counts)
+  # One scrape's own allocations (the end of one and the start of the
+  # next), taken off.
+  read -r s0 t0 <<<"$(heap_counts)"
+  read -r s1 t1 <<<"$(heap_counts)"
   stop "$pid"
   read -r a0 b0 <<<"$before"
   read -r a1 b1 <<<"$after"
-  [[ -n ${a1:-} ]] || die "$ALLOC_BIN reports no shardgate_heap_* metrics (built without --features alloc-counts?)"
+  [[ -n ${a1:-} && -n ${s1:-} ]] || die "$ALLOC_BIN reports no shardgate_heap_* metrics (built without --features alloc-counts?)"
+  a1=$((a1 - (s1 - s0))) b1=$((b1 - (t1 - t0)))
   ALLOC_ROWS[$shape]="$(per $((a1 - a0)) "$N") $(per $((b1 - b0)) "$N")"
 }
 declare -A ALLOC_ROWS=()
 
 printf 'Counts per request: %s, commit %s; N=%s after W=%s\n' "$(date -u '+%Y-%m-%d %H:%M:%S UTC')" \
   "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')" "$N" "$W"
-if ! perf stat -e cycles true 2>&1 | grep -q "not supported"; then
+if perf stat -x, -e cycles true 2>&1 | grep -q '^[0-9]'; then
   printf 'perf stat: hardware counters available (not yet collected by this script)\n'
 else
-  printf 'perf stat: hardware counters not supported on this machine (cycles, IPC, cache misses: n/a)\n'
+  printf 'perf stat: no hardware counters here (cycles, IPC, cache misses: n/a)\n'
 fi
 read -r -a proxies <<<"$PROXIES"
 for shape in $SHAPES; do

@@ -276,8 +276,13 @@ where
         shutdown: &ShutdownWatch,
     ) -> Option<(Stream, Next)> {
         let settings = next.settings;
-        // Past the head: the body's start, then the next request's.
-        let mut ahead = buf.split_off(head.len);
+        // Past the head: the body's start, then the next request's. (None,
+        // nearly always for a GET: no split, which would share the buffer
+        // through a counted allocation.)
+        let mut ahead = match buf.len() > head.len {
+            true => buf.split_off(head.len),
+            false => BytesMut::new(),
+        };
         if let (false, Some((_, edge))) = (tls, &self.edge) {
             if let Some(answer) = edge_answer(&buf, redirect, edge) {
                 let more = self.answer_at_edge(&mut stream, &buf, &head.body, answer, shutdown);

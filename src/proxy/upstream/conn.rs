@@ -7,7 +7,7 @@
 use super::h2_stream::ShardStream;
 pub use crate::control::UpstreamKey;
 use crate::proxy::pipeline::failure::AttemptFailure;
-use crate::proxy::pipeline::watch::quiet;
+use crate::proxy::pipeline::watch::peek_byte;
 use pingora::tls::{ClientTlsStream, RootCertStore, ServerName, TlsConnector};
 use std::io;
 use std::os::fd::AsRawFd;
@@ -50,10 +50,13 @@ impl Conn {
     /// Whether an idle connection has nothing to read: neither closed by
     /// the shard nor sent bytes no request asked for (which must never
     /// answer the next request). The runtime's readiness first, without a
-    /// system call: the last read of the response drained the socket
-    /// (tokio forgets readiness after a short read), so nothing came
-    /// unless the reactor has seen an event since. Only then one
-    /// non-blocking peek, a real system call. What arrived after the
+    /// system call (nor the task's budget, which would say "not ready" for
+    /// a connection that is, once spent): the last read of the response
+    /// drained the socket (tokio forgets readiness after a short read), so
+    /// nothing came unless the reactor has seen an event since. Only then
+    /// one non-blocking peek, a real system call, which clears a readiness
+    /// that finds nothing (so a stale one costs one peek, not one per
+    /// look). What arrived after the
     /// reactor's last look (it looks whenever the thread waits, and every
     /// 61 tasks under load) is not seen, as nginx's and HAProxy's pools do
     /// not see it: a close then fails the attempt as stale (sent again on a
@@ -67,7 +70,8 @@ impl Conn {
             return false;
         };
         let fd = tcp.as_raw_fd();
-        if !read_ready(tcp) || quiet(fd) {
+        let peeked = tcp.try_io(tokio::io::Interest::READABLE, || peek_byte(fd));
+        if peeked.is_err_and(|e| e.kind() == io::ErrorKind::WouldBlock) {
             return match self {
                 Conn::Tls(tls) => !has_plaintext(tls),
                 _ => true,
@@ -107,15 +111,6 @@ impl Conn {
             Conn::Tls(tls) => tls.get_ref().0.poll_read_ready(cx),
         }
     }
-}
-
-/// Whether the reactor has seen `tcp` become readable (or closed) since
-/// its last read found it drained: its readiness, read without a system
-/// call (the waker left behind is a no-op one: an idle connection has no
-/// task waiting on it).
-fn read_ready(tcp: &TcpStream) -> bool {
-    let mut cx = Context::from_waker(std::task::Waker::noop());
-    tcp.poll_read_ready(&mut cx).is_ready()
 }
 
 /// Whether rustls holds decrypted bytes or the shard's close (after
