@@ -21,6 +21,49 @@ pub const HOP_BY_HOP: [&str; 10] = [
     "http2-settings",
 ];
 
+/// Field names not among `http`'s standard ones that nearly every
+/// request or gRPC response through shardgate carries: the forwarding
+/// fields, the default tenant and request-ID fields, trace context, and
+/// gRPC's own. Named from here, they cost no allocation (a name
+/// `HeaderName::from_bytes` does not know is copied into one).
+static KNOWN_NAMES: [http::HeaderName; 14] = [
+    http::HeaderName::from_static("x-forwarded-for"),
+    http::HeaderName::from_static("x-forwarded-host"),
+    http::HeaderName::from_static("x-forwarded-proto"),
+    http::HeaderName::from_static("x-real-ip"),
+    http::HeaderName::from_static("x-tenant-id"),
+    http::HeaderName::from_static("x-request-id"),
+    http::HeaderName::from_static("traceparent"),
+    http::HeaderName::from_static("tracestate"),
+    http::HeaderName::from_static("grpc-status"),
+    http::HeaderName::from_static("grpc-message"),
+    http::HeaderName::from_static("grpc-encoding"),
+    http::HeaderName::from_static("grpc-accept-encoding"),
+    http::HeaderName::from_static("grpc-timeout"),
+    http::HeaderName::from_static("grpc-status-details-bin"),
+];
+
+/// The field name `name` (any case), as `HeaderName::from_bytes` reads it,
+/// without an allocation for the names of [`KNOWN_NAMES`].
+pub fn field_name(name: &[u8]) -> Result<http::HeaderName, http::header::InvalidHeaderName> {
+    // Every known name begins with `x`, `t` or `g`; the standard ones
+    // (most of a head) mostly do not.
+    if !matches!(
+        name.first().map(u8::to_ascii_lowercase),
+        Some(b'x' | b't' | b'g')
+    ) {
+        return http::HeaderName::from_bytes(name);
+    }
+    let known = KNOWN_NAMES.iter().find(|known| {
+        let known = known.as_str().as_bytes();
+        known.len() == name.len() && known.eq_ignore_ascii_case(name)
+    });
+    match known {
+        Some(known) => Ok(known.clone()),
+        None => http::HeaderName::from_bytes(name),
+    }
+}
+
 /// Whether `name` is a hop-by-hop field of [`HOP_BY_HOP`].
 pub fn is_hop_by_hop(name: &str) -> bool {
     is_hop_by_hop_name(name.as_bytes())
@@ -119,6 +162,27 @@ mod tests {
         }
         for other in ["host", "te2", "tee", "upgrades", "connections", "x-upgrade"] {
             assert!(!is_hop_by_hop(other), "{other}");
+        }
+    }
+
+    #[test]
+    fn field_names_read_as_the_http_crate_reads_them() {
+        let known = KNOWN_NAMES.iter().map(|n| n.as_str().to_string());
+        let upper = KNOWN_NAMES.iter().map(|n| n.as_str().to_uppercase());
+        let others = [
+            "Content-Type",
+            "x-other",
+            "grpc-statu",
+            "grpc-status2",
+            "X-Real-Ip",
+        ];
+        for name in known.chain(upper).chain(others.map(String::from)) {
+            let ours = field_name(name.as_bytes()).map(|n| n.to_string());
+            let theirs = http::HeaderName::from_bytes(name.as_bytes()).map(|n| n.to_string());
+            assert_eq!(ours.ok(), theirs.ok(), "{name}");
+        }
+        for bad in [&b""[..], b"a b", b"a:b", b"\xff"] {
+            assert!(field_name(bad).is_err(), "{bad:?}");
         }
     }
 }

@@ -15,6 +15,7 @@ use crate::proxy::hooks::ResponseEdit;
 use crate::proxy::pipeline::answer::Refusal;
 use crate::proxy::pipeline::framing::{put_chunk, put_last_chunk, trailer_fields};
 use crate::proxy::upstream::h2_stream::poll_window;
+use crate::wire::fields::field_name;
 use bytes::{Bytes, BytesMut};
 use pingora::protocols::http::v2::server::HttpSession as H2Stream;
 use pingora::protocols::Stream;
@@ -542,7 +543,7 @@ pub(super) fn append(queued: &mut Bytes, content: Bytes) {
 pub(super) fn h2_trailers(block: &[u8]) -> Option<http::HeaderMap> {
     let mut map = http::HeaderMap::new();
     for (name, value) in trailer_fields(block, |_| false) {
-        let name = http::HeaderName::from_bytes(name.as_bytes()).ok()?;
+        let name = field_name(name.as_bytes()).ok()?;
         let value = http::HeaderValue::from_bytes(value).ok()?;
         map.append(name, value);
     }

@@ -12,6 +12,7 @@ use crate::proxy::pipeline::message::{
     closes_connection, declared_framing, length_allowed, Declared,
 };
 use crate::wire::compress::{Decision, ResponseFacts};
+use crate::wire::fields::field_name;
 use pingora::http::ResponseHeader;
 use pingora::protocols::http::date::get_cached_date;
 use std::mem::MaybeUninit;
@@ -167,7 +168,7 @@ pub(super) fn h2_response_head(
     for (name, value) in &parsed.headers {
         let (name, value) = (&buf[name.clone()], &buf[value.clone()]);
         if parsed.keeps(&hops, name) {
-            let name = http::HeaderName::from_bytes(name).map_err(|_| ())?;
+            let name = field_name(name).map_err(|_| ())?;
             head.append_header(name, value).map_err(|_| ())?;
         }
     }

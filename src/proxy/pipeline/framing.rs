@@ -345,11 +345,29 @@ pub fn put_chunk<'a>(out: &mut impl BufMut, parts: impl IntoIterator<Item = &'a 
     if len == 0 {
         return;
     }
-    out.put_slice(format!("{len:x}\r\n").as_bytes());
+    put_chunk_size(out, len);
     for part in parts {
         out.put_slice(part);
     }
     out.put_slice(b"\r\n");
+}
+
+/// A chunk's size line (`len` in hex, then CRLF), without an allocation:
+/// [`put_chunk`]'s, and the start of a chunk whose data is sent apart.
+pub fn put_chunk_size(out: &mut impl BufMut, len: usize) {
+    let mut line = [0u8; 2 * std::mem::size_of::<usize>() + 2];
+    let mut at = line.len() - 2;
+    line[at..].copy_from_slice(b"\r\n");
+    let mut rest = len;
+    loop {
+        at -= 1;
+        line[at] = b"0123456789abcdef"[rest & 15];
+        rest >>= 4;
+        if rest == 0 {
+            break;
+        }
+    }
+    out.put_slice(&line[at..]);
 }
 
 /// The last chunk, with trailer `fields` (as [`trailer_fields`] let
@@ -442,6 +460,18 @@ mod tests {
         let mut parts = Vec::new();
         assert_eq!(length.decode(b"abcdef", |p| parts.push(p)), Ok(3));
         assert_eq!(parts, vec![Part::Data(0..3)]);
+    }
+
+    #[test]
+    fn chunk_sizes_are_written_in_hex_as_format_writes_them() {
+        for len in [1, 9, 10, 15, 16, 255, 4096, 65_535, 1 << 40, usize::MAX] {
+            let mut out = Vec::new();
+            put_chunk_size(&mut out, len);
+            assert_eq!(out, format!("{len:x}\r\n").into_bytes());
+        }
+        let mut out = Vec::new();
+        put_chunk(&mut out, [&b"ab"[..], b"c"], 3);
+        assert_eq!(out, b"3\r\nabc\r\n");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! extended CONNECT as the 101 the transport awaits).
 
 use crate::proxy::pipeline::framing::{trailer_fields, Framing};
+use crate::wire::fields::field_name;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Request};
 use std::io;
@@ -109,7 +110,7 @@ pub(super) fn request_of(
         {
             continue;
         }
-        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| invalid("a field name"))?;
+        let name = field_name(name.as_bytes()).map_err(|_| invalid("a field name"))?;
         let value = HeaderValue::from_maybe_shared(head.slice_ref(field.value));
         let mut value = value.map_err(|_| invalid("a field value"))?;
         value.set_sensitive(rules.unique(&name));
@@ -208,9 +209,9 @@ pub(super) fn response_head(
     head_only: bool,
     ended: bool,
     websocket_key: Option<&str>,
-) -> (Bytes, BodyForm) {
+    head: &mut BytesMut,
+) -> BodyForm {
     let status = parts.status.as_u16();
-    let mut head = BytesMut::with_capacity(256);
     let switched = websocket_key.filter(|_| parts.status.is_success());
     if let Some(key) = switched {
         head.extend_from_slice(b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\n");
@@ -250,7 +251,7 @@ pub(super) fn response_head(
         _ => {}
     }
     head.extend_from_slice(b"\r\n");
-    (head.freeze(), form)
+    form
 }
 
 /// `Sec-WebSocket-Accept` for `key` (RFC 6455 §4.2.2).
@@ -268,10 +269,8 @@ fn websocket_accept(key: &str) -> String {
 pub(super) fn trailers_of(block: &[u8]) -> Option<HeaderMap> {
     let mut fields = HeaderMap::new();
     for (name, value) in trailer_fields(block, |_| false) {
-        let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_bytes(value),
-        ) else {
+        let (Ok(name), Ok(value)) = (field_name(name.as_bytes()), HeaderValue::from_bytes(value))
+        else {
             continue;
         };
         fields.append(name, value);
@@ -279,16 +278,15 @@ pub(super) fn trailers_of(block: &[u8]) -> Option<HeaderMap> {
     (!fields.is_empty()).then_some(fields)
 }
 
-/// A chunked body's last chunk, with the response's trailers.
-pub(super) fn last_chunk(trailers: Option<&HeaderMap>) -> Bytes {
-    let mut out = BytesMut::from(&b"0\r\n"[..]);
+/// A chunked body's last chunk, with the response's trailers, into `out`.
+pub(super) fn last_chunk(trailers: Option<&HeaderMap>, out: &mut BytesMut) {
+    out.extend_from_slice(b"0\r\n");
     for (name, value) in trailers.into_iter().flatten() {
         for part in [name.as_str().as_bytes(), b": ", value.as_bytes(), b"\r\n"] {
             out.extend_from_slice(part);
         }
     }
     out.extend_from_slice(b"\r\n");
-    out.freeze()
 }
 
 #[cfg(test)]
@@ -376,7 +374,8 @@ Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n
             .unwrap()
             .into_parts()
             .0;
-        let (head, form) = response_head(&ok, false, false, Some(&key));
+        let mut head = BytesMut::new();
+        let form = response_head(&ok, false, false, Some(&key), &mut head);
         let head = String::from_utf8_lossy(&head).to_string();
         // RFC 6455's own example.
         assert!(
@@ -391,7 +390,8 @@ Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n
             .unwrap()
             .into_parts()
             .0;
-        let (head, form) = response_head(&no, false, false, Some(&key));
+        let mut head = BytesMut::new();
+        let form = response_head(&no, false, false, Some(&key), &mut head);
         assert!(head.starts_with(b"HTTP/1.1 403 "));
         assert_eq!(form, BodyForm::Chunked);
     }
@@ -404,7 +404,11 @@ Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n
         assert!(trailers_of(b"").is_none());
         let mut map = HeaderMap::new();
         map.insert("grpc-status", HeaderValue::from_static("5"));
-        assert_eq!(&last_chunk(Some(&map))[..], b"0\r\ngrpc-status: 5\r\n\r\n");
-        assert_eq!(&last_chunk(None)[..], b"0\r\n\r\n");
+        let mut out = BytesMut::new();
+        last_chunk(Some(&map), &mut out);
+        assert_eq!(&out[..], b"0\r\ngrpc-status: 5\r\n\r\n");
+        let mut out = BytesMut::new();
+        last_chunk(None, &mut out);
+        assert_eq!(&out[..], b"0\r\n\r\n");
     }
 }

@@ -23,7 +23,7 @@ use super::h2_message::{
     last_chunk, request_of, response_head, trailers_of, BodyForm, FieldRules, Outgoing,
 };
 use crate::proxy::pipeline::failure::AttemptFailure;
-use crate::proxy::pipeline::framing::{Framing, Part};
+use crate::proxy::pipeline::framing::{put_chunk_size, Framing, Part};
 use crate::proxy::pipeline::message::HeadEnd;
 use bytes::{Buf, Bytes, BytesMut};
 use h2::client::{ResponseFuture, SendRequest};
@@ -39,6 +39,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// Request bytes taken from the writer but not yet sent (waiting for the
 /// stream's window) at most.
 pub(crate) const MAX_PENDING: usize = 64 * 1024;
+
+/// Room the scratch buffer makes when it runs out (a response head fits).
+const SCRATCH: usize = 512;
 
 /// Response bytes collected for one read at most, and pieces of them.
 const MAX_OUTPUT: usize = 64 * 1024;
@@ -67,6 +70,10 @@ pub(crate) struct ShardStream {
     /// The response in HTTP/1.1 form, not yet read, and its length.
     output: VecDeque<Bytes>,
     output_len: usize,
+    /// Where the pieces shardgate writes (the head, chunk sizes, the last
+    /// chunk) are written, then split off: one buffer for a response's
+    /// small pieces, not one allocation each.
+    scratch: BytesMut,
     failure: Option<AttemptFailure>,
 }
 
@@ -116,6 +123,7 @@ impl ShardStream {
             down: Down::NotYet,
             output: VecDeque::new(),
             output_len: 0,
+            scratch: BytesMut::new(),
             failure: None,
         }
     }
@@ -363,7 +371,9 @@ impl ShardStream {
                         }
                         let chunked = *chunked;
                         if chunked {
-                            self.put(Bytes::from(format!("{:x}\r\n", data.len())));
+                            self.scratch.reserve(SCRATCH);
+                            put_chunk_size(&mut self.scratch, data.len());
+                            self.put_scratch();
                         }
                         self.put(data);
                         if chunked {
@@ -378,7 +388,9 @@ impl ShardStream {
                             Poll::Ready(Err(e)) => return Poll::Ready(Err(self.fail(e))),
                             Poll::Ready(Ok(trailers)) => {
                                 if chunked {
-                                    self.put(last_chunk(trailers.as_ref()));
+                                    self.scratch.reserve(SCRATCH);
+                                    last_chunk(trailers.as_ref(), &mut self.scratch);
+                                    self.put_scratch();
                                 }
                                 self.down = Down::Done;
                             }
@@ -397,13 +409,20 @@ impl ShardStream {
         self.output.push_back(bytes);
     }
 
+    /// Queues what was written into the scratch buffer.
+    fn put_scratch(&mut self) {
+        let piece = self.scratch.split().freeze();
+        self.put(piece);
+    }
+
     /// The response's head, in HTTP/1.1 form, and how its body follows.
     fn start_response(&mut self, response: Response<RecvStream>) {
         let (parts, recv) = response.into_parts();
         let ended = recv.is_end_stream();
         let key = self.websocket_key.as_deref();
-        let (head, form) = response_head(&parts, self.head_only, ended, key);
-        self.put(head);
+        self.scratch.reserve(SCRATCH);
+        let form = response_head(&parts, self.head_only, ended, key, &mut self.scratch);
+        self.put_scratch();
         self.down = match form {
             BodyForm::None => Down::Done,
             BodyForm::Chunked => Down::Body {
