@@ -36,6 +36,9 @@
 #   SG2_LOG=          `shardgate2`'s own `log:` value, e.g.
 #                     '{ access_format: json, access_path: "{dir}/access.log" }'
 #                     (default: `shardgate`'s, `{ access: off }`)
+#   SG2_SERVER_EXTRA= more `server:` fields for `shardgate2`, e.g.
+#                     'work_stealing: false' (a current-thread runtime per
+#                     thread, as nginx's worker per core)
 #   SG2_EXTRA=        more top-level lines for `shardgate2`, e.g.
 #                     'tracing: { otlp_endpoint: "http://127.0.0.1:18101", sample_ratio: 0.01 }'
 #                     (a backend port answers the OTLP POSTs 200)
@@ -144,7 +147,8 @@ conns_log=$SG_WORK/backend-conns.log
 touch "$conns_log"
 
 write_shardgate_conf "$SG_WORK/shardgate.yaml" "$SG_PORT" "$SG_ADMIN" "${backend_ports[@]}"
-SG_LOG=${SG2_LOG:-${SG_LOG:-}} SG_EXTRA=${SG2_EXTRA:-${SG_EXTRA:-}} write_shardgate_conf "$SG_WORK/sg2.yaml" "$SG_PORT" "$SG_ADMIN" "${backend_ports[@]}"
+SG_LOG=${SG2_LOG:-${SG_LOG:-}} SG_EXTRA=${SG2_EXTRA:-${SG_EXTRA:-}} \
+  SG_SERVER_EXTRA=${SG2_SERVER_EXTRA:-${SG_SERVER_EXTRA:-}} write_shardgate_conf "$SG_WORK/sg2.yaml" "$SG_PORT" "$SG_ADMIN" "${backend_ports[@]}"
 SG_SERVER_EXTRA="fast_path: false${SG_SERVER_EXTRA:+, $SG_SERVER_EXTRA}" \
   write_shardgate_conf "$SG_WORK/sg-nofast.yaml" "$SG_PORT" "$SG_ADMIN" "${backend_ports[@]}"
 write_nginx_proxy_conf "$SG_WORK/nginx.conf" http "$NGINX_PORT" $((maxconns + 1024)) "${backend_ports[@]}"

@@ -207,9 +207,8 @@ fn proxy_header(ends: super::exchange::Ends) -> std::io::Result<Vec<u8>> {
 /// to), or whose endpoint no shard has any more (removed, or its name now
 /// resolves elsewhere), on every thread — a quiet thread's too, which no
 /// request would visit — so none lingers in CLOSE_WAIT. Costs one
-/// non-blocking read per idle connection the reactor saw readable (closed,
-/// or sent to) per round, nothing for the others. Ends with the pools
-/// (the fast transport is gone).
+/// non-blocking read per idle connection per round, nothing when there
+/// are none. Ends with the pools (the fast transport is gone).
 async fn sweep(
     pools: Weak<ThreadLocal<Mutex<Pool>>>,
     control: Weak<crate::control::Control>,

@@ -322,12 +322,6 @@ pub async fn probe(addr: SocketAddr, timeout: Duration) -> bool {
 /// the reactor has not yet seen the socket become readable, which is the
 /// very case to catch (bytes or a close that just arrived).
 pub fn quiet(fd: RawFd) -> bool {
-    peek_byte(fd).is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
-}
-
-/// A non-blocking one-byte peek at the connected socket `fd`: how many
-/// bytes it found (0: closed), or why none (`WouldBlock`: nothing came).
-pub fn peek_byte(fd: RawFd) -> std::io::Result<usize> {
     let mut byte = 0u8;
     // SAFETY: a one-byte peek into a local; on a closed descriptor recv
     // fails (EBADF), which reads as "not quiet".
@@ -339,5 +333,5 @@ pub fn peek_byte(fd: RawFd) -> std::io::Result<usize> {
             libc::MSG_PEEK | libc::MSG_DONTWAIT,
         )
     };
-    usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
+    n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
 }

@@ -7,7 +7,7 @@
 use super::h2_stream::ShardStream;
 pub use crate::control::UpstreamKey;
 use crate::proxy::pipeline::failure::AttemptFailure;
-use crate::proxy::pipeline::watch::peek_byte;
+use crate::proxy::pipeline::watch::quiet;
 use pingora::tls::{ClientTlsStream, RootCertStore, ServerName, TlsConnector};
 use std::io;
 use std::os::fd::AsRawFd;
@@ -49,29 +49,18 @@ impl Conn {
 
     /// Whether an idle connection has nothing to read: neither closed by
     /// the shard nor sent bytes no request asked for (which must never
-    /// answer the next request). The runtime's readiness first, without a
-    /// system call (nor the task's budget, which would say "not ready" for
-    /// a connection that is, once spent): the last read of the response
-    /// drained the socket (tokio forgets readiness after a short read), so
-    /// nothing came unless the reactor has seen an event since. Only then
-    /// one non-blocking peek, a real system call, which clears a readiness
-    /// that finds nothing (so a stale one costs one peek, not one per
-    /// look). What arrived after the
-    /// reactor's last look (it looks whenever the thread waits, and every
-    /// 61 tasks under load) is not seen, as nginx's and HAProxy's pools do
-    /// not see it: a close then fails the attempt as stale (sent again on a
-    /// new connection), and bytes a shard wrote past its response in that
-    /// window would be read as the next answer's start. On TLS,
-    /// bytes there are read into rustls: records that carry no data, a
-    /// session ticket sent after the response, leave the connection quiet.
+    /// answer the next request). One non-blocking peek, a real system call
+    /// (the reactor may not have seen bytes that just arrived). On TLS,
+    /// bytes there are read into rustls (without the reactor, which may
+    /// not know of them either): records that carry no data, a session
+    /// ticket sent after the response, leave the connection quiet.
     pub(crate) fn is_quiet(&mut self) -> bool {
         // An HTTP/2 stream is never pooled: its connection is.
         let Some(tcp) = self.tcp() else {
             return false;
         };
         let fd = tcp.as_raw_fd();
-        let peeked = tcp.try_io(tokio::io::Interest::READABLE, || peek_byte(fd));
-        if peeked.is_err_and(|e| e.kind() == io::ErrorKind::WouldBlock) {
+        if quiet(fd) {
             return match self {
                 Conn::Tls(tls) => !has_plaintext(tls),
                 _ => true,
