@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Deterministic counts per request, shardgate against nginx and HAProxy on
-# the same backend: what the machine's noise cannot move.
+# Counts per request, shardgate against nginx and HAProxy on the same
+# backend: what the machine's noise cannot move (user-space instructions:
+# kernel time is not in them, and under valgrind or strace a proxy with
+# many requests in flight batches its system calls otherwise than at full
+# speed).
 #   - instructions (callgrind), and heap allocations (calls into the
 #     allocator: mimalloc's for shardgate, glibc's for nginx and HAProxy),
 #     counted over N requests after W warm-up ones (`callgrind_control -z`
@@ -172,11 +175,12 @@ syscall_counts() {
 }
 
 # heap_counts: the counting allocator's allocations and bytes so far.
+# Fails when the build has no counting allocator.
 heap_counts() {
   curl -fsS "http://127.0.0.1:$ADMIN/metrics" | awk '
     $1 == "shardgate_heap_allocations_total" { a = $2 }
     $1 == "shardgate_heap_allocated_bytes_total" { b = $2 }
-    END { printf "%.0f %.0f\n", a, b }'
+    END { if (a == "" || b == "") exit 1; printf "%.0f %.0f\n", a, b }'
 }
 
 # alloc_counts SHAPE DIR: the counting allocator's allocations and bytes
@@ -189,17 +193,20 @@ alloc_counts() {
   wait_tcp $PORT "$pid" shardgate
   wait_http "http://127.0.0.1:$ADMIN/healthz" "$pid" shardgate
   load "$shape" "$W"
-  before=$(heap_counts)
+  local none="$ALLOC_BIN reports no shardgate_heap_* metrics (built without --features alloc-counts?)"
+  before=$(heap_counts) || die "$none"
   load "$shape" "$N"
-  after=$(heap_counts)
+  after=$(heap_counts) || die "$none"
   # One scrape's own allocations (the end of one and the start of the
   # next), taken off.
-  read -r s0 t0 <<<"$(heap_counts)"
-  read -r s1 t1 <<<"$(heap_counts)"
+  local idle0 idle1
+  idle0=$(heap_counts) || die "$none"
+  idle1=$(heap_counts) || die "$none"
   stop "$pid"
   read -r a0 b0 <<<"$before"
   read -r a1 b1 <<<"$after"
-  [[ -n ${a1:-} && -n ${s1:-} ]] || die "$ALLOC_BIN reports no shardgate_heap_* metrics (built without --features alloc-counts?)"
+  read -r s0 t0 <<<"$idle0"
+  read -r s1 t1 <<<"$idle1"
   a1=$((a1 - (s1 - s0))) b1=$((b1 - (t1 - t0)))
   ALLOC_ROWS[$shape]="$(per $((a1 - a0)) "$N") $(per $((b1 - b0)) "$N")"
 }

@@ -276,12 +276,14 @@ where
         shutdown: &ShutdownWatch,
     ) -> Option<(Stream, Next)> {
         let settings = next.settings;
-        // Past the head: the body's start, then the next request's. (None,
-        // nearly always for a GET: no split, which would share the buffer
-        // through a counted allocation.)
-        let mut ahead = match buf.len() > head.len {
-            true => buf.split_off(head.len),
-            false => BytesMut::new(),
+        // Past the head: the body's start, then the next request's. None,
+        // nearly always for a GET: on the fast transport, no split, which
+        // would share the buffer through a counted allocation. (Pingora's
+        // path freezes `buf`: split, it is shared already, and freezing
+        // costs nothing more.)
+        let mut ahead = match self.fast.is_some() && buf.len() == head.len {
+            true => BytesMut::new(),
+            false => buf.split_off(head.len),
         };
         if let (false, Some((_, edge))) = (tls, &self.edge) {
             if let Some(answer) = edge_answer(&buf, redirect, edge) {

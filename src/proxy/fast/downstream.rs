@@ -13,9 +13,8 @@ use super::response::{
 use crate::proxy::client::poll_watch;
 use crate::proxy::hooks::ResponseEdit;
 use crate::proxy::pipeline::answer::Refusal;
-use crate::proxy::pipeline::framing::{put_chunk, put_last_chunk, trailer_fields};
+use crate::proxy::pipeline::framing::{put_chunk, put_last_chunk, trailer_fields, trailer_map};
 use crate::proxy::upstream::h2_stream::poll_window;
-use crate::wire::fields::field_name;
 use bytes::{Bytes, BytesMut};
 use pingora::protocols::http::v2::server::HttpSession as H2Stream;
 use pingora::protocols::Stream;
@@ -444,7 +443,7 @@ impl Downstream for H2Client {
         self.bytes_out += content.len() as u64;
         append(&mut self.queued, content);
         if let Some(trailers) = end {
-            self.end = Some(h2_trailers(trailers));
+            self.end = Some(trailer_map(trailers));
         }
     }
 
@@ -536,16 +535,4 @@ pub(super) fn append(queued: &mut Bytes, content: Bytes) {
         joined.extend_from_slice(&content);
         *queued = joined.freeze();
     }
-}
-
-/// A response's trailer section as HTTP/2 trailers (none if empty or
-/// unreadable: the body then simply ends).
-pub(super) fn h2_trailers(block: &[u8]) -> Option<http::HeaderMap> {
-    let mut map = http::HeaderMap::new();
-    for (name, value) in trailer_fields(block, |_| false) {
-        let name = field_name(name.as_bytes()).ok()?;
-        let value = http::HeaderValue::from_bytes(value).ok()?;
-        map.append(name, value);
-    }
-    (!map.is_empty()).then_some(map)
 }

@@ -11,12 +11,13 @@
 //! dropped unfinished, and a cut response would look whole).
 
 use super::body::{BodyError, H2Body};
-use super::downstream::{append, h2_trailers, Downstream, ResponseStart};
+use super::downstream::{append, Downstream, ResponseStart};
 use super::h2::{log_line, Served, StreamHead};
 use super::response::h2_response_head;
 use super::FastPath;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::pipeline::answer::Refusal;
+use crate::proxy::pipeline::framing::trailer_map;
 use bytes::{Buf, Bytes};
 use futures_util::FutureExt;
 use h3::error::{Code, StreamError};
@@ -348,7 +349,7 @@ impl Downstream for H3Client {
         self.bytes_out += content.len() as u64;
         append(&mut self.queued, content);
         if let Some(trailers) = end {
-            self.end = Some(h2_trailers(trailers));
+            self.end = Some(trailer_map(trailers));
         }
     }
 

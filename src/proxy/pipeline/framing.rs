@@ -338,6 +338,24 @@ pub fn trailer_fields(block: &[u8], refused: impl Fn(&str) -> bool) -> Vec<(&str
         .collect()
 }
 
+/// A trailer section as HTTP/2 (or HTTP/3) trailers: the fields
+/// [`trailer_fields`] lets through (with no caller's own refused); one
+/// the `http` crate cannot hold is left out, not the section. None when
+/// nothing is left: the body then simply ends.
+pub fn trailer_map(block: &[u8]) -> Option<http::HeaderMap> {
+    let mut map = http::HeaderMap::new();
+    for (name, value) in trailer_fields(block, |_| false) {
+        let (Ok(name), Ok(value)) = (
+            crate::wire::fields::field_name(name.as_bytes()),
+            http::HeaderValue::from_bytes(value),
+        ) else {
+            continue;
+        };
+        map.append(name, value);
+    }
+    (!map.is_empty()).then_some(map)
+}
+
 /// The one chunk encoder (the decoder's counterpart), for every body
 /// shardgate writes in chunks: one chunk of `len` bytes made of `parts`
 /// (nothing if empty: an empty chunk would be the last one).

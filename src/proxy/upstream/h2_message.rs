@@ -5,7 +5,7 @@
 //! response's head and trailers back in HTTP/1.1 form (a 2xx to an
 //! extended CONNECT as the 101 the transport awaits).
 
-use crate::proxy::pipeline::framing::{trailer_fields, Framing};
+use crate::proxy::pipeline::framing::Framing;
 use crate::wire::fields::field_name;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Request};
@@ -263,21 +263,6 @@ fn websocket_accept(key: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(sha1.finish())
 }
 
-/// The request's trailer fields for HTTP/2 (as the one trailer rule lets
-/// them through: the transport's writer already applied it); none if the
-/// section is empty.
-pub(super) fn trailers_of(block: &[u8]) -> Option<HeaderMap> {
-    let mut fields = HeaderMap::new();
-    for (name, value) in trailer_fields(block, |_| false) {
-        let (Ok(name), Ok(value)) = (field_name(name.as_bytes()), HeaderValue::from_bytes(value))
-        else {
-            continue;
-        };
-        fields.append(name, value);
-    }
-    (!fields.is_empty()).then_some(fields)
-}
-
 /// A chunked body's last chunk, with the response's trailers, into `out`.
 pub(super) fn last_chunk(trailers: Option<&HeaderMap>, out: &mut BytesMut) {
     out.extend_from_slice(b"0\r\n");
@@ -292,6 +277,7 @@ pub(super) fn last_chunk(trailers: Option<&HeaderMap>, out: &mut BytesMut) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy::pipeline::framing::trailer_map;
 
     /// What `head` becomes, to a shard of `scheme`, the client accepting
     /// trailers or not.
@@ -398,10 +384,10 @@ Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n
 
     #[test]
     fn trailers_pass_the_one_rule_both_ways() {
-        let fields = trailers_of(b"grpc-status: 0\r\nX-Sum: 1\r\n").unwrap();
+        let fields = trailer_map(b"grpc-status: 0\r\nX-Sum: 1\r\n").unwrap();
         assert_eq!(fields["grpc-status"], "0");
         assert_eq!(fields["x-sum"], "1");
-        assert!(trailers_of(b"").is_none());
+        assert!(trailer_map(b"").is_none());
         let mut map = HeaderMap::new();
         map.insert("grpc-status", HeaderValue::from_static("5"));
         let mut out = BytesMut::new();

@@ -19,11 +19,9 @@
 //! on for the other streams.
 
 use super::h2::Slot;
-use super::h2_message::{
-    last_chunk, request_of, response_head, trailers_of, BodyForm, FieldRules, Outgoing,
-};
+use super::h2_message::{last_chunk, request_of, response_head, BodyForm, FieldRules, Outgoing};
 use crate::proxy::pipeline::failure::AttemptFailure;
-use crate::proxy::pipeline::framing::{put_chunk_size, Framing, Part};
+use crate::proxy::pipeline::framing::{put_chunk_size, trailer_map, Framing, Part};
 use crate::proxy::pipeline::message::HeadEnd;
 use bytes::{Buf, Bytes, BytesMut};
 use h2::client::{ResponseFuture, SendRequest};
@@ -40,8 +38,13 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// stream's window) at most.
 pub(crate) const MAX_PENDING: usize = 64 * 1024;
 
-/// Room the scratch buffer makes when it runs out (a response head fits).
+/// Room the scratch buffer makes when it runs out (a response head
+/// fits); the longest chunk-size line (16 hex digits and CRLF); what a
+/// last chunk usually takes (gRPC's trailers); a longer one grows
+/// the buffer as it is written.
 const SCRATCH: usize = 512;
+const CHUNK_SIZE_LINE: usize = 18;
+const LAST_CHUNK: usize = 64;
 
 /// Response bytes collected for one read at most, and pieces of them.
 const MAX_OUTPUT: usize = 64 * 1024;
@@ -303,7 +306,7 @@ impl ShardStream {
         if !framing.is_done() {
             return Ok(());
         }
-        let ended = match trailers_of(&self.trailers) {
+        let ended = match trailer_map(&self.trailers) {
             Some(fields) => send.send_trailers(fields),
             None => send.send_data(Bytes::new(), true),
         };
@@ -371,7 +374,7 @@ impl ShardStream {
                         }
                         let chunked = *chunked;
                         if chunked {
-                            self.scratch.reserve(SCRATCH);
+                            self.room(CHUNK_SIZE_LINE);
                             put_chunk_size(&mut self.scratch, data.len());
                             self.put_scratch();
                         }
@@ -388,7 +391,7 @@ impl ShardStream {
                             Poll::Ready(Err(e)) => return Poll::Ready(Err(self.fail(e))),
                             Poll::Ready(Ok(trailers)) => {
                                 if chunked {
-                                    self.scratch.reserve(SCRATCH);
+                                    self.room(LAST_CHUNK);
                                     last_chunk(trailers.as_ref(), &mut self.scratch);
                                     self.put_scratch();
                                 }
@@ -409,6 +412,16 @@ impl ShardStream {
         self.output.push_back(bytes);
     }
 
+    /// Makes room for `need` bytes in the scratch buffer, [`SCRATCH`] at a
+    /// time and only when short: pieces split off earlier still hold its
+    /// block, so a reserve that does not fit takes a new one (a piece that
+    /// outgrows it, a long head, grows it as it is written).
+    fn room(&mut self, need: usize) {
+        if self.scratch.capacity() - self.scratch.len() < need {
+            self.scratch.reserve(SCRATCH);
+        }
+    }
+
     /// Queues what was written into the scratch buffer.
     fn put_scratch(&mut self) {
         let piece = self.scratch.split().freeze();
@@ -419,8 +432,8 @@ impl ShardStream {
     fn start_response(&mut self, response: Response<RecvStream>) {
         let (parts, recv) = response.into_parts();
         let ended = recv.is_end_stream();
+        self.room(SCRATCH);
         let key = self.websocket_key.as_deref();
-        self.scratch.reserve(SCRATCH);
         let form = response_head(&parts, self.head_only, ended, key, &mut self.scratch);
         self.put_scratch();
         self.down = match form {
