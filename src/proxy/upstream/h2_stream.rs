@@ -374,9 +374,8 @@ impl ShardStream {
                         }
                         let chunked = *chunked;
                         if chunked {
-                            self.room(CHUNK_SIZE_LINE);
-                            put_chunk_size(&mut self.scratch, data.len());
-                            self.put_scratch();
+                            let len = data.len();
+                            self.put_written(CHUNK_SIZE_LINE, |out| put_chunk_size(out, len));
                         }
                         self.put(data);
                         if chunked {
@@ -391,9 +390,8 @@ impl ShardStream {
                             Poll::Ready(Err(e)) => return Poll::Ready(Err(self.fail(e))),
                             Poll::Ready(Ok(trailers)) => {
                                 if chunked {
-                                    self.room(LAST_CHUNK);
-                                    last_chunk(trailers.as_ref(), &mut self.scratch);
-                                    self.put_scratch();
+                                    let trailers = trailers.as_ref();
+                                    self.put_written(LAST_CHUNK, |out| last_chunk(trailers, out));
                                 }
                                 self.down = Down::Done;
                             }
@@ -412,30 +410,30 @@ impl ShardStream {
         self.output.push_back(bytes);
     }
 
-    /// Makes room for `need` bytes in the scratch buffer, [`SCRATCH`] at a
-    /// time and only when short: pieces split off earlier still hold its
-    /// block, so a reserve that does not fit takes a new one (a piece that
-    /// outgrows it, a long head, grows it as it is written).
-    fn room(&mut self, need: usize) {
+    /// Queues what `write` writes into the scratch buffer (`need` bytes,
+    /// usually). Room is made [`SCRATCH`] bytes at a time and only when
+    /// short: pieces split off earlier still hold the block, so a reserve
+    /// that does not fit takes a new one (a piece that outgrows it, a long
+    /// head, grows it as it is written).
+    fn put_written<R>(&mut self, need: usize, write: impl FnOnce(&mut BytesMut) -> R) -> R {
         if self.scratch.capacity() - self.scratch.len() < need {
             self.scratch.reserve(SCRATCH);
         }
-    }
-
-    /// Queues what was written into the scratch buffer.
-    fn put_scratch(&mut self) {
+        let written = write(&mut self.scratch);
         let piece = self.scratch.split().freeze();
         self.put(piece);
+        written
     }
 
     /// The response's head, in HTTP/1.1 form, and how its body follows.
     fn start_response(&mut self, response: Response<RecvStream>) {
         let (parts, recv) = response.into_parts();
         let ended = recv.is_end_stream();
-        self.room(SCRATCH);
-        let key = self.websocket_key.as_deref();
-        let form = response_head(&parts, self.head_only, ended, key, &mut self.scratch);
-        self.put_scratch();
+        // The key served its one use: the answer's accept value.
+        let (key, head_only) = (self.websocket_key.take(), self.head_only);
+        let form = self.put_written(SCRATCH, |out| {
+            response_head(&parts, head_only, ended, key.as_deref(), out)
+        });
         self.down = match form {
             BodyForm::None => Down::Done,
             BodyForm::Chunked => Down::Body {
