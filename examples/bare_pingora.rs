@@ -18,7 +18,7 @@ use std::hash::{Hash, Hasher};
 
 // The same allocator as the shardgate binary, for a like-for-like floor.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: shardgate::allocator::Mimalloc = shardgate::allocator::Mimalloc;
 
 struct Bare {
     backends: Vec<std::net::SocketAddr>,

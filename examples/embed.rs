@@ -68,7 +68,7 @@ impl GatewayHooks for Platform {
 
 // The binary's allocator (Pingora allocates per request).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: shardgate::allocator::Mimalloc = shardgate::allocator::Mimalloc;
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();

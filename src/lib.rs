@@ -18,13 +18,15 @@
 //!   → config
 //!   → trace, metrics, access_log → summary
 //!   → routing → limits
-//!   → counters, capped, wire (pure rules every layer may use), alloc_counts
+//!   → counters, capped, wire (pure rules every layer may use), alloc_counts,
+//!     allocator
 //! ```
 
 pub mod access_log;
 pub mod admin;
 #[cfg(feature = "alloc-counts")]
 pub mod alloc_counts;
+pub mod allocator;
 pub mod capped;
 pub mod cluster;
 pub mod collector;

@@ -4,13 +4,13 @@
 
 #[cfg(not(feature = "alloc-counts"))]
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: shardgate::allocator::Mimalloc = shardgate::allocator::Mimalloc;
 
 /// Every allocation counted (benches/load/counts.sh).
 #[cfg(feature = "alloc-counts")]
 #[global_allocator]
-static ALLOCATOR: shardgate::alloc_counts::Counting<mimalloc::MiMalloc> =
-    shardgate::alloc_counts::Counting(mimalloc::MiMalloc);
+static ALLOCATOR: shardgate::alloc_counts::Counting<shardgate::allocator::Mimalloc> =
+    shardgate::alloc_counts::Counting(shardgate::allocator::Mimalloc);
 
 use shardgate::server::run_cli;
 use std::process::ExitCode;
