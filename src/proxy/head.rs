@@ -193,7 +193,7 @@ async fn read_some(stream: &mut Stream, buf: &mut BytesMut) -> std::io::Result<u
             ready!(std::pin::Pin::new(&mut *stream).poll_read(cx, &mut read))?;
             let n = read.filled().len();
             if n > 0 {
-                buf.reserve(HEAD_READ);
+                *buf = super::buffers::take(HEAD_READ);
                 buf.extend_from_slice(read.filled());
             }
             Poll::Ready(Ok(n))

@@ -10,6 +10,7 @@ use super::poll_read_buf;
 use super::response::{
     h2_response_head, response_head, Encoding, IdField, ParsedResponse, Persist,
 };
+use crate::proxy::buffers;
 use crate::proxy::client::poll_watch;
 use crate::proxy::hooks::ResponseEdit;
 use crate::proxy::pipeline::answer::Refusal;
@@ -195,6 +196,13 @@ impl<'c> H1Client<'c> {
             self.unflushed = false;
         }
         Poll::Ready(Ok(()))
+    }
+}
+
+impl Drop for H1Client<'_> {
+    fn drop(&mut self) {
+        // The head's buffer, for the thread's next response.
+        buffers::give_vec(std::mem::take(&mut self.out));
     }
 }
 

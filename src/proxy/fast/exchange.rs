@@ -13,6 +13,7 @@ use super::downstream::Downstream;
 use super::response::{parse_response, ParsedResponse, MAX_RESPONSE_HEAD};
 use super::{poll_read_buf, FastPath};
 use crate::control::ShardPeer;
+use crate::proxy::buffers;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::hooks::UpstreamFailure;
 use crate::proxy::pipeline::answer::Refusal;
@@ -363,7 +364,7 @@ impl FastPath {
             None => out.moved + settings.headers_timeout,
         };
         let mut head = HeadReader {
-            buf: BytesMut::with_capacity(8192),
+            buf: buffers::take(8192),
             head_end: HeadEnd::default(),
             // Nothing came back on a pooled connection: maybe only stale.
             broken: match reused {

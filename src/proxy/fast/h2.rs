@@ -11,12 +11,13 @@ use super::downstream::{Downstream, H2Client};
 use super::exchange::{ends_of, may_be_h2, Ends, Exchanged, Request};
 use super::request::{Outgoing, UpstreamHead};
 use super::FastPath;
+use crate::proxy::buffers;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::hooks::{RequestLine, RequestView};
 use crate::proxy::pipeline::answer::Refusal;
 use crate::proxy::pipeline::fields::{accepts_trailers, joined_cookie};
 use crate::proxy::pipeline::message::content_length;
-use bytes::Bytes;
+use bytes::BytesMut;
 use http::Method;
 use pingora::http::RequestHeader;
 use pingora::protocols::http::v2::server::HttpSession as H2Stream;
@@ -128,19 +129,22 @@ impl FastPath {
         ends: Ends,
         ctx: &mut RequestCtx,
     ) -> u16 {
-        let bytes = match planned.request {
+        let mut buf = match planned.request {
             Err(refusal) => return self.answer(client, ctx, refusal, false).await,
-            Ok(bytes) => bytes,
+            Ok(buf) => buf,
         };
         let request = Request {
             method: &planned.method,
             head_only: planned.head_only,
             websocket: false,
             te_trailers: planned.te_trailers,
-            bytes: Bytes::from(bytes),
+            bytes: buffers::share(&mut buf),
             ends,
         };
-        match self.exchange(client, &request, ctx).await {
+        let exchanged = self.exchange(client, &request, ctx).await;
+        drop(request);
+        buffers::give(buf);
+        match exchanged {
             Exchanged::Done(status) | Exchanged::Closed(status) => status,
             // Not asked for (`websocket: false`): never.
             Exchanged::Upgraded(_) => 502,
@@ -167,7 +171,7 @@ pub(super) struct Planned {
     pub method: Method,
     pub head_only: bool,
     /// The head the shard receives, or the answer to give.
-    pub request: Result<Vec<u8>, Refusal>,
+    pub request: Result<BytesMut, Refusal>,
     /// The client accepts trailers (an HTTP/2 shard is told so).
     pub te_trailers: bool,
 }

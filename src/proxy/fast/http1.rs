@@ -8,6 +8,7 @@ use super::downstream::{Downstream, H1Client, H1Request};
 use super::exchange::{ends_of, may_be_h2, Exchanged, Request};
 use super::request::{head_in, Outgoing, RequestHead, UpstreamHead};
 use super::{tunnel, FastPath, WHOLE_BODY_WITH_HEAD};
+use crate::proxy::buffers;
 use crate::proxy::client::linger;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::head::Head;
@@ -123,22 +124,29 @@ impl FastPath {
             Ok(host_seen) => {
                 let forwarding = self.forwarding(host_seen, ctx.tls, &ctx);
                 let edit = &ctx.upstream_edit;
-                let bytes =
+                let mut buf =
                     upstream_bytes(&parsed, &target, outgoing, whole_body, &forwarding, edit);
                 let request = Request {
                     method: &method,
                     head_only: parsed.head_only(),
                     websocket: parsed.websocket,
                     te_trailers: may_be_h2(&ctx) && accepts_trailers(parsed.values("te")),
-                    bytes,
+                    bytes: buffers::share(&mut buf),
                     ends,
                 };
-                self.exchange(&mut c, &request, &mut ctx).await
+                let exchanged = self.exchange(&mut c, &request, &mut ctx).await;
+                drop(request);
+                buffers::give(buf);
+                exchanged
             }
         };
         let after = After::of(exchanged, &c, &mut ctx);
         drop(c);
-        self.conclude(client, ahead, after, ctx, &logged).await
+        let kept = self.conclude(client, ahead, after, ctx, &logged).await;
+        // The head read, for the thread's next one.
+        drop((logged, parsed));
+        buffers::give(head);
+        kept
     }
 
     /// The answer to a head that is no request (400), logged as `-`; the
@@ -295,7 +303,7 @@ fn upstream_bytes(
     whole_body: Option<Bytes>,
     forwarding: &Forwarding<'_>,
     edit: &UpstreamEdit,
-) -> Bytes {
+) -> BytesMut {
     let mut bytes = UpstreamHead {
         method: head.method,
         origin: &target.origin,
@@ -308,5 +316,5 @@ fn upstream_bytes(
     if let Some(whole) = &whole_body {
         bytes.extend_from_slice(whole);
     }
-    Bytes::from(bytes)
+    bytes
 }

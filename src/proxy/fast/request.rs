@@ -4,10 +4,12 @@
 //! owns, `Expect` (answered here) and the framing fields (written anew
 //! for the body as it is forwarded), plus the pipeline's forwarding fields.
 
+use crate::proxy::buffers;
 use crate::proxy::head::Layout;
 use crate::proxy::hooks::UpstreamEdit;
 use crate::proxy::pipeline::fields::{is_hop_by_hop, tokens, websocket_handshake, Forwarding};
 use crate::proxy::pipeline::message::closes_connection;
+use bytes::BytesMut;
 
 /// A request's fields, on the stack for most heads.
 pub(super) type Fields<'b> = smallvec::SmallVec<[(&'b str, &'b [u8]); 16]>;
@@ -122,7 +124,7 @@ impl UpstreamHead<'_> {
     /// and those the embedder's `edit` replaces or removes, `Expect` and
     /// the framing fields; then the edit's fields (checked by the plan),
     /// ours, and the body's framing.
-    pub fn write(&self, fwd: &Forwarding<'_>, edit: &UpstreamEdit) -> Vec<u8> {
+    pub fn write(&self, fwd: &Forwarding<'_>, edit: &UpstreamEdit) -> BytesMut {
         let named = self
             .fields
             .iter()
@@ -130,7 +132,7 @@ impl UpstreamHead<'_> {
             .flat_map(|(_, v)| tokens(v));
         let named: smallvec::SmallVec<[&[u8]; 4]> =
             named.filter(|t| !t.eq_ignore_ascii_case(b"host")).collect();
-        let mut out = Vec::with_capacity(512);
+        let mut out = buffers::take_vec(512);
         out.extend_from_slice(self.method.as_bytes());
         out.push(b' ');
         out.extend_from_slice(self.origin.as_bytes());
@@ -176,7 +178,12 @@ impl UpstreamHead<'_> {
             Outgoing::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
         }
         out.extend_from_slice(b"\r\n");
-        out
+        // From the thread's buffers: the exchange gives it back once the
+        // shard has it.
+        let mut head = buffers::take(out.len());
+        head.extend_from_slice(&out);
+        buffers::give_vec(out);
+        head
     }
 }
 
@@ -252,7 +259,8 @@ Keep-Alive: 5\r\nExpect: 100-continue\r\nContent-Length: 5, 5\r\nX-Tenant-Id: ev
             websocket: false,
             body: Outgoing::Length(5),
         };
-        let text = String::from_utf8(up.write(&forwarding(), &Default::default())).unwrap();
+        let text =
+            String::from_utf8(up.write(&forwarding(), &Default::default()).to_vec()).unwrap();
         assert_eq!(
             text,
             "POST /up?x=1 HTTP/1.1\r\nHost: a.example\r\nX-Kept: yes\r\nX-Forwarded-Host: a.example\r\n\
@@ -265,7 +273,8 @@ x-request-id: id-1\r\nContent-Length: 5\r\n\r\n"
             body: Outgoing::Chunked,
             ..up
         };
-        let text = String::from_utf8(up.write(&forwarding(), &Default::default())).unwrap();
+        let text =
+            String::from_utf8(up.write(&forwarding(), &Default::default()).to_vec()).unwrap();
         assert!(
             text.starts_with("POST / HTTP/1.1\r\nHost: b.example\r\nX-Kept"),
             "{text}"

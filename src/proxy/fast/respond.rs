@@ -7,6 +7,7 @@ use super::downstream::{Downstream, ResponseStart};
 use super::exchange::{poll_timer, Exchanged, Outbound, Upstream};
 use super::{poll_read_buf, FastPath};
 use crate::control::ShardPeer;
+use crate::proxy::buffers;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::pipeline::answer::Refusal;
 use crate::proxy::pipeline::compression::BodyEncoder;
@@ -98,6 +99,9 @@ impl FastPath {
                 if relay.reusable && out.finished && !out.broken {
                     self.release(peer, relay.conn);
                 }
+                // Kept for the thread's next response, if the client took
+                // every part of it.
+                buffers::give(relay.buf);
                 // Whether the client's connection goes on is the client's
                 // side: its body read whole (the shard may have answered
                 // before it took it all, then the connection is not pooled).

@@ -5,6 +5,7 @@
 //! a `Date` if the shard sent none; the body framed for that client.
 
 use super::request::push_field;
+use crate::proxy::buffers;
 use crate::proxy::hooks::ResponseEdit;
 use crate::proxy::pipeline::fields::{is_framing, unrequested_switch, ResponseHops};
 use crate::proxy::pipeline::framing::Framing;
@@ -83,7 +84,8 @@ pub(super) fn response_head(
 ) -> Vec<u8> {
     let id_name = id.map(|(name, _)| name.as_str().as_bytes());
     let not_id = |name: &[u8]| !id_name.is_some_and(|id| name.eq_ignore_ascii_case(id));
-    let mut out = Vec::with_capacity(parsed.head_len + 64);
+    // From the thread's buffers: the client's writer gives it back.
+    let mut out = buffers::take_vec(parsed.head_len + 64);
     // httparse accepts only three-digit codes: 100..=999.
     let code = parsed.status;
     out.extend_from_slice(b"HTTP/1.1 ");

@@ -86,7 +86,7 @@ impl FastPath {
                     head_only: false,
                     websocket: true,
                     te_trailers: false,
-                    bytes: Bytes::from(bytes),
+                    bytes: bytes.freeze(),
                     ends,
                 };
                 match self.exchange(&mut client, &request, &mut ctx).await {

@@ -1,0 +1,162 @@
+//! Buffers, reused per thread: a request's head buffer, the head the
+//! shard receives, a response's read buffer and the head the client
+//! receives come from this thread's free lists and go back to them when
+//! the exchange is over, so a steady stream of requests allocates none of
+//! them (the larger ones were mimalloc's slower allocations, over 1 KiB,
+//! with their frees). A connection idle between requests holds none: the
+//! lists are the thread's.
+//!
+//! Bounded: at most [`KEPT`] buffers per list and thread, each of at most
+//! [`LARGEST`] bytes (one that grew past it, for a long head or a large
+//! body read, is freed), so a thread keeps at most 2 MiB here.
+
+use bytes::{Bytes, BytesMut};
+use std::cell::RefCell;
+use std::thread::LocalKey;
+
+/// Buffers kept per thread: more than the requests one thread has in
+/// flight between two looks at its list, under any load the rig makes.
+const KEPT: usize = 32;
+
+/// The largest buffer kept, in bytes.
+const LARGEST: usize = 32 * 1024;
+
+thread_local! {
+    static FREE: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+    static FREE_VECS: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The last buffer kept in `list`, if any.
+fn reuse<T>(list: &'static LocalKey<RefCell<Vec<T>>>) -> Option<T> {
+    list.try_with(|free| free.borrow_mut().pop()).ok().flatten()
+}
+
+/// Keeps `buf` in `list`, if it has room.
+fn keep<T>(list: &'static LocalKey<RefCell<Vec<T>>>, buf: T) {
+    let _ = list.try_with(|free| {
+        let mut free = free.borrow_mut();
+        if free.len() < KEPT {
+            free.push(buf);
+        }
+    });
+}
+
+/// An empty buffer with room for at least `room` bytes: a kept one when
+/// this thread has one, else a new one.
+pub fn take(room: usize) -> BytesMut {
+    let mut buf = reuse(&FREE).unwrap_or_default();
+    buf.reserve(room);
+    buf
+}
+
+/// Gives `buf` back for reuse, emptied, unless it is too large (then it
+/// is freed). One that shares its block with a part split off and alive
+/// elsewhere is kept too: its room is its own, and [`take`]'s reserve
+/// reclaims the whole block once that part is gone (or, if it is not
+/// gone, makes a new one).
+pub fn give(mut buf: BytesMut) {
+    buf.clear();
+    if (1..=LARGEST).contains(&buf.capacity()) {
+        keep(&FREE, buf);
+    }
+}
+
+/// An empty `Vec` with room for at least `room` bytes, for a head written
+/// field by field (a `Vec` takes small writes in place, where a
+/// `BytesMut` calls memcpy for each): as [`take`].
+pub fn take_vec(room: usize) -> Vec<u8> {
+    let mut out = reuse(&FREE_VECS).unwrap_or_default();
+    out.reserve(room);
+    out
+}
+
+/// Gives `out` back for reuse, emptied, unless it is too large: as
+/// [`give`].
+pub fn give_vec(mut out: Vec<u8>) {
+    out.clear();
+    if (1..=LARGEST).contains(&out.capacity()) {
+        keep(&FREE_VECS, out);
+    }
+}
+
+/// What `buf` holds, as `Bytes` sharing its block, `buf` left empty: give
+/// `buf` back once those bytes are dropped, and the block is kept whole.
+/// (A `BytesMut` made `Bytes` and back, instead, counts its holders in a
+/// new allocation each time.) Shared from then on, the block is split
+/// with no allocation.
+pub fn share(buf: &mut BytesMut) -> Bytes {
+    buf.split().freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_buffer_given_back_is_the_next_one_taken() {
+        let mut buf = take(4096);
+        buf.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
+        let at = buf.as_ptr();
+        give(buf);
+        let again = take(4096);
+        assert_eq!(again.as_ptr(), at);
+        assert!(again.is_empty() && again.capacity() >= 4096);
+    }
+
+    /// How many buffers this thread keeps.
+    fn kept() -> usize {
+        FREE.with(|free| free.borrow().len())
+    }
+
+    #[test]
+    fn oversized_buffers_are_not_kept() {
+        std::thread::spawn(|| {
+            give(BytesMut::with_capacity(LARGEST + 1));
+            give_vec(Vec::with_capacity(LARGEST + 1));
+            assert_eq!(kept(), 0);
+            assert_eq!(FREE_VECS.with(|free| free.borrow().len()), 0);
+        })
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e));
+    }
+
+    #[test]
+    fn a_shared_block_comes_back_whole() {
+        std::thread::spawn(|| {
+            // Shared while the shard's head is sent, given back once it
+            // is dropped: the next buffer taken is that block, whole.
+            let mut buf = take(512);
+            let (at, room) = (buf.as_ptr(), buf.capacity());
+            buf.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
+            let bytes = share(&mut buf);
+            assert_eq!(&bytes[..], b"GET / HTTP/1.1\r\n\r\n");
+            drop(bytes);
+            give(buf);
+            let again = take(512);
+            assert_eq!((again.as_ptr(), again.capacity()), (at, room));
+            // A part still alive elsewhere: its bytes stay as they are.
+            let mut buf = again;
+            buf.extend_from_slice(b"HTTP/1.1 200 OK\r\n\r\nbody");
+            let head = buf.split_to(19).freeze();
+            give(buf);
+            let mut next = take(room);
+            next.extend_from_slice(&[b'x'; 64]);
+            assert_eq!(&head[..], b"HTTP/1.1 200 OK\r\n\r\n");
+        })
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e));
+    }
+
+    #[test]
+    fn a_thread_keeps_at_most_kept_buffers() {
+        // On a fresh thread, so that no other test's buffers are counted.
+        let kept = std::thread::spawn(|| {
+            let bufs: Vec<BytesMut> = (0..KEPT * 2).map(|_| take(1024)).collect();
+            bufs.into_iter().for_each(give);
+            kept()
+        })
+        .join()
+        .unwrap_or_default();
+        assert_eq!(kept, KEPT);
+    }
+}
