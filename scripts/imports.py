@@ -37,7 +37,7 @@ LAYERS = [
     ["routing"],
     ["limits"],
     # Pure rules every layer may use.
-    ["counters", "capped", "wire", "alloc_counts"],
+    ["counters", "capped", "wire", "alloc_counts", "allocator"],
 ]
 
 

@@ -9,8 +9,8 @@
 //! blocks: 3 such allocations per GET, about 450 instructions of its 30 000
 //! (`benches/load/counts.sh`). Every mimalloc block is at least
 //! word-aligned, so an alignment of up to 8 bytes needs nothing more than
-//! `mi_malloc`; a larger one is checked, and only a block that does not
-//! have it is given back for an aligned one.
+//! `mi_malloc`; one of 16 is checked, and only a block that does not have
+//! it is given back for an aligned one; a larger one is asked for aligned.
 
 use libmimalloc_sys::{
     mi_free, mi_malloc, mi_malloc_aligned, mi_realloc, mi_realloc_aligned, mi_zalloc,
@@ -22,12 +22,45 @@ use std::ffi::c_void;
 /// The alignment every mimalloc block has (its smallest block is a word).
 const WORD: usize = std::mem::size_of::<usize>();
 
+/// The alignment most plain mimalloc blocks have (all of 16 bytes and
+/// more, whose sizes are multiples of 16): worth a try with a plain block.
+/// A larger one (tokio's task cells ask for 128) goes straight to the
+/// aligned entry point.
+const MOSTLY: usize = 16;
+
 /// mimalloc, plain blocks first.
 pub struct Mimalloc;
 
-/// `p`, if it has the alignment `align`.
-fn aligned(p: *mut c_void, align: usize) -> Option<*mut u8> {
-    (p.is_null() || (p as usize) & (align - 1) == 0).then_some(p.cast())
+/// A block of `layout`'s size and alignment from `plain` (mimalloc's
+/// `mi_malloc` or `mi_zalloc`) when a plain block has that alignment,
+/// else from `aligned` (the same, aligned).
+///
+/// # Safety
+/// `layout.size()` is not zero (`GlobalAlloc`'s contract).
+#[inline]
+unsafe fn block(
+    layout: Layout,
+    plain: unsafe extern "C" fn(usize) -> *mut c_void,
+    aligned: unsafe extern "C" fn(usize, usize) -> *mut c_void,
+) -> *mut u8 {
+    let (size, align) = (layout.size(), layout.align());
+    // SAFETY: mimalloc's allocation functions take any size, and any
+    // power-of-two alignment (a `Layout`'s); `mi_free` takes a block of
+    // either.
+    unsafe {
+        if align <= WORD {
+            return plain(size).cast();
+        }
+        if align > MOSTLY {
+            return aligned(size, align).cast();
+        }
+        let p = plain(size);
+        if p.is_null() || (p as usize) & (align - 1) == 0 {
+            return p.cast();
+        }
+        mi_free(p);
+        aligned(size, align).cast()
+    }
 }
 
 // SAFETY: every block comes from mimalloc with the layout's size and at
@@ -35,33 +68,13 @@ fn aligned(p: *mut c_void, align: usize) -> Option<*mut u8> {
 // to mimalloc (`mi_free` frees aligned and plain blocks alike).
 unsafe impl GlobalAlloc for Mimalloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let (size, align) = (layout.size(), layout.align());
-        // SAFETY: mimalloc's allocation functions take any size.
-        unsafe {
-            if align <= WORD {
-                return mi_malloc(size).cast();
-            }
-            let p = mi_malloc(size);
-            aligned(p, align).unwrap_or_else(|| {
-                mi_free(p);
-                mi_malloc_aligned(size, align).cast()
-            })
-        }
+        // SAFETY: the caller's contract (a size that is not zero).
+        unsafe { block(layout, mi_malloc, mi_malloc_aligned) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let (size, align) = (layout.size(), layout.align());
         // SAFETY: as in `alloc`.
-        unsafe {
-            if align <= WORD {
-                return mi_zalloc(size).cast();
-            }
-            let p = mi_zalloc(size);
-            aligned(p, align).unwrap_or_else(|| {
-                mi_free(p);
-                mi_zalloc_aligned(size, align).cast()
-            })
-        }
+        unsafe { block(layout, mi_zalloc, mi_zalloc_aligned) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {

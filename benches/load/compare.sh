@@ -125,7 +125,7 @@ hz=$(getconf CLK_TCK)
 
 lib_init
 results=$SG_WORK/results.tsv
-printf 'round\tproxy\tshape\tconns\thosts\trequests\tduration_us\tp50_us\tp99_us\tcpu_ticks\tclk_tck\tpeak_rss_kib\tnew_upstream_conns\terrors\tcore0_busy_pct\tcore1_busy_pct\n' >"$results"
+printf 'round\tproxy\tshape\tconns\thosts\trequests\tduration_us\tp50_us\tp99_us\tcpu_ticks\tclk_tck\tpeak_rss_kib\tnew_upstream_conns\terrors\tcore0_busy_pct\tcore1_busy_pct\tuser_ticks\n' >"$results"
 
 echo "shardgate load comparison: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 if [[ " $PROXIES " == *" shardgate "* ]]; then
@@ -172,7 +172,7 @@ shape_script() {
 # and prints a progress line.
 run() {
   local round=$1 proxy=$2 shape=$3 conns=$4 hosts=$5
-  local port pid="" fam=() from t0=0 t1=0 hwm=0 line c0 c1
+  local port pid="" fam=() from t0=0 t1=0 u0=0 s0=0 u1=0 s1=0 hwm=0 line c0 c1
   from=$(stat -c %s "$conns_log")
   case $proxy in
     shardgate)
@@ -205,7 +205,8 @@ run() {
   if [[ $proxy != direct ]]; then
     pid=$SPAWNED
     read -r -a fam <<<"$(family "$pid")"
-    t0=$(cpu_ticks "${fam[@]}")
+    read -r u0 s0 <<<"$(cpu_ticks_split "${fam[@]}")"
+    t0=$((u0 + s0))
   fi
   read -r -a c0 <<<"$(core_times)"
   spawn wrk INT env HOSTS="$hosts" taskset -c 1 wrk -t1 -c"$conns" -d"${SECS}s" --timeout 5s \
@@ -219,7 +220,8 @@ run() {
       log_tail "$proxy"
       die "$proxy (pid $pid) exited during the run ($shape, $conns conns, $hosts hosts; log above)"
     fi
-    t1=$(cpu_ticks "${fam[@]}")
+    read -r u1 s1 <<<"$(cpu_ticks_split "${fam[@]}")"
+    t1=$((u1 + s1))
     hwm=$(status_kib VmHWM "${fam[@]}")
     stop "$pid"
   fi
@@ -242,9 +244,9 @@ run() {
   newc=$(new_conns "$from")
   busy0=$((100 * (c1[0] - c0[0]) / (c1[1] - c0[1] > 0 ? c1[1] - c0[1] : 1)))
   busy1=$((100 * (c1[2] - c0[2]) / (c1[3] - c0[3] > 0 ? c1[3] - c0[3] : 1)))
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$proxy" "$shape" "$conns" "$hosts" \
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$proxy" "$shape" "$conns" "$hosts" \
     "$w_requests" "$w_duration_us" "$w_p50_us" "$w_p99_us" $((t1 - t0)) "$hz" "$hwm" "$newc" "$errors" \
-    "$busy0" "$busy1" >>"$results"
+    "$busy0" "$busy1" $((u1 - u0)) >>"$results"
   awk -v r="$round" -v R="$ROUNDS" -v p="$proxy" -v sh="$shape" -v c="$conns" -v h="$hosts" -v n="$w_requests" \
     -v d="$w_duration_us" -v p50="$w_p50_us" -v p99="$w_p99_us" -v t=$((t1 - t0)) -v hz="$hz" \
     -v rss="$hwm" -v nc="$newc" -v e="$errors" -v b0="$busy0" -v b1="$busy1" 'BEGIN {
@@ -291,6 +293,7 @@ for r in rows:
         "p50": int(r["p50_us"]) / 1000,
         "p99": int(r["p99_us"]) / 1000,
         "cpu": None if direct or n == 0 else ticks / hz * 1000 / (n / 1000),
+        "user": None if direct or n == 0 else int(r.get("user_ticks") or 0) / hz * 1000 / (n / 1000),
         "core": None if direct else ticks / hz / s * 100,
         "others": int(r["core0_busy_pct"]) - (0 if direct else ticks / hz / s * 100),
         "rss": None if direct else int(r["peak_rss_kib"]) / 1024,
@@ -325,10 +328,19 @@ def median_ci(values, fmt):
     return f"{fmt.format(statistics.median(v))} [{fmt.format(v[k - 1])}-{fmt.format(v[n - k])}]"
 
 
+def user_sys(ms):
+    """The medians of user and of system CPU per 1 000 requests."""
+    user = [m["user"] for m in ms if m["user"] is not None]
+    sys_ = [m["cpu"] - m["user"] for m in ms if m["user"] is not None]
+    if not user:
+        return "-"
+    return f"{statistics.median(user):.2f}+{statistics.median(sys_):.2f}"
+
+
 # Cases in SHAPES order, then by connections and hosts.
 cases = sorted({(s, c, h) for (_, s, c, h) in runs}, key=lambda k: (shapes.index(k[0]), k[1], k[2]))
 proxies = [p for p in order if any(k[0] == p for k in runs)]
-head = ["proxy", "req/s", "p50 ms", "p99 ms", "CPU ms/1k req", "core %", "others %",
+head = ["proxy", "req/s", "p50 ms", "p99 ms", "CPU ms/1k req", "user+sys", "core %", "others %",
         "peak RSS MiB", "new upstr. conns", "req/s / nginx", "CPU / nginx",
         "CPU / lower of nginx, HAProxy [95% CI]", "errors"]
 print(f"Medians over {rounds} round(s) of {secs} s, (min-max) where more than one;"
@@ -360,6 +372,7 @@ for shape, conns, hosts in cases:
             spread(col("p50"), "{:.2f}"),
             spread(col("p99"), "{:.2f}"),
             spread(col("cpu"), "{:.2f}"),
+            user_sys(ms),
             spread(col("core"), "{:.0f}"),
             spread([max(v, 0) for v in col("others")], "{:.0f}"),
             spread(col("rss"), "{:.1f}"),
@@ -376,7 +389,8 @@ for shape, conns, hosts in cases:
 print("""
 req/s: completed requests / wrk's run time.  p50/p99: wrk's latency percentiles.
 CPU ms/1k req: the proxy's utime+stime during the run (all threads; nginx:
-  master + worker) per 1 000 requests.  core %: that CPU time / run time.
+  master + worker) per 1 000 requests; user+sys: its medians split into
+  user and system (kernel) time.  core %: that CPU time / run time.
 others %: core 0 busy with anything but the proxy (/proc/stat): noise.
 peak RSS: VmHWM at the end of the run (nginx: master + worker summed); every
   run starts a fresh proxy.

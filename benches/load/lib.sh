@@ -179,14 +179,22 @@ check_ports_free() {
 # cpu_ticks PID...: utime + stime (clock ticks) summed over the processes;
 # a process's /proc/PID/stat counts all of its threads.
 cpu_ticks() {
-  local t=0 p line f
+  local user sys
+  read -r user sys <<<"$(cpu_ticks_split "$@")"
+  echo $((user + sys))
+}
+
+# cpu_ticks_split PID...: "utime stime" (clock ticks), each summed over
+# the processes.
+cpu_ticks_split() {
+  local u=0 s=0 p line f
   for p in "$@"; do
     line=$(cat "/proc/$p/stat")
     read -r -a f <<<"${line##*) }"
     # f[0] is field 3 (state): utime is field 14, stime field 15.
-    t=$((t + f[11] + f[12]))
+    u=$((u + f[11])) s=$((s + f[12]))
   done
-  echo "$t"
+  echo "$u $s"
 }
 
 # core_times: "busy total" clock ticks of cores 0 and 1 (from /proc/stat),

@@ -8,7 +8,9 @@
 //!
 //! Bounded: at most [`KEPT`] buffers per list and thread, each of at most
 //! [`LARGEST`] bytes (one that grew past it, for a long head or a large
-//! body read, is freed), so a thread keeps at most 2 MiB here.
+//! body read, is freed), so a thread keeps at most 2 MiB here, beside
+//! blocks a kept view shares with a part still alive elsewhere (see
+//! [`give`]).
 
 use bytes::{Bytes, BytesMut};
 use std::cell::RefCell;
@@ -49,13 +51,17 @@ pub fn take(room: usize) -> BytesMut {
     buf
 }
 
-/// Gives `buf` back for reuse, emptied, unless it is too large (then it
-/// is freed). One that shares its block with a part split off and alive
-/// elsewhere is kept too: its room is its own, and [`take`]'s reserve
-/// reclaims the whole block once that part is gone (or, if it is not
-/// gone, makes a new one).
+/// Gives `buf` back for reuse, emptied, unless its block is too large
+/// (then it is freed). One that shares its block with a part split off
+/// and alive elsewhere is kept too, and checked by its own room only: it
+/// holds that block until [`take`] hands it out again, whose reserve then
+/// reclaims the whole block if that part is gone, else makes a new one.
 pub fn give(mut buf: BytesMut) {
     buf.clear();
+    // A view on part of a block no one else holds takes the whole block
+    // back, so that the size checked is the block's (a read buffer grown
+    // for a long head, then split, is freed here, not kept for its tail).
+    let _ = buf.try_reclaim(buf.capacity() + 1);
     if (1..=LARGEST).contains(&buf.capacity()) {
         keep(&FREE, buf);
     }
@@ -77,6 +83,13 @@ pub fn give_vec(mut out: Vec<u8>) {
     if (1..=LARGEST).contains(&out.capacity()) {
         keep(&FREE_VECS, out);
     }
+}
+
+/// Gives `buf` back once `bytes`, shared out of it ([`share`]), is no
+/// longer needed.
+pub fn give_shared(buf: BytesMut, bytes: Bytes) {
+    drop(bytes);
+    give(buf);
 }
 
 /// What `buf` holds, as `Bytes` sharing its block, `buf` left empty: give
@@ -113,6 +126,14 @@ mod tests {
         std::thread::spawn(|| {
             give(BytesMut::with_capacity(LARGEST + 1));
             give_vec(Vec::with_capacity(LARGEST + 1));
+            assert_eq!(kept(), 0);
+            // A small tail of a large block, the rest gone: the block's
+            // size counts.
+            let mut big = BytesMut::with_capacity(4 * LARGEST);
+            big.resize(4 * LARGEST - 100, b'h');
+            drop(big.split_to(4 * LARGEST - 100));
+            assert!(big.capacity() <= 100);
+            give(big);
             assert_eq!(kept(), 0);
             assert_eq!(FREE_VECS.with(|free| free.borrow().len()), 0);
         })

@@ -303,7 +303,7 @@ where
         }
         if let Some(fast) = &self.fast {
             let closing = *shutdown.borrow();
-            let stream = fast.serve(stream, buf, head, &mut ahead, closing).await?;
+            let stream = fast.serve(stream, buf, &head, &mut ahead, closing).await?;
             return Some((stream, Next { ahead, settings }));
         }
         self.serve_on_pingora(stream, buf, head.body, ahead, settings, shutdown)

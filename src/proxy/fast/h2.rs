@@ -142,8 +142,7 @@ impl FastPath {
             ends,
         };
         let exchanged = self.exchange(client, &request, ctx).await;
-        drop(request);
-        buffers::give(buf);
+        buffers::give_shared(buf, request.bytes);
         match exchanged {
             Exchanged::Done(status) | Exchanged::Closed(status) => status,
             // Not asked for (`websocket: false`): never.

@@ -68,7 +68,7 @@ impl FastPath {
         &self,
         mut client: Stream,
         head: BytesMut,
-        read: Head,
+        read: &Head,
         ahead: &mut BytesMut,
         closing: bool,
     ) -> Option<Stream> {
@@ -86,9 +86,8 @@ impl FastPath {
             return None;
         };
         let logged = Logged::of(&parsed, client_addr.as_ref());
-        let announced_length = parsed.values("content-length").next().is_some();
-        let mut h1_body = H1Body::new(read.body, self.body_limits);
-        let outgoing = h1_body.outgoing(announced_length);
+        let mut h1_body = H1Body::new(read.body.clone(), self.body_limits);
+        let outgoing = h1_body.outgoing(parsed.values("content-length").next().is_some());
         let whole =
             !h1_body.is_done() && ahead.len() <= WHOLE_BODY_WITH_HEAD && h1_body.completes(ahead);
         let mut request = client_side(&parsed, closing, whole, self.head_limit);
@@ -122,10 +121,9 @@ impl FastPath {
         let exchanged = match planned {
             Err(refusal) => self.refused(&mut c, &mut ctx, refusal).await,
             Ok(host_seen) => {
-                let forwarding = self.forwarding(host_seen, ctx.tls, &ctx);
+                let fwd = self.forwarding(host_seen, ctx.tls, &ctx);
                 let edit = &ctx.upstream_edit;
-                let mut buf =
-                    upstream_bytes(&parsed, &target, outgoing, whole_body, &forwarding, edit);
+                let mut buf = upstream_bytes(&parsed, &target, outgoing, whole_body, &fwd, edit);
                 let request = Request {
                     method: &method,
                     head_only: parsed.head_only(),
@@ -135,16 +133,14 @@ impl FastPath {
                     ends,
                 };
                 let exchanged = self.exchange(&mut c, &request, &mut ctx).await;
-                drop(request);
-                buffers::give(buf);
+                buffers::give_shared(buf, request.bytes);
                 exchanged
             }
         };
         let after = After::of(exchanged, &c, &mut ctx);
         drop(c);
-        let kept = self.conclude(client, ahead, after, ctx, &logged).await;
-        // The head read, for the thread's next one.
-        drop((logged, parsed));
+        let kept = self.conclude(client, ahead, after, &mut ctx, &logged).await;
+        drop((logged, parsed)); // they borrow the head, kept for the next
         buffers::give(head);
         kept
     }
@@ -194,17 +190,17 @@ impl FastPath {
         mut client: Stream,
         ahead: &mut BytesMut,
         after: After,
-        mut ctx: RequestCtx,
+        ctx: &mut RequestCtx,
         logged: &Logged<'_>,
     ) -> Option<Stream> {
         let gw = &self.gateway;
         let status = match after.exchanged {
             Exchanged::Done(status) if after.keep => {
-                gw.finish(&mut ctx, &logged.line(), status);
+                gw.finish(ctx, &logged.line(), status);
                 return Some(client);
             }
             Exchanged::Done(status) | Exchanged::Closed(status) => {
-                gw.finish(&mut ctx, &logged.line(), status);
+                gw.finish(ctx, &logged.line(), status);
                 if after.unread {
                     // The client may still be sending its body: read it
                     // off a while (its admission already released), so
@@ -214,7 +210,7 @@ impl FastPath {
                 return None;
             }
             Exchanged::Upgraded(upstream) => {
-                match self.open_tunnel(&mut client, ahead, upstream, &ctx).await {
+                match self.open_tunnel(&mut client, ahead, upstream, ctx).await {
                     Some(upstream) => {
                         // A tunnel may stay open for hours: of the head,
                         // only the target is kept (for the log).
@@ -224,14 +220,15 @@ impl FastPath {
                             host: logged.host.map(str::to_owned),
                             line: ("GET", "HTTP/1.1", 101),
                         };
-                        self.spawn_tunnel(client, upstream, ctx, log);
+                        // The tunnel logs the request when it ends.
+                        self.spawn_tunnel(client, upstream, std::mem::take(ctx), log);
                         return None;
                     }
                     None => 101,
                 }
             }
         };
-        gw.finish(&mut ctx, &logged.line(), status);
+        gw.finish(ctx, &logged.line(), status);
         None
     }
 }
