@@ -51,20 +51,21 @@ pub fn take(room: usize) -> BytesMut {
     buf
 }
 
-/// Gives `buf` back for reuse, emptied, unless its block is too large
-/// (then it is freed). One that shares its block with a part split off
+/// Gives `buf` back for reuse, emptied, unless it or its block is too
+/// large (then it is freed). One that shares its block with a part split off
 /// and alive elsewhere is kept too, and checked by its own room only: it
 /// holds that block until [`take`] hands it out again, whose reserve then
 /// reclaims the whole block if that part is gone, else makes a new one.
 pub fn give(mut buf: BytesMut) {
     buf.clear();
-    // A view on part of a block no one else holds takes the whole block
-    // back, so that the size checked is the block's (a read buffer grown
-    // for a long head, then split, is freed here, not kept for its tail).
-    let _ = buf.try_reclaim(buf.capacity() + 1);
-    if (1..=LARGEST).contains(&buf.capacity()) {
-        keep(&FREE, buf);
+    // Room for more than the largest kept: from the view itself, or from
+    // the block behind it when no one else holds a part of it (a view on
+    // the front or the tail of a read buffer grown for a long head, then
+    // split). Such a buffer is freed, not kept for its small view.
+    if buf.capacity() == 0 || buf.try_reclaim(LARGEST + 1) {
+        return;
     }
+    keep(&FREE, buf);
 }
 
 /// An empty `Vec` with room for at least `room` bytes, for a head written
@@ -127,14 +128,27 @@ mod tests {
             give(BytesMut::with_capacity(LARGEST + 1));
             give_vec(Vec::with_capacity(LARGEST + 1));
             assert_eq!(kept(), 0);
-            // A small tail of a large block, the rest gone: the block's
-            // size counts.
+            // A small tail or front of a large block, the rest gone: the
+            // block's size counts.
             let mut big = BytesMut::with_capacity(4 * LARGEST);
             big.resize(4 * LARGEST - 100, b'h');
             drop(big.split_to(4 * LARGEST - 100));
             assert!(big.capacity() <= 100);
             give(big);
+            let mut big = BytesMut::with_capacity(4 * LARGEST);
+            big.resize(2 * LARGEST, b'h');
+            drop(big.split_off(100));
+            assert!(big.capacity() <= 100);
+            give(big);
             assert_eq!(kept(), 0);
+            // The same while the rest is alive elsewhere: kept, on its own
+            // room, until taken again.
+            let mut big = BytesMut::with_capacity(4 * LARGEST);
+            big.resize(2 * LARGEST, b'h');
+            let rest = big.split_off(100);
+            give(big);
+            assert_eq!(kept(), 1);
+            drop(rest);
             assert_eq!(FREE_VECS.with(|free| free.borrow().len()), 0);
         })
         .join()
