@@ -1,6 +1,6 @@
 //! Buffers, reused per thread: a request's head buffer, the head the
-//! shard receives, a response's read buffer and the head the client
-//! receives come from this thread's free lists and go back to them when
+//! shard receives, a response's read buffer, its field list and the head
+//! the client receives come from this thread's free lists and go back to them when
 //! the exchange is over, so a steady stream of requests allocates none of
 //! them (the larger ones were mimalloc's slower allocations, over 1 KiB,
 //! with their frees). A connection idle between requests holds none: the
@@ -8,12 +8,14 @@
 //!
 //! Bounded: at most [`KEPT`] buffers per list and thread, each of at most
 //! [`LARGEST`] bytes (one that grew past it, for a long head or a large
-//! body read, is freed), so a thread keeps at most 2 MiB here, beside
+//! body read, is freed), and 32 field lists of at most 256 fields (8 KiB
+//! each), so a thread keeps at most 2.25 MiB here, beside
 //! blocks a kept view shares with a part still alive elsewhere (see
 //! [`give`]).
 
 use bytes::{Bytes, BytesMut};
 use std::cell::RefCell;
+use std::ops::Range;
 use std::thread::LocalKey;
 
 /// Buffers kept per thread: more than the requests one thread has in
@@ -23,9 +25,16 @@ const KEPT: usize = 32;
 /// The largest buffer kept, in bytes.
 const LARGEST: usize = 32 * 1024;
 
+/// A response head's fields, as ranges of its name and value in the head.
+pub type FieldRanges = Vec<(Range<usize>, Range<usize>)>;
+
+/// The most fields a kept list has room for (a response head's limit).
+const MOST_FIELDS: usize = 256;
+
 thread_local! {
     static FREE: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
     static FREE_VECS: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+    static FREE_FIELDS: RefCell<Vec<FieldRanges>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The last buffer kept in `list`, if any.
@@ -93,6 +102,22 @@ pub fn give_shared(buf: BytesMut, bytes: Bytes) {
     give(buf);
 }
 
+/// An empty field list with room for at least `room` fields: as [`take`].
+pub fn take_fields(room: usize) -> FieldRanges {
+    let mut fields = reuse(&FREE_FIELDS).unwrap_or_default();
+    fields.reserve(room);
+    fields
+}
+
+/// Gives `fields` back for reuse, emptied, unless it has room for more
+/// than a response head's limit: as [`give`].
+pub fn give_fields(mut fields: FieldRanges) {
+    fields.clear();
+    if (1..=MOST_FIELDS).contains(&fields.capacity()) {
+        keep(&FREE_FIELDS, fields);
+    }
+}
+
 /// What `buf` holds, as `Bytes` sharing its block, `buf` left empty: give
 /// `buf` back once those bytes are dropped, and the block is kept whole.
 /// (A `BytesMut` made `Bytes` and back, instead, counts its holders in a
@@ -127,6 +152,13 @@ mod tests {
         std::thread::spawn(|| {
             give(BytesMut::with_capacity(LARGEST + 1));
             give_vec(Vec::with_capacity(LARGEST + 1));
+            give_fields(Vec::with_capacity(MOST_FIELDS + 1));
+            assert_eq!(FREE_FIELDS.with(|free| free.borrow().len()), 0);
+            let fields = take_fields(12);
+            let at = fields.as_ptr();
+            give_fields(fields);
+            let again = take_fields(12);
+            assert_eq!(again.as_ptr(), at);
             assert_eq!(kept(), 0);
             // A small tail or front of a large block, the rest gone: the
             // block's size counts.

@@ -80,6 +80,8 @@ impl FastPath {
             return self.invalid_response(client, ctx).await;
         }
         drop(head);
+        // The fields are written: their list, for the thread's next head.
+        buffers::give_fields(std::mem::take(&mut parsed.headers));
         // Bytes beyond the response: the shard misbehaved; do not reuse it.
         let reusable = parsed.keeps_connection() && buf.is_empty();
         buf.clear();

@@ -199,7 +199,7 @@ pub(super) struct ParsedResponse {
     pub(super) status: u16,
     /// The reason phrase ("OK"), possibly empty.
     pub(super) reason: Range<usize>,
-    pub(super) headers: Vec<(Range<usize>, Range<usize>)>,
+    pub(super) headers: buffers::FieldRanges,
     /// The shard will close the connection after this response.
     pub(super) upstream_close: bool,
     /// No body by rule: to HEAD; 101, 204, 304.
@@ -359,7 +359,8 @@ fn final_head(
     let mut parsed = ParsedResponse {
         status,
         reason,
-        headers: Vec::with_capacity(resp.headers.len()),
+        // From the thread's lists: the responder gives it back.
+        headers: buffers::take_fields(resp.headers.len()),
         upstream_close: http10,
         bodiless: head_only || matches!(status, 101 | 204 | 304),
         announced_body: false,
