@@ -1,8 +1,9 @@
 //! Buffers, reused per thread: a request's head buffer, the head the
 //! shard receives, a response's read buffer, its field list and the head
-//! the client receives come from this thread's free lists and go back to them when
-//! the exchange is over, so a steady stream of requests allocates none of
-//! them (the larger ones were mimalloc's slower allocations, over 1 KiB,
+//! the client receives come from this thread's free lists and go back to
+//! them once used (the field list when the client's head is written, the
+//! others when the exchange is over), so a steady stream of requests
+//! allocates none of them (the larger ones were mimalloc's slower allocations, over 1 KiB,
 //! with their frees). A connection idle between requests holds none: the
 //! lists are the thread's.
 //!
