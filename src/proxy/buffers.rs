@@ -3,8 +3,8 @@
 //! the client receives come from this thread's free lists and go back to
 //! them once used (the field list when the client's head is written, the
 //! others when the exchange is over), so a steady stream of requests
-//! allocates none of them (the larger ones were mimalloc's slower allocations, over 1 KiB,
-//! with their frees). A connection idle between requests holds none: the
+//! allocates none of them (the larger ones were mimalloc's slower
+//! allocations, over 1 KiB, with their frees). A connection idle between requests holds none: the
 //! lists are the thread's.
 //!
 //! Bounded: at most [`KEPT`] buffers per list and thread, each of at most
@@ -82,17 +82,27 @@ pub fn give(mut buf: BytesMut) {
 /// field by field (a `Vec` takes small writes in place, where a
 /// `BytesMut` calls memcpy for each): as [`take`].
 pub fn take_vec(room: usize) -> Vec<u8> {
-    let mut out = reuse(&FREE_VECS).unwrap_or_default();
-    out.reserve(room);
-    out
+    take_list(&FREE_VECS, room)
 }
 
 /// Gives `out` back for reuse, emptied, unless it is too large: as
 /// [`give`].
-pub fn give_vec(mut out: Vec<u8>) {
-    out.clear();
-    if (1..=LARGEST).contains(&out.capacity()) {
-        keep(&FREE_VECS, out);
+pub fn give_vec(out: Vec<u8>) {
+    give_list(&FREE_VECS, out, LARGEST);
+}
+
+/// An empty `Vec` from `list` (or a new one) with room for `room` items.
+fn take_list<T>(list: &'static LocalKey<RefCell<Vec<Vec<T>>>>, room: usize) -> Vec<T> {
+    let mut items = reuse(list).unwrap_or_default();
+    items.reserve(room);
+    items
+}
+
+/// Keeps `items` in `list`, emptied, if it has room for 1 to `most`.
+fn give_list<T>(list: &'static LocalKey<RefCell<Vec<Vec<T>>>>, mut items: Vec<T>, most: usize) {
+    items.clear();
+    if (1..=most).contains(&items.capacity()) {
+        keep(list, items);
     }
 }
 
@@ -105,18 +115,13 @@ pub fn give_shared(buf: BytesMut, bytes: Bytes) {
 
 /// An empty field list with room for at least `room` fields: as [`take`].
 pub fn take_fields(room: usize) -> FieldRanges {
-    let mut fields = reuse(&FREE_FIELDS).unwrap_or_default();
-    fields.reserve(room);
-    fields
+    take_list(&FREE_FIELDS, room)
 }
 
 /// Gives `fields` back for reuse, emptied, unless it has room for more
 /// than a response head's limit: as [`give`].
-pub fn give_fields(mut fields: FieldRanges) {
-    fields.clear();
-    if (1..=MOST_FIELDS).contains(&fields.capacity()) {
-        keep(&FREE_FIELDS, fields);
-    }
+pub fn give_fields(fields: FieldRanges) {
+    give_list(&FREE_FIELDS, fields, MOST_FIELDS);
 }
 
 /// What `buf` holds, as `Bytes` sharing its block, `buf` left empty: give
