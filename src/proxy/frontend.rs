@@ -5,6 +5,7 @@
 //! handed to the fast transport, or to Pingora's proxy when the fast
 //! transport is off; HTTP/2 connections to `frontend_h2`.
 
+use super::blocks::InBlock;
 use super::client::{linger, OneRequest};
 use super::ctx::RequestCtx;
 use super::fast::FastPath;
@@ -244,11 +245,11 @@ where
                     return None;
                 }
             };
-            // Boxed: a request's state (about 7 KiB) is held only while
+            // Apart: a request's state (about 7 KiB) is held only while
             // one is served, not by connections silent or idle between
-            // requests.
+            // requests, in a block of the thread's (no allocation).
             let served = self.serve_http1(stream, buf, head, next, tls, redirect, shutdown);
-            (stream, next) = Box::pin(served).await?;
+            (stream, next) = InBlock::new(served).await?;
             watch.get_or_insert_with(|| shutdown.clone());
         }
     }

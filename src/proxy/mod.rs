@@ -20,6 +20,7 @@
 //! [`crate::server::Shardgate`]'s builder keeps the head limits, health
 //! checks, admin API and the rest.
 
+pub(crate) mod blocks;
 pub(crate) mod buffers;
 pub mod client;
 pub mod ctx;
