@@ -274,10 +274,13 @@ done
 
 [[ -z $OUT ]] || cp "$results" "$OUT"
 echo
-python3 - "$results" "$ROUNDS" "$SECS" "$SHAPES" <<'PY'
+python3 - "$results" "$ROUNDS" "$SECS" "$SHAPES" "$here" <<'PY'
 import csv
 import statistics
 import sys
+
+sys.path.insert(0, sys.argv[5])
+from paired import lower_ratios, median_ci, spread
 
 path, rounds, secs, shapes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split()
 rows = list(csv.DictReader(open(path), delimiter="\t"))
@@ -302,30 +305,6 @@ for r in rows:
     }
     key = (r["proxy"], r["shape"], int(r["conns"]), int(r["hosts"]))
     runs.setdefault(key, {})[int(r["round"])] = m
-
-
-def spread(values, fmt):
-    values = [v for v in values if v is not None]
-    if not values:
-        return "-"
-    med = fmt.format(statistics.median(values))
-    if len(values) == 1:
-        return med
-    return f"{med} ({fmt.format(min(values))}-{fmt.format(max(values))})"
-
-
-def median_ci(values, fmt):
-    """The median, and a distribution-free interval of at least 95 % for
-    it (order statistics of the binomial: 7 rounds give min-max, 98.4 %);
-    fewer than 6 values: min-max."""
-    from math import comb
-    v = sorted(x for x in values if x is not None)
-    n = len(v)
-    if n < 6:
-        return spread(v, fmt)
-    k = max(j for j in range(1, n // 2 + 1)
-            if j == 1 or 1 - 2 * sum(comb(n, i) for i in range(j)) / 2 ** n >= 0.95)
-    return f"{fmt.format(statistics.median(v))} [{fmt.format(v[k - 1])}-{fmt.format(v[n - k])}]"
 
 
 def user_sys(ms):
@@ -360,10 +339,8 @@ for shape, conns, hosts in cases:
         cpu_ratio = [m["cpu"] / ngx[r]["cpu"] for r, m in rs.items()
                      if r in ngx and m["cpu"] is not None and ngx[r]["cpu"]]
         hap = runs.get(("haproxy", shape, conns, hosts), {})
-        lower = {r: min(x["cpu"] for x in (ngx[r], hap[r]) if x["cpu"])
-                 for r in ngx if r in hap and (ngx[r]["cpu"] or hap[r]["cpu"])}
-        lower_ratio = [m["cpu"] / lower[r] for r, m in rs.items()
-                       if r in lower and m["cpu"] is not None]
+        cpus = lambda ms: {r: m["cpu"] for r, m in ms.items()}
+        lower_ratio = lower_ratios(cpus(rs), cpus(ngx), cpus(hap))
         errors = sum(col("errors"))
         any_errors |= errors > 0
         table.append([

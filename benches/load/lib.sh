@@ -425,11 +425,16 @@ EOF
 # write_haproxy_conf FILE PORT MAXCONN BACKEND_PORT...
 # `balance hdr(host)`, `hash-type consistent`, `http-reuse always`, one
 # thread, the same forwarding fields; `timeout tunnel` lets an idle
-# WebSocket stay for an hour.
+# WebSocket stay for an hour. HAPROXY_TLS=PEM (certificate and key in one
+# file): the bind is TLS, offering h2 and http/1.1.
 write_haproxy_conf() {
   local file=$1 port=$2 maxconn=$3
   shift 3
-  local i=0 p
+  local i=0 p bind="" proto=http
+  if [[ -n ${HAPROXY_TLS:-} ]]; then
+    bind=" ssl crt $HAPROXY_TLS alpn h2,http/1.1 ssl-min-ver TLSv1.2"
+    proto=https
+  fi
   {
     cat <<EOF
 global
@@ -448,10 +453,10 @@ defaults
     timeout tunnel 3600s
 
 frontend fe
-    bind 127.0.0.1:$port
+    bind 127.0.0.1:$port$bind
     option forwardfor
     http-request set-header X-Forwarded-Host %[req.hdr(host)]
-    http-request set-header X-Forwarded-Proto http
+    http-request set-header X-Forwarded-Proto $proto
     http-request set-header X-Tenant-Id %[req.hdr(host),field(1,.)]
     default_backend shards
 

@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
-# TLS at the edge: shardgate vs nginx, same certificate (ECDSA P-256), same
-# backends, TLS 1.3.
+# TLS at the edge: shardgate vs nginx vs HAProxy, same certificate (ECDSA
+# P-256), same backend, TLS 1.3 (1.2 allowed).
 #
 # One nginx backend (`200 ok\n`); each proxy in turn, fresh per run, pinned
-# to core 0 (shardgate `threads: 1`, nginx one worker), the load tool on
-# core 1, over ROUNDS rounds (order alternating):
+# to core 0 (shardgate `threads: 1`, nginx one worker, HAProxy one
+# thread), the load tool on core 1, over ROUNDS rounds (order rotated from
+# round to round):
 #   full      full handshakes (openssl s_time -new), each with one GET /
 #   resumed   resumed handshakes (openssl s_time -reuse: session tickets),
 #             each with one GET / (the client must read to get its ticket)
 #   https1    keep-alive HTTPS/1.1 requests (wrk, CONNS connections)
 #   h2        HTTP/2 requests (h2load, CONNS connections x 10 streams)
-# For each: operations/s and the proxy's CPU per 1 000 operations (clock
-# ticks from /proc), medians, and shardgate/nginx ratios.
+# For each: operations/s, the proxy's CPU per operation (clock ticks from
+# /proc) split into user and system time, medians, the ratio to nginx,
+# and each round's CPU over the lower of that round's nginx and HAProxy
+# runs (median, with a distribution-free interval of at least 95 % from
+# 6 rounds on: ROUNDS=7 for issue 40's rig).
 #
 #   bash benches/load/tls.sh [--build]
 #
 # Environment (defaults): SHARDGATE_BIN=target/release/shardgate, BUILD=0,
-# ROUNDS=3, SECS=8, CONNS=32, CASES="full resumed https1 h2", KEEP=0. Ports: backend 18301, shardgate 18443
-# (admin 18490), nginx 18444; 127.0.0.1 only.
+# ROUNDS=3, SECS=8, CONNS=32, CASES="full resumed https1 h2",
+# PROXIES="shardgate nginx haproxy", KEEP=0. Ports: backend 18301,
+# shardgate 18443 (admin 18490), nginx 18444, HAProxy 18445; 127.0.0.1
+# only.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -31,13 +37,17 @@ ROUNDS=${ROUNDS:-3}
 SECS=${SECS:-8}
 CONNS=${CONNS:-32}
 CASES=${CASES:-full resumed https1 h2}
-for t in nginx openssl wrk h2load taskset curl python3; do
-  command -v "$t" >/dev/null || die "$t is needed (Debian: apt-get install nginx-light openssl wrk nghttp2-client curl python3)"
+PROXIES=${PROXIES:-shardgate nginx haproxy}
+for p in $PROXIES; do
+  case $p in shardgate | nginx | haproxy) ;; *) die "unknown proxy '$p' in PROXIES (shardgate, nginx, haproxy)" ;; esac
+done
+for t in nginx haproxy openssl wrk h2load taskset curl python3; do
+  command -v "$t" >/dev/null || die "$t is needed (Debian: apt-get install nginx-light haproxy openssl wrk nghttp2-client curl python3)"
 done
 resolve_shardgate_bin "$root" "$caller"
 cd "$root"
 lib_init
-check_ports_free 18301 18443 18444 18490
+check_ports_free 18301 18443 18444 18445 18490
 work=$SG_WORK
 
 # The certificate both serve: ECDSA P-256, for *.localhost.
@@ -45,6 +55,7 @@ mkdir -p "$work/certs"
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 \
   -subj "/CN=bench" -addext "subjectAltName=DNS:*.localhost,DNS:localhost" \
   -keyout "$work/certs/bench.key" -out "$work/certs/bench.crt" 2>/dev/null
+cat "$work/certs/bench.crt" "$work/certs/bench.key" >"$work/bench.pem"
 
 write_backend_conf "$work/backend/nginx.conf" 18301
 spawn backend TERM taskset -c 1 nginx -p "$work/backend/" -c "$work/backend/nginx.conf" -e "$work/backend/backend-error.log"
@@ -97,6 +108,8 @@ $(nginx_paths "$work" nginx)
 }
 EOF
 
+HAPROXY_TLS=$work/bench.pem write_haproxy_conf "$work/haproxy.cfg" 18445 8192 18301
+
 results="$work/results.tsv"
 : >"$results"
 
@@ -104,18 +117,20 @@ start() { # start KIND -> port in PORT, pid family in FAM
   case $1 in
     shardgate) start_proxy shardgate "$work/shardgate.yaml" 18443 18490; PORT=18443 ;;
     nginx) start_proxy nginx "$work/nginx.conf" 18444; PORT=18444 ;;
+    haproxy) start_proxy haproxy "$work/haproxy.cfg" 18445; PORT=18445 ;;
   esac
   PID=$SPAWNED
   sleep 0.3
   read -r -a FAM <<<"$(family "$PID")"
 }
 
-# measure KIND CASE: one run; appends "kind case ops ticks".
+# measure ROUND KIND CASE: one run; appends "round kind case ops user
+# sys" (ticks).
 measure() {
-  local kind=$1 case=$2 out ops t0 t1
+  local round=$1 kind=$2 case=$3 out ops u0 s0 u1 s1
   start "$kind"
   local url="https://127.0.0.1:$PORT/"
-  t0=$(cpu_ticks "${FAM[@]}")
+  read -r u0 s0 <<<"$(cpu_ticks_split "${FAM[@]}")"
   case $case in
     full | resumed)
       local flag=-new
@@ -133,39 +148,71 @@ measure() {
       ops=$(awk '/^requests:/ {print $8}' <<<"$out")
       ;;
   esac
-  t1=$(cpu_ticks "${FAM[@]}")
+  read -r u1 s1 <<<"$(cpu_ticks_split "${FAM[@]}")"
   stop "$PID"
   [[ -n ${ops:-} && $ops -gt 0 ]] || { printf '%s\n' "$out" | tail -5 >&2; die "$kind $case: no operations counted"; }
-  printf '%s\t%s\t%s\t%s\n' "$kind" "$case" "$ops" "$((t1 - t0))" >>"$results"
-  printf '  %-9s %-8s %9s ops  %5s ticks\n' "$kind" "$case" "$ops" "$((t1 - t0))"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$kind" "$case" "$ops" "$((u1 - u0))" "$((s1 - s0))" >>"$results"
+  printf '  %-9s %-8s %9s ops  %5s ticks\n' "$kind" "$case" "$ops" "$((u1 - u0 + s1 - s0))"
 }
 
+read -r -a proxies <<<"$PROXIES"
 for ((r = 1; r <= ROUNDS; r++)); do
   printf 'round %d\n' "$r"
   for case in $CASES; do
-    if ((r % 2)); then order="shardgate nginx"; else order="nginx shardgate"; fi
-    for kind in $order; do measure "$kind" "$case"; done
+    for ((k = 0; k < ${#proxies[@]}; k++)); do
+      measure "$r" "${proxies[(k + r - 1) % ${#proxies[@]}]}" "$case"
+    done
   done
 done
 
-python3 - "$results" "$SECS" <<'EOF'
-import sys, statistics
-rows = [l.split('\t') for l in open(sys.argv[1]).read().split('\n') if l]
-secs = float(sys.argv[2])
-by = {}
-for kind, case, ops, ticks in rows:
-    by.setdefault((case, kind), []).append((int(ops), int(ticks)))
-print(f"\n{'case':9} {'proxy':10} {'ops/s':>9} {'ticks/1k ops':>13}   (medians)")
-for case in ['full', 'resumed', 'https1', 'h2']:
-    med = {}
-    for kind in ['shardgate', 'nginx']:
-        runs = by.get((case, kind), [])
-        if not runs:
+python3 - "$results" "$SECS" "$(getconf CLK_TCK)" "$here" <<'EOF'
+import statistics
+import sys
+
+sys.path.insert(0, sys.argv[4])
+from paired import lower_ratios, median_ci, spread
+
+secs, hz = float(sys.argv[2]), int(sys.argv[3])
+runs = {}  # (case, proxy) -> {round: (ops/s, CPU us/op, user us/op)}
+for line in open(sys.argv[1]).read().split("\n"):
+    if not line:
+        continue
+    r, kind, case, ops, user, sys_ = line.split("\t")
+    ops, user, sys_ = int(ops), int(user), int(sys_)
+    us = lambda t: t / hz * 1e6 / ops
+    runs.setdefault((case, kind), {})[int(r)] = (ops / secs, us(user + sys_), us(user))
+head = ["case", "proxy", "ops/s", "CPU us/op", "user+sys", "CPU / nginx",
+        "CPU / lower of nginx, HAProxy [95% CI]"]
+table = [head]
+for case in ["full", "resumed", "https1", "h2"]:
+    ngx = {r: v[1] for r, v in runs.get((case, "nginx"), {}).items()}
+    hap = {r: v[1] for r, v in runs.get((case, "haproxy"), {}).items()}
+    for kind in ["shardgate", "nginx", "haproxy"]:
+        rs = runs.get((case, kind))
+        if not rs:
             continue
-        rate = statistics.median(o / secs for o, _ in runs)
-        cpu = statistics.median(1000 * t / o for o, t in runs)
-        med[kind] = cpu
-        print(f"{case:9} {kind:10} {rate:9.0f} {cpu:13.2f}")
-    if len(med) == 2 and med['nginx'] > 0:
-        print(f"{case:9} {'ratio':10} {'':9} {med['shardgate'] / med['nginx']:13.2f}   shardgate/nginx CPU per op")
+        cpu = {r: v[1] for r, v in rs.items()}
+        user = statistics.median(v[2] for v in rs.values())
+        sys_ = statistics.median(v[1] - v[2] for v in rs.values())
+        to_nginx = [c / ngx[r] for r, c in cpu.items() if r in ngx and ngx[r]]
+        table.append([
+            case, kind,
+            spread([v[0] for v in rs.values()], "{:.0f}"),
+            spread(list(cpu.values()), "{:.2f}"),
+            f"{user:.2f}+{sys_:.2f}",
+            "-" if kind == "nginx" else spread(to_nginx, "{:.2f}"),
+            "-" if kind != "shardgate" else median_ci(lower_ratios(cpu, ngx, hap), "{:.2f}"),
+        ])
+widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+print()
+for row in table:
+    print("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                    for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+print("""
+Medians over the rounds (min-max). CPU us/op: the proxy's utime+stime per
+operation (a handshake with its GET, or a request); user+sys: its medians
+apart. CPU / nginx: the median of the per-round ratios. CPU / lower of
+nginx, HAProxy: each round's CPU over the lower of that round's nginx and
+HAProxy runs; the median, and in brackets an interval holding the true
+median with at least 95 % (from 6 rounds on; fewer: min-max).""")
 EOF
