@@ -112,10 +112,13 @@ impl<'a> ResponseHops<'a> {
     /// The rule for a response with `status` whose `Connection` fields
     /// are `connection`.
     pub fn new(status: u16, connection: impl Iterator<Item = &'a [u8]>) -> Self {
+        let names_no_field =
+            |t: &[u8]| t.eq_ignore_ascii_case(b"keep-alive") || t.eq_ignore_ascii_case(b"close");
         let named = connection
+            // Nearly every shard's value, at a glance: no tokens to split.
+            .filter(|value| !names_no_field(value))
             .flat_map(tokens)
-            .filter(|t| !is_framing(t) && !t.eq_ignore_ascii_case(b"close"))
-            .filter(|t| !t.eq_ignore_ascii_case(b"keep-alive"))
+            .filter(|t| !is_framing(t) && !names_no_field(t))
             .collect();
         ResponseHops {
             switching: status == 101,
@@ -470,6 +473,12 @@ mod tests {
         // Named framing fields stay: the writer frames the body.
         let hops = ResponseHops::new(200, [&b"content-length"[..]].into_iter());
         assert!(hops.keeps(b"Content-Length"));
+        // A value of only `keep-alive` or `close` names no field; one
+        // beside them still does, in any field of several.
+        let values = [&b"Keep-Alive"[..], b"close", b"keep-alive, x-b", b"x-c"];
+        let hops = ResponseHops::new(200, values.into_iter());
+        assert!(hops.named.len() == 2 && !hops.keeps(b"x-b") && !hops.keeps(b"X-C"));
+        assert!(hops.keeps(b"x-kept"));
     }
 
     #[test]
