@@ -242,21 +242,35 @@ impl Policy {
 impl<'a> ResponseFacts<'a> {
     /// The facts of a response head: its `status`, whether it is
     /// `bodiless` by rule (to HEAD; 1xx, 204, 304), its declared `length`,
-    /// and its fields by name through `values`.
+    /// and its fields by name through `values`. A response no policy
+    /// whose smallest body is `smallest` bytes would compress (bodiless,
+    /// partial, declared empty or shorter) has its fields left unread:
+    /// nothing they say could change the decision.
     pub fn of<I: Iterator<Item = &'a [u8]>>(
         status: u16,
         bodiless: bool,
         length: Option<u64>,
+        smallest: u64,
         values: impl Fn(&'static str) -> I,
     ) -> Self {
-        ResponseFacts {
+        let known = ResponseFacts {
             head_request: bodiless,
             status,
+            content_length: length,
+            ..ResponseFacts::default()
+        };
+        let never = bodiless
+            || matches!(status, 100..=199 | 204 | 206 | 304)
+            || length.is_some_and(|n| n == 0 || n < smallest);
+        if never {
+            return known;
+        }
+        ResponseFacts {
             content_type: values("content-type").next(),
             encoded: is_encoded(values("content-encoding")),
-            content_length: length,
             no_transform: says_no_transform(values("cache-control")),
             ranged: values("content-range").next().is_some(),
+            ..known
         }
     }
 }
@@ -391,6 +405,46 @@ mod tests {
             max_streams: 16,
             types: vec![TypePattern::parse("text/*").expect("type")],
             levels: encoder::Levels::default(),
+        }
+    }
+
+    #[test]
+    fn fields_that_cannot_change_the_decision_are_not_read() {
+        let p = policy();
+        let fields: [(&str, &[u8]); 2] = [
+            ("content-type", b"text/html"),
+            ("cache-control", b"max-age=1"),
+        ];
+        for (status, bodiless, length) in [
+            (200, false, None),
+            (200, false, Some(1024)),
+            (200, false, Some(1023)),
+            (200, false, Some(0)),
+            (200, true, Some(4096)),
+            (204, false, None),
+            (206, false, Some(4096)),
+            (304, false, None),
+            (103, false, None),
+        ] {
+            let reads = std::cell::Cell::new(0);
+            let values = |name: &'static str| {
+                reads.set(reads.get() + 1);
+                let found = fields.iter().filter(move |(n, _)| *n == name);
+                found.map(|(_, v)| *v)
+            };
+            let quick = ResponseFacts::of(status, bodiless, length, p.min_bytes, values);
+            let read = reads.get() > 0;
+            let whole = ResponseFacts::of(status, bodiless, length, 0, values);
+            let case = (status, bodiless, length);
+            for coding in [None, Some(Coding::Gzip)] {
+                assert_eq!(
+                    p.decide(&quick, coding),
+                    p.decide(&whole, coding),
+                    "{case:?}"
+                );
+            }
+            let candidate = status == 200 && !bodiless && length.is_none_or(|n| n >= 1024);
+            assert_eq!(read, candidate, "{case:?}");
         }
     }
 

@@ -257,9 +257,10 @@ impl ParsedResponse {
         self.compress.fields(&fields)
     }
 
-    /// What compression asks of this response.
-    pub(super) fn facts<'b>(&'b self, buf: &'b [u8]) -> ResponseFacts<'b> {
-        ResponseFacts::of(self.status, self.bodiless, self.length, |name| {
+    /// What compression asks of this response (a policy's smallest body
+    /// being `smallest` bytes).
+    pub(super) fn facts<'b>(&'b self, buf: &'b [u8], smallest: u64) -> ResponseFacts<'b> {
+        ResponseFacts::of(self.status, self.bodiless, self.length, smallest, |name| {
             self.values(buf, name)
         })
     }

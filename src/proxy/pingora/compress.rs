@@ -32,12 +32,12 @@ pub(super) fn compress_head(
         return Ok(());
     }
     let shards: &ResponseHeader = head;
-    let (decision, encoder) = gw.compression(ctx, || {
+    let (decision, encoder) = gw.compression(ctx, |smallest| {
         let status = shards.status.as_u16();
         let length = shards.headers.get(CONTENT_LENGTH);
         let length = length.and_then(|v| std::str::from_utf8(v.as_bytes()).ok()?.parse().ok());
         let bodiless = no_body(session, shards) || (100..200).contains(&status);
-        ResponseFacts::of(status, bodiless, length, |name| {
+        ResponseFacts::of(status, bodiless, length, smallest, |name| {
             shards
                 .headers
                 .get_all(name)

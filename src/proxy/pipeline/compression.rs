@@ -61,14 +61,15 @@ impl Gateway {
     }
 
     /// What becomes of the body of a response `facts` describes (read
-    /// only when compression is on), with its encoder when it is
+    /// only when compression is on, given the policy's smallest body),
+    /// with its encoder when it is
     /// compressed. A gRPC call's body never changes (its framing is its
     /// own). A body that would be compressed but finds every stream taken
     /// (or its encoder failing to start) goes as it is, with `Vary`.
     pub(crate) fn compression<'f>(
         &self,
         ctx: &RequestCtx,
-        facts: impl FnOnce() -> ResponseFacts<'f>,
+        facts: impl FnOnce(u64) -> ResponseFacts<'f>,
     ) -> (Decision, Option<BodyEncoder>) {
         let Some(policy) = self
             .control
@@ -79,7 +80,7 @@ impl Gateway {
         else {
             return (Decision::Leave, None);
         };
-        let decision = policy.decide(&facts(), ctx.coding);
+        let decision = policy.decide(&facts(policy.min_bytes), ctx.coding);
         let Some(coding) = decision.coding() else {
             return (decision, None);
         };
