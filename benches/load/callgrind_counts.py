@@ -6,6 +6,12 @@ NAME, who calls the functions whose name contains NAME (calls, and the
 instructions spent in those calls), most first ("alloc": the allocator).
 
     python3 callgrind_counts.py callgrind.out.1234.2 [--top 25] [--callers memcpy]
+    python3 callgrind_counts.py callgrind.out.1234.2 --inside shardgate::trace::
+
+--inside PATTERN also prints `inside N`: the instructions of every call
+into a function whose name contains PATTERN from one whose name does not,
+whole (what that code costs, called from outside it; code inlined into a
+caller is counted as the caller's).
 
 Prints `instructions N` and `allocations N` (one per line), then the top
 list. Allocator entry points: mimalloc's (shardgate's global allocator:
@@ -34,12 +40,13 @@ def base_name(name):
     return re.sub(r"\.(constprop|isra|part|cold)\.\d+$", "", name.split("'")[0].strip())
 
 
-def read(path, callee=None):
+def read(path, callee=None, inside=None):
     names = {}
     callers = defaultdict(lambda: [0, 0])
     totals = None
     own = defaultdict(int)
     allocations = 0
+    entered = 0
     fn = None
     cfn = None
     pending_calls = None
@@ -76,15 +83,17 @@ def read(path, callee=None):
                     if wanted:
                         callers[fn][0] += pending_calls
                         callers[fn][1] += cost
+                    if inside and inside in cfn and inside not in fn:
+                        entered += cost
                     pending_calls = None
                 else:
                     own[fn] += cost
-    return totals or sum(own.values()), allocations, own, callers
+    return totals or sum(own.values()), allocations, own, callers, entered
 
 
 def main():
     args = sys.argv[1:]
-    top, callee = 0, None
+    top, callee, inside = 0, None, None
     if "--top" in args:
         i = args.index("--top")
         top = int(args[i + 1])
@@ -93,11 +102,17 @@ def main():
         i = args.index("--callers")
         callee = args[i + 1]
         del args[i:i + 2]
+    if "--inside" in args:
+        i = args.index("--inside")
+        inside = args[i + 1]
+        del args[i:i + 2]
     if len(args) != 1:
         sys.exit(__doc__)
-    total, allocations, own, callers = read(args[0], callee)
+    total, allocations, own, callers, entered = read(args[0], callee, inside)
     print(f"instructions {total}")
     print(f"allocations {allocations}")
+    if inside:
+        print(f"inside {entered}")
     for name, cost in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
         print(f"  {cost:>12} {100 * cost / max(total, 1):5.1f}%  {name[:110]}")
     if callee:

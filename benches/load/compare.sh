@@ -279,6 +279,7 @@ import csv
 import statistics
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ in the repository
 sys.path.insert(0, sys.argv[5])
 from paired import lower_ratios, median_ci, spread
 

@@ -29,6 +29,19 @@
 #   grpc   gRPC unary over h2c on 1 connection, 32 calls in flight, to an
 #          HTTP/2 backend (examples/grpc_echo.rs; `protocol: h2` shard,
 #          nginx grpc_pass, HAProxy proto h2: benches/load/grpc.sh's setup)
+# Features (FEATURES, default none; e.g. FEATURES="base plans-unused plans
+# tracing-unsampled tracing compression access-log"): shardgate's GETs
+# counted again with each feature configured alone (base: none of them),
+# each against base, to show what a feature costs when it is not
+# configured (base, with the instructions in its own functions), when it
+# is configured but does not apply to the request, and when it does:
+#   plans-unused       a plan defined, the tenant on none
+#   plans              every tenant on that plan (default_plan)
+#   tracing-unsampled  an OTLP collector (the backend), sample_ratio 0
+#   tracing            the same, every request traced and exported
+#   compression        compression on; the request asks for none (no
+#                      Accept-Encoding) and the body is 3 bytes
+#   access-log         a JSON access line per request to a file
 # Environment (defaults): N=2000 requests counted, W=500 warm-up, C=8
 # connections (get, post), PROXIES="shardgate nginx haproxy",
 # SHARDGATE_BIN=target/release/shardgate, ECHO_BIN (grpc.sh's),
@@ -44,7 +57,7 @@ parse_args "$0" "$@"
 N=${N:-2000} W=${W:-500} C=${C:-8}
 SHAPES=${SHAPES:-"get post h2get grpc"}
 PROXIES=${PROXIES:-"shardgate nginx haproxy"}
-TOP=${TOP:-0} SYSCALLS=${SYSCALLS:-1}
+TOP=${TOP:-0} SYSCALLS=${SYSCALLS:-1} FEATURES=${FEATURES:-}
 ECHO_BIN=${ECHO_BIN:-$ROOT/target/release/examples/grpc_echo}
 if [[ ${BUILD:-0} == 1 ]]; then
   (cd "$ROOT" && cargo build --release --example grpc_echo)
@@ -92,6 +105,27 @@ confs_of() {
   echo "$dir"
 }
 
+# feature_conf NAME: shardgate's configuration with feature NAME (see
+# FEATURES) in its own folder; prints the folder.
+feature_conf() {
+  local name=$1 dir=$SG_WORK/feature-$1 extra="" log=""
+  local plan="plans: { gold: { connection_cap: 100000 } }"
+  local collector="otlp_endpoint: \"http://127.0.0.1:$BACKEND\""
+  case $name in
+    base) ;;
+    plans-unused) extra=$plan ;;
+    plans) extra="$plan"$'\n'"default_plan: gold" ;;
+    tracing-unsampled) extra="tracing: { $collector, sample_ratio: 0 }" ;;
+    tracing) extra="tracing: { $collector, sample_ratio: 1 }" ;;
+    compression) extra="compression: { min_bytes: 1024 }" ;;
+    access-log) log='{ access: info, access_format: json, access_path: "{dir}/access.log" }' ;;
+    *) die "unknown feature '$name' in FEATURES (base plans-unused plans tracing-unsampled tracing compression access-log)" ;;
+  esac
+  mkdir -p "$dir"
+  SG_EXTRA=$extra SG_LOG=$log write_shardgate_conf "$dir/shardgate.yaml" $PORT $ADMIN $BACKEND
+  echo "$dir"
+}
+
 # One tenant's host (h2load sends it as Host).
 HOST=":authority: tenant-1.localhost"
 
@@ -129,9 +163,10 @@ run_proxy() {
 per() { awk -v a="$1" -v n="$2" 'BEGIN { printf "%.1f", a / n }'; }
 
 declare -A ROWS=()
-# callgrind_counts PROXY SHAPE DIR: instructions and allocations per request.
+# callgrind_counts PROXY SHAPE DIR [FEATURE]: instructions and allocations
+# per request (in ROWS under "PROXY SHAPE", or "FEATURE" when given).
 callgrind_counts() {
-  local proxy=$1 shape=$2 dir=$3 out=$SG_WORK/cg.$1.$2 f instr=0 allocs=0 counts
+  local proxy=$1 shape=$2 dir=$3 out=$SG_WORK/cg.$1.$2${4:+.$4} f instr=0 allocs=0 counts
   run_proxy "$proxy" "$dir" valgrind --tool=callgrind --dump-instr=no \
     --callgrind-out-file="$out.%p"
   local pid=$SPAWNED
@@ -148,7 +183,7 @@ callgrind_counts() {
     ((TOP == 0)) || printf '%s %s, top functions (own instructions over %s requests):\n%s\n' \
       "$proxy" "$shape" "$N" "$(tail -n +3 <<<"$counts")"
   done
-  ROWS["$proxy $shape"]="$(per $instr "$N") $(per $allocs "$N")"
+  ROWS["${4:-$proxy $shape}"]="$(per $instr "$N") $(per $allocs "$N")"
 }
 
 # syscall_counts PROXY SHAPE DIR: system calls per request, and those of
@@ -219,6 +254,11 @@ if perf stat -x, -e cycles true 2>&1 | grep -q '^[0-9]'; then
 else
   printf 'perf stat: no hardware counters here (cycles, IPC, cache misses: n/a)\n'
 fi
+for f in $FEATURES; do
+  case $f in base | plans-unused | plans | tracing-unsampled | tracing | compression | access-log) ;;
+    *) die "unknown feature '$f' in FEATURES (base plans-unused plans tracing-unsampled tracing compression access-log)" ;;
+  esac
+done
 read -r -a proxies <<<"$PROXIES"
 for shape in $SHAPES; do
   dir=$(confs_of "$shape")
@@ -240,3 +280,30 @@ for shape in $SHAPES; do
     printf '%-6s %-10s counting allocator: %s allocations, %s bytes per request\n' "$shape" shardgate "$allocs" "$bytes"
   fi
 done
+
+[[ -n $FEATURES ]] || exit 0
+# Features: shardgate's GETs with each configured alone.
+for f in $FEATURES; do
+  callgrind_counts shardgate get "$(feature_conf "$f")" "$f"
+done
+base=${ROWS[base]:-}
+printf '\nshardgate get, features configured alone (per request; +: instructions over base)\n'
+printf '%-18s %14s %12s %10s\n' feature instructions allocations "+"
+for f in $FEATURES; do
+  read -r instr allocs <<<"${ROWS[$f]}"
+  more=-
+  [[ -z $base || $f == base ]] || more=$(awk -v a="$instr" -v b="${base%% *}" 'BEGIN { printf "%+.0f", a - b }')
+  printf '%-18s %14s %12s %10s\n' "$f" "$instr" "$allocs" "$more"
+done
+if [[ -n $base ]]; then
+  # What each feature's own functions run when it is not configured: the
+  # calls into them from elsewhere, whole (code inlined into a caller is
+  # the caller's, and not seen here).
+  printf '\nbase: instructions per request inside each feature'"'"'s own functions (calls into them, whole)\n'
+  for dump in "$SG_WORK"/cg.shardgate.get.base.*.1; do
+    for pattern in limits::plans shardgate::trace:: pipeline::compression:: shardgate::access_log:: GatewayHooks; do
+      inside=$(python3 "$HERE/callgrind_counts.py" "$dump" --inside "$pattern" | awk '$1 == "inside" { print $2 }')
+      printf '  %-26s %8s\n' "$pattern" "$(per "${inside:-0}" "$N")"
+    done
+  done
+fi

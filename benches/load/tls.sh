@@ -41,16 +41,19 @@ PROXIES=${PROXIES:-shardgate nginx haproxy}
 for p in $PROXIES; do
   case $p in shardgate | nginx | haproxy) ;; *) die "unknown proxy '$p' in PROXIES (shardgate, nginx, haproxy)" ;; esac
 done
-for t in nginx haproxy openssl wrk h2load taskset curl python3; do
-  command -v "$t" >/dev/null || die "$t is needed (Debian: apt-get install nginx-light haproxy openssl wrk nghttp2-client curl python3)"
+for t in nginx openssl wrk h2load taskset curl python3; do
+  command -v "$t" >/dev/null || die "$t is needed (Debian: apt-get install nginx-light openssl wrk nghttp2-client curl python3)"
 done
+if [[ " $PROXIES " == *" haproxy "* ]]; then
+  command -v haproxy >/dev/null || die "haproxy is needed (Debian: apt-get install haproxy), or leave it out of PROXIES"
+fi
 resolve_shardgate_bin "$root" "$caller"
 cd "$root"
 lib_init
 check_ports_free 18301 18443 18444 18445 18490
 work=$SG_WORK
 
-# The certificate both serve: ECDSA P-256, for *.localhost.
+# The certificate all three serve: ECDSA P-256, for *.localhost.
 mkdir -p "$work/certs"
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 \
   -subj "/CN=bench" -addext "subjectAltName=DNS:*.localhost,DNS:localhost" \
@@ -169,6 +172,7 @@ python3 - "$results" "$SECS" "$(getconf CLK_TCK)" "$here" <<'EOF'
 import statistics
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ in the repository
 sys.path.insert(0, sys.argv[4])
 from paired import lower_ratios, median_ci, spread
 
