@@ -214,6 +214,29 @@ where
             // h2c and custom protocols keep Pingora's own handling.
             return ServerApp::process_new(&self.inner, stream, shutdown).await;
         }
+        self.serve_http1_connection(stream, tls, redirect, shutdown)
+            .await
+    }
+
+    async fn cleanup(&self) {
+        self.inner.http_cleanup().await;
+    }
+}
+
+impl<A> Frontend<A>
+where
+    A: HttpServerApp + Send + Sync + 'static,
+{
+    /// An HTTP/1 connection's requests, one after another, until it
+    /// closes (or turns out to be HTTP/2 with prior knowledge); the
+    /// connection back if Pingora's path hands it on.
+    async fn serve_http1_connection(
+        self: &Arc<Self>,
+        stream: Stream,
+        tls: bool,
+        redirect: Option<u16>,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
         // A new connection's first request is read even while shutting
         // down (one accepted during a graceful upgrade is served); only
         // connections idle between requests close when shutdown starts.
@@ -269,15 +292,6 @@ where
         }
     }
 
-    async fn cleanup(&self) {
-        self.inner.http_cleanup().await;
-    }
-}
-
-impl<A> Frontend<A>
-where
-    A: HttpServerApp + Send + Sync + 'static,
-{
     /// What follows a request's head in `buf`: the body's start, then the
     /// next request's, split off. None, nearly always for a GET: on the
     /// fast transport, no split, which would share the buffer through a

@@ -64,10 +64,8 @@ impl FastPath {
         };
         // Compressed or not, decided before the head says which; an
         // encoder that cannot start leaves the body as it is.
-        let encoder;
-        (parsed.compress, encoder) = self
-            .gateway
-            .compression(ctx, |smallest| parsed.facts(&head, smallest));
+        let (compress, encoder) = (self.gateway).compression(ctx, |n| parsed.facts(&head, n));
+        parsed.compress = compress;
         let edit = self.gateway.response_edit(status, ctx);
         let start = ResponseStart {
             buf: &head,
