@@ -1,5 +1,5 @@
 //! A request's state, in a block reused per thread: the future that
-//! serves one HTTP/1 request (6.2 KiB) is held apart from its
+//! serves one HTTP/1 request (5.9 KiB) is held apart from its
 //! connection's, so that a connection idle between requests does not hold
 //! it, and the block it is held in comes from this thread's free list and
 //! goes back to the free list of the thread that ends the request (with

@@ -243,35 +243,18 @@ where
         let mut watch = None;
         let mut stream = stream;
         let mut next = Next::default();
-        loop {
+        let (failure, buf) = loop {
             let mut buf = std::mem::take(&mut next.ahead);
             let head = match read_head(&mut stream, &mut buf, &self.limits, watch.as_mut()).await {
                 Ok(Some(head)) => head,
                 Ok(None) => return None,
-                // HTTP/2 with prior knowledge (DESIGN §8): a plain
-                // connection that opens with the preface (not a redirect
-                // listener's: those answer HTTP/1 only).
-                Err(e)
-                    if e.error == HeadError::Preface
-                        && watch.is_none()
-                        && !tls
-                        && redirect.is_none() =>
-                {
-                    let fast = self.fast.as_deref();
-                    Box::pin(self.serve_h2(fast, stream, &buf, shutdown)).await;
-                    return None;
-                }
-                Err(e) => {
-                    // Boxed, as the rest: its state (the answer's write, the
-                    // lingering read) would sit in every silent connection's.
-                    Box::pin(self.refuse(&mut stream, &buf, e)).await;
-                    return None;
-                }
+                // Answered past the loop: awaited here, the result's room
+                // would be kept across that wait (and, for the compiler,
+                // in every connection's state).
+                Err(e) => break (e, buf),
             };
-            let settings = next.settings;
-            let mut ahead = self.past_head(&mut buf, &head);
-            let exception = self.exception(&buf, &head, &ahead, tls, redirect);
-            // Apart: a request's state (5.2 KiB on the fast transport) is
+            let (buf, head, mut ahead, exception) = self.prepared(buf, head, tls, redirect);
+            // Apart: a request's state (5.9 KiB on the fast transport) is
             // held only while one is served, not by connections silent or
             // idle between requests, in a block of the thread's (no
             // allocation). The fast transport's own future goes in whole,
@@ -279,17 +262,67 @@ where
             (stream, next) = match (self.fast.as_deref(), exception) {
                 (Some(fast), None) => {
                     let closing = *shutdown.borrow();
-                    let served = fast.serve(stream, buf, &head, &mut ahead, closing);
+                    let served = fast.serve(stream, buf, head, &mut ahead, closing);
+                    // Pingora's keep-alive settings are its path's alone
+                    // (`serve_on_pingora`, which runs with no fast
+                    // transport): there are none to carry here.
+                    let settings = None;
                     (InBlock::new(served).await?, Next { ahead, settings })
                 }
                 (_, exception) => {
+                    let settings = next.settings;
                     let served =
                         self.serve_http1(stream, buf, head, ahead, settings, exception, shutdown);
                     InBlock::new(served).await?
                 }
             };
             watch.get_or_insert_with(|| shutdown.clone());
+        };
+        // HTTP/2 with prior knowledge (DESIGN §8) only on a plain
+        // connection's first bytes, not a redirect listener's (those
+        // answer HTTP/1 only). Boxed, as the rest: its state (HTTP/2's, or
+        // the answer's write and the lingering read) would sit in every
+        // silent connection's.
+        let h2 = watch.is_none() && !tls && redirect.is_none();
+        Box::pin(self.not_http1(stream, buf, failure, h2, shutdown)).await;
+        None
+    }
+
+    /// A head that is no HTTP/1 request: HTTP/2 with prior knowledge when
+    /// it opens with the preface and `h2` allows it, else refused.
+    async fn not_http1(
+        self: &Arc<Self>,
+        mut stream: Stream,
+        buf: BytesMut,
+        failure: HeadFailure,
+        h2: bool,
+        shutdown: &ShutdownWatch,
+    ) {
+        if h2 && failure.error == HeadError::Preface {
+            let fast = self.fast.as_deref();
+            self.serve_h2(fast, stream, &buf, shutdown).await;
+        } else {
+            self.refuse(&mut stream, &buf, failure).await;
         }
+    }
+
+    /// A request's head (read into `buf`), what followed it split off
+    /// ([`Self::past_head`]), and whether it is answered before either
+    /// transport connects to a shard ([`Self::exception`]). The head is
+    /// taken and given back: borrowed by the caller instead, it would stay
+    /// in the connection's state across the request (the compiler keeps a
+    /// borrowed local's room across an await even once it is moved), and
+    /// idle connections hold that state too.
+    fn prepared(
+        &self,
+        mut buf: BytesMut,
+        head: Head,
+        tls: bool,
+        redirect: Option<u16>,
+    ) -> (BytesMut, Head, BytesMut, Option<Exception>) {
+        let ahead = self.past_head(&mut buf, &head);
+        let exception = self.exception(&buf, &head, &ahead, tls, redirect);
+        (buf, head, ahead, exception)
     }
 
     /// What follows a request's head in `buf`: the body's start, then the

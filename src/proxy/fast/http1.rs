@@ -58,8 +58,10 @@ impl<'h> Logged<'h> {
 
 impl FastPath {
     /// Serves the HTTP/1 request whose whole head is `head` (read under
-    /// the head limits and the message rules by the front end; its body
-    /// framed by `body`). `ahead` holds what the client sent past the
+    /// the head limits and the message rules by the front end, as `read`
+    /// says: its parts and its body's framing; owned here, so that the
+    /// connection's own state, which idle connections hold too, does not
+    /// keep it across the request). `ahead` holds what the client sent past the
     /// head: the body's start, then the next request's, and it keeps
     /// what is read past this request. `closing`: the server is shutting
     /// down, so the connection closes after this request. The client
@@ -68,7 +70,7 @@ impl FastPath {
         &self,
         mut client: Stream,
         head: BytesMut,
-        read: &Head,
+        read: Head,
         ahead: &mut BytesMut,
         closing: bool,
     ) -> Option<Stream> {
