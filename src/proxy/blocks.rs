@@ -13,6 +13,8 @@
 //! bytes a future leaves unwritten in it are the last one's, unreadable
 //! (a future reads only what it wrote).
 
+// Blocks kept per thread: as many as buffers are.
+use super::buffers::KEPT;
 use std::alloc::{alloc, dealloc, handle_alloc_error, Layout};
 use std::cell::RefCell;
 use std::future::Future;
@@ -20,9 +22,6 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::ptr::NonNull;
 use std::task::{Context, Poll};
-
-/// Blocks kept per thread, as buffers are.
-const KEPT: usize = 32;
 
 /// A block's size and alignment: room for the request's state, with some
 /// to spare (a future larger than it still works, allocated on its own);

@@ -21,7 +21,7 @@ use std::thread::LocalKey;
 
 /// Buffers kept per thread: more than the requests one thread has in
 /// flight between two looks at its list, under any load the rig makes.
-const KEPT: usize = 32;
+pub(crate) const KEPT: usize = 32;
 
 /// The largest buffer kept, in bytes.
 const LARGEST: usize = 32 * 1024;

@@ -88,7 +88,7 @@ impl FastPath {
             return None;
         };
         let logged = Logged::of(&parsed, client_addr.as_ref());
-        let mut h1_body = H1Body::new(read.body.clone(), self.body_limits);
+        let mut h1_body = H1Body::new(read.body, self.body_limits);
         let outgoing = h1_body.outgoing(parsed.values("content-length").next().is_some());
         let whole =
             !h1_body.is_done() && ahead.len() <= WHOLE_BODY_WITH_HEAD && h1_body.completes(ahead);
