@@ -224,19 +224,24 @@ impl Policy {
     /// body, not already encoded, of a listed type, large enough or of
     /// unknown length, and nothing forbids it.
     fn candidate(&self, f: &ResponseFacts<'_>) -> bool {
-        let bodiless = f.head_request || matches!(f.status, 100..=199 | 204 | 304);
         let typed = f
             .content_type
             .is_some_and(|t| self.types.iter().any(|p| p.matches(t)));
-        !bodiless
-            && f.status != 206
+        sized_for_it(f.head_request, f.status, f.content_length, self.min_bytes)
             && !f.ranged
             && !f.encoded
             && !f.no_transform
             && typed
-            && f.content_length
-                .is_none_or(|n| n > 0 && n >= self.min_bytes)
     }
+}
+
+/// The part of the rule no field is read for: a response that has a body
+/// (not to HEAD; not 1xx, 204 or 304), whole (not 206), and of unknown
+/// length or at least `min_bytes` (and not empty).
+fn sized_for_it(head_request: bool, status: u16, length: Option<u64>, min_bytes: u64) -> bool {
+    !head_request
+        && !matches!(status, 100..=199 | 204 | 206 | 304)
+        && length.is_none_or(|n| n > 0 && n >= min_bytes)
 }
 
 impl<'a> ResponseFacts<'a> {
@@ -259,10 +264,7 @@ impl<'a> ResponseFacts<'a> {
             content_length: length,
             ..ResponseFacts::default()
         };
-        let never = bodiless
-            || matches!(status, 100..=199 | 204 | 206 | 304)
-            || length.is_some_and(|n| n == 0 || n < smallest);
-        if never {
+        if !sized_for_it(bodiless, status, length, smallest) {
             return known;
         }
         ResponseFacts {
