@@ -306,6 +306,79 @@ fn a_websockets_101_says_the_id_its_handshake_took_to_the_shard() {
     assert_eq!(handshake.get("x-request-id"), Some(&id));
 }
 
+/// A WebSocket's access line counts what went through its tunnel: the
+/// client's frames in, every byte the client got after the 101 out.
+#[test]
+fn a_websockets_line_counts_its_tunnels_bytes_each_way() {
+    use std::io::{Read, Write};
+    let ws = WsBackend::start("ws");
+    let gw = Gateway::start(&config(
+        &[("ws", ws.url())],
+        "log: { access: info, access_format: json, access_path: \"{dir}/access.log\" }\n",
+    ));
+    let mut tcp = std::net::TcpStream::connect(("127.0.0.1", gw.port)).expect("connect");
+    tcp.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let handshake = "GET /socket HTTP/1.1\r\nHost: acme.localhost\r\nUpgrade: websocket\r\n\
+                     Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+                     Sec-WebSocket-Version: 13\r\n\r\n";
+    tcp.write_all(handshake.as_bytes()).expect("handshake");
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break end + 4;
+        }
+        let n = tcp.read(&mut chunk).expect("the 101");
+        assert!(n > 0, "closed before the 101: {got:?}");
+        got.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&got[..head_end]).into_owned();
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    let id = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("x-request-id")
+                .then(|| value.trim().to_string())
+        })
+        .expect("an ID");
+    // A masked text frame (11 bytes), then a masked close (6 bytes).
+    let mask = [0x12u8, 0x34, 0x56, 0x78];
+    let mut frame = vec![0x81, 0x85];
+    frame.extend_from_slice(&mask);
+    frame.extend(b"hello".iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    frame.extend_from_slice(&[0x88, 0x80]);
+    frame.extend_from_slice(&mask);
+    tcp.write_all(&frame).expect("frames");
+    let mut out = got.len() - head_end;
+    loop {
+        match tcp.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => out += n,
+            Err(e) => panic!("the tunnel did not end: {e}"),
+        }
+    }
+    // The echo ("ws:hello", 10 bytes) at least (the test shard leaves at
+    // a close without answering it).
+    assert!(out >= 10, "{out} bytes after the 101");
+    let path = gw.dir.path().join("access.log");
+    let line = || {
+        json_lines(&path)
+            .into_iter()
+            .find(|l| l["request_id"] == id.as_str())
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || line().is_some()),
+        "{:?}",
+        std::fs::read_to_string(&path)
+    );
+    let line = line().expect("the tunnel's line");
+    assert_eq!(line["status"], 101, "{line}");
+    assert_eq!(line["bytes_in"], 17, "{line}");
+    assert_eq!(line["bytes_out"], out as u64, "{line}");
+}
+
 #[test]
 fn without_tracing_a_traceparent_reaches_the_shard_unchanged() {
     let a = Backend::start("a");

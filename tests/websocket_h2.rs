@@ -80,7 +80,8 @@ async fn read_text(body: &mut h2::RecvStream) -> String {
 /// The handshake reaches the shard as an HTTP/1.1 Upgrade with a key of
 /// the gateway's own and the forwarding fields; the client gets 200; a
 /// frame goes up and its echo comes back; the access log says CONNECT
-/// over HTTP/2, 200.
+/// over HTTP/2, 200, and counts the tunnel's bytes each way (the two
+/// 11-byte frames sent, the two echoes of 11 bytes received).
 #[test]
 fn a_websocket_over_http2_reaches_an_http1_shard() {
     let ws = WsBackend::start("ws1");
@@ -107,17 +108,26 @@ fn a_websocket_over_http2_reaches_an_http1_shard() {
         Some("127.0.0.1")
     );
     let log = gw.dir.path().join("access.log");
+    let tunnel = || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let line = text.lines().find(|l| {
+            l.contains("\"method\":\"CONNECT\"")
+                && l.contains("\"protocol\":\"HTTP/2\"")
+                && l.contains("\"status\":200")
+        });
+        line.and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    };
     assert!(
-        eventually(Duration::from_secs(10), || {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            text.lines().any(|l| {
-                l.contains("\"method\":\"CONNECT\"")
-                    && l.contains("\"protocol\":\"HTTP/2\"")
-                    && l.contains("\"status\":200")
-            })
-        }),
+        eventually(Duration::from_secs(10), || tunnel().is_some()),
         "{:?}",
         std::fs::read_to_string(&log)
+    );
+    let line = tunnel().expect("the tunnel's line");
+    assert_eq!(line["bytes_in"], 22, "{line}");
+    // The shard may close with a frame of its own once the client ends.
+    assert!(
+        line["bytes_out"].as_u64().is_some_and(|n| n >= 22),
+        "{line}"
     );
 }
 

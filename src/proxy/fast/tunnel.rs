@@ -81,6 +81,10 @@ struct Ended {
     target: Box<str>,
     host: Option<Box<str>>,
     line: (&'static str, &'static str, u16),
+    /// Bytes moved so far: the client's to the shard and the shard's to
+    /// the client (the log's `bytes_in` and `bytes_out`), counted as they
+    /// are written: a tunnel ended by a shutdown still reports them.
+    moved: [u64; 2],
 }
 
 impl Ended {
@@ -100,6 +104,7 @@ impl Ended {
             target: log.target.into_boxed_str(),
             host: log.host.map(String::into_boxed_str),
             line: log.line,
+            moved: [ctx.bytes_in, ctx.bytes_out],
         }
     }
 
@@ -121,6 +126,8 @@ impl Ended {
             trace,
             attempt_spans,
             admission: self.admission.take(),
+            bytes_in: self.moved[0],
+            bytes_out: self.moved[1],
             ..RequestCtx::default()
         }
     }
@@ -130,13 +137,14 @@ impl FastPath {
     /// A WebSocket's 101 goes to the client (with what the shard sent
     /// after it), then what the client sent after its handshake, before
     /// the 101 (`early`, read while the shard was awaited), goes to the
-    /// shard. The shard's connection, unless either side failed.
+    /// shard; both count as the tunnel's bytes. The shard's connection,
+    /// unless either side failed.
     pub(super) async fn open_tunnel(
         &self,
         client: &mut Stream,
         early: &mut BytesMut,
         upstream: Upstream,
-        ctx: &RequestCtx,
+        ctx: &mut RequestCtx,
     ) -> Option<Conn> {
         let Upstream {
             mut conn,
@@ -153,17 +161,21 @@ impl FastPath {
             self.id_field(ctx),
         );
         // Bytes the shard sent right after its 101 are tunnel data.
-        out.extend_from_slice(&buf[parsed.head_len..]);
+        let data = &buf[parsed.head_len..];
+        out.extend_from_slice(data);
+        let sent = data.len() as u64;
         drop(buf);
         if !self.send_all(client, &out).await {
             return None;
         }
         drop(out);
+        ctx.bytes_out += sent;
         if !early.is_empty() {
             let early = std::mem::take(early);
             if !self.send_all(&mut conn, &early).await {
                 return None;
             }
+            ctx.bytes_in += early.len() as u64;
         }
         Some(conn)
     }
@@ -190,10 +202,16 @@ impl FastPath {
             }
             Ok(Err(e)) => {
                 log::warn!("tunnel: the client socket could not be registered ({e})");
-                // Finished as it is dropped.
-                drop(self.running((), upstream, ctx, log));
+                self.not_opened(upstream, ctx, log);
             }
         }
+    }
+
+    /// A tunnel that could not start: its request is finished (metrics,
+    /// access log) as the tunnel's end would have, and `upstream` closed.
+    pub(super) fn not_opened(&self, upstream: Conn, ctx: RequestCtx, log: TunnelLog) {
+        // Finished as it is dropped.
+        drop(self.running((), upstream, ctx, log));
     }
 
     /// A tunnel about to run, its request finished when it is dropped.
@@ -273,10 +291,11 @@ async fn run_tunnel<C: Side>(mut tunnel: Running<C>, send_timeout: Duration) {
         upstream,
         done,
     } = &mut tunnel;
+    let ended = &mut done.ended;
     // DESIGN §1.3: the admission is held until either side closes; the
     // other side's last words may still follow.
-    relay(client, upstream, send_timeout, || {
-        done.ended.admission = None;
+    relay(client, upstream, send_timeout, &mut ended.moved, || {
+        ended.admission = None;
     })
     .await;
 }
@@ -287,12 +306,13 @@ async fn run_tunnel<C: Side>(mut tunnel: Running<C>, send_timeout: Duration) {
 /// other direction goes on until it ends too, or stays silent for
 /// [`HALF_OPEN_IDLE`] (even while a write to it is slow: it closed its
 /// other half), or for [`HALF_OPEN_MAX`] in all. A failure on either side
-/// ends both. `closed` runs
-/// once, when the first side closes.
+/// ends both. `moved` counts the bytes written to `b` and to `a`, as they
+/// are. `closed` runs once, when the first side closes.
 async fn relay<A: Side, B: Side>(
     a: &mut A,
     b: &mut B,
     send_timeout: Duration,
+    moved: &mut [u64; 2],
     mut closed: impl FnMut(),
 ) {
     let mut legs = [Leg::default(), Leg::default()];
@@ -302,9 +322,14 @@ async fn relay<A: Side, B: Side>(
     let mut first_close: Option<tokio::time::Instant> = None;
     let mut half_open: Option<tokio::time::Instant> = None;
     poll_fn(|cx| {
-        for (i, polled) in [legs[0].poll_move(a, b, cx), legs[1].poll_move(b, a, cx)]
-            .into_iter()
-            .enumerate()
+        let [to_b, to_a] = &mut *moved;
+        let [a_to_b, b_to_a] = &mut legs;
+        for (i, polled) in [
+            a_to_b.poll_move(a, b, to_b, cx),
+            b_to_a.poll_move(b, a, to_a, cx),
+        ]
+        .into_iter()
+        .enumerate()
         {
             match polled {
                 Poll::Ready(End::Failed) => return Poll::Ready(()),
@@ -449,12 +474,14 @@ impl Default for Leg {
 }
 
 impl Leg {
-    /// Moves bytes from `from` to `to` until one of them has to wait.
-    /// Ready: this direction ended (once; an ended leg stays pending).
+    /// Moves bytes from `from` to `to` until one of them has to wait,
+    /// adding those written to `written`. Ready: this direction ended
+    /// (once; an ended leg stays pending).
     fn poll_move<R: Side, W: Side>(
         &mut self,
         from: &mut R,
         to: &mut W,
+        written: &mut u64,
         cx: &mut Context<'_>,
     ) -> Poll<End> {
         if self.ended {
@@ -491,6 +518,7 @@ impl Leg {
                     Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(End::Failed),
                     Poll::Ready(Ok(n)) => {
                         self.written += n;
+                        *written += n as u64;
                         self.stalled = None;
                         self.moved = true;
                     }

@@ -116,7 +116,7 @@ impl FastPath {
         &self,
         client: H2Client,
         upstream: Upstream,
-        ctx: RequestCtx,
+        mut ctx: RequestCtx,
         log: TunnelLog,
     ) -> Served {
         let Upstream { conn, buf, parsed } = upstream;
@@ -132,15 +132,20 @@ impl FastPath {
         });
         let writer = session.take_response_body_writer();
         let (Ok(()), Some(mut send)) = (started, writer) else {
-            // The client cannot be told: its stream is reset.
+            // The client cannot be told: its stream is reset (and the
+            // request logged, as the tunnel's end would).
             session.shutdown();
+            self.not_opened(conn, ctx, log);
             return Served::Done;
         };
         // Bytes the shard sent right after its 101 are tunnel data.
         let early = Bytes::copy_from_slice(&buf[parsed.head_len..]);
+        let sent = early.len() as u64;
         if !early.is_empty() && send.send_data(early, false).is_err() {
+            self.not_opened(conn, ctx, log);
             return Served::Done;
         }
+        ctx.bytes_out = sent;
         let side = H2Side {
             session,
             send,

@@ -566,11 +566,10 @@ impl ProxyHttp for Gateway {
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
         report_unforwarded_at_end(session, ctx);
         let status = ctx.answered.or_else(|| final_status(session)).unwrap_or(0);
-        // A WebSocket's tunnel is not counted (as on the fast transport).
-        if status != 101 {
-            ctx.bytes_in = session.as_ref().body_bytes_read() as u64;
-            ctx.bytes_out = session.as_ref().body_bytes_sent() as u64;
-        }
+        // A WebSocket's tunnel counts as its body, each way (as on the
+        // fast transport).
+        ctx.bytes_in = session.as_ref().body_bytes_read() as u64;
+        ctx.bytes_out = session.as_ref().body_bytes_sent() as u64;
         self.finish(ctx, &request_line(session), status);
     }
 }
