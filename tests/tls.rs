@@ -515,6 +515,51 @@ fn http2_rapid_resets_get_goaway_and_neither_spend_a_token_nor_reach_a_shard() {
     }
 }
 
+/// A client that floods PINGs (30 000, sent while their answers are read)
+/// is cut off near the allowance of frames carrying nothing (10 000, see
+/// `wire::h2_frames`): the gateway answers no more than that, closes the
+/// connection, says why in its log, and serves the next client.
+#[test]
+fn an_http2_ping_flood_from_a_client_is_cut_off() {
+    use tokio::io::AsyncWriteExt;
+    let ca = Ca::new();
+    let certs = tempfile::tempdir().expect("dir");
+    ca.issue(certs.path(), "apps", &["*.apps.test"]);
+    let backend = Backend::start("a");
+    let (gw, _) = edge(&backend, certs.path(), "  default_cert: apps\n", "");
+    let (mut read, mut write) = tokio::io::split(h2_client(gw.port));
+    let (frames, closed) = runtime().block_on(async move {
+        let reader =
+            tokio::spawn(
+                async move { h2_read_until_closed(&mut read, Duration::from_secs(20)).await },
+            );
+        let batch = h2_frame(6, 0, 0, b"hostile!").repeat(1000);
+        for _ in 0..30 {
+            if write.write_all(&batch).await.is_err() {
+                break;
+            }
+        }
+        reader.await.expect("the reader")
+    });
+    assert!(closed, "the connection stayed open");
+    let mut at = 0;
+    let mut answers = 0;
+    while at + 9 <= frames.len() {
+        let len = u32::from_be_bytes([0, frames[at], frames[at + 1], frames[at + 2]]) as usize;
+        answers += usize::from(frames[at + 3] == 6 && frames[at + 4] & 1 == 1);
+        at += 9 + len;
+    }
+    assert!((1..=10_001).contains(&answers), "{answers} PINGs answered");
+    assert!(
+        eventually(Duration::from_secs(3), || gw.log().contains("HTTP/2 flood")),
+        "{}",
+        gw.log()
+    );
+    let ca_file = ca.pem_file(certs.path());
+    let (status, _, body) = curl_h2(gw.port, "shop.apps.test", "/", &ca_file);
+    assert_eq!(status, "200", "{body}");
+}
+
 #[test]
 fn http2_streams_reset_while_served_count_as_rapid_resets() {
     let ca = Ca::new();

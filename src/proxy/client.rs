@@ -15,6 +15,7 @@
 //! while it waits for a shard.
 
 use super::pipeline::framing::{Framing, Part, MAX_SIZE_LINE};
+use crate::wire::h2_frames::FrameWatch;
 use bytes::BytesMut;
 use pingora::protocols::tls::TlsRef;
 use pingora::protocols::{
@@ -255,13 +256,16 @@ macro_rules! forward_to_inner {
 
 forward_to_inner!(OneRequest);
 
-/// A client stream with bytes already read from it put back in front: the
-/// first bytes of an HTTP/2 connection, read before the h2 crate's
-/// handshake takes its buffers.
+/// An HTTP/2 client's stream: the bytes already read from it (the first
+/// of the connection, read before the h2 crate's handshake takes its
+/// buffers) put back in front, and every byte it sends watched for a
+/// flood (`wire::h2_frames`): a flooding client's reads fail, and the
+/// connection closes.
 #[derive(Debug)]
 pub struct Rewound {
     front: bytes::Bytes,
     inner: Stream,
+    frames: FrameWatch,
 }
 
 impl Rewound {
@@ -269,6 +273,7 @@ impl Rewound {
         Rewound {
             front: bytes::Bytes::copy_from_slice(front),
             inner,
+            frames: FrameWatch::of_client(),
         }
     }
 }
@@ -280,11 +285,22 @@ impl AsyncRead for Rewound {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        let before = buf.filled().len();
         if this.front.is_empty() {
-            return Pin::new(&mut this.inner).poll_read(cx, buf);
+            ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+        } else {
+            let n = this.front.len().min(buf.remaining());
+            buf.put_slice(&this.front.split_to(n));
         }
-        let n = this.front.len().min(buf.remaining());
-        buf.put_slice(&this.front.split_to(n));
+        if let Err(flood) = this.frames.read(&buf.filled()[before..]) {
+            let digest = this.inner.get_socket_digest();
+            let client = digest.as_ref().and_then(|d| d.peer_addr());
+            match client {
+                Some(client) => log::warn!("{flood} from client {client}: connection closed"),
+                None => log::warn!("{flood} from a client: connection closed"),
+            }
+            return Poll::Ready(Err(flood.into()));
+        }
         Poll::Ready(Ok(()))
     }
 }
