@@ -3,7 +3,7 @@
 //! `limits` section and of every plan, the domain map, the region
 //! directory, and the embedder's hooks as the router calls them.
 
-use super::{build_peer, ShardPeer};
+use super::build_peer;
 use crate::cluster::Shared;
 use crate::config::{Config, HashKind, LoadKind};
 use crate::hooks::GatewayHooks;
@@ -13,7 +13,6 @@ use crate::routing::{
     RouterOptions, ShardId,
 };
 use compact_str::CompactString;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 struct HookAllow(Arc<dyn GatewayHooks>);
@@ -33,8 +32,8 @@ impl LoadHook for HookLoad {
 }
 
 /// How to reach each configured shard.
-pub(super) fn shard_peers(config: &Config) -> Result<HashMap<ShardId, Arc<ShardPeer>>, String> {
-    let mut peers = HashMap::new();
+pub(super) fn shard_peers(config: &Config) -> Result<super::Peers, String> {
+    let mut peers = super::Peers::default();
     for shard in &config.shards {
         peers.insert(shard.id.clone(), Arc::new(build_peer(config, shard)?));
     }

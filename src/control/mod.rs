@@ -20,6 +20,10 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+/// How to reach each shard, by its id. Looked up for every request: a
+/// fast hash (the ids are the operator's, never a client's).
+type Peers = HashMap<ShardId, Arc<ShardPeer>, foldhash::fast::RandomState>;
+
 pub struct Control {
     pub config: Arc<Config>,
     pub router: Router,
@@ -35,7 +39,7 @@ pub struct Control {
     pub cluster: Option<Arc<Shared>>,
     /// TLS at the edge (DESIGN §5): certificates, ACME challenges.
     pub edge: Arc<crate::tls::Edge>,
-    peers: ArcSwap<HashMap<ShardId, Arc<ShardPeer>>>,
+    peers: ArcSwap<Peers>,
     /// Runtime changes since the configuration was loaded (the state file
     /// keeps them); its lock also serialises those changes.
     diff: Mutex<RuntimeDiff>,
