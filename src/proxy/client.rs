@@ -273,7 +273,7 @@ impl Rewound {
         Rewound {
             front: bytes::Bytes::copy_from_slice(front),
             inner,
-            frames: FrameWatch::of_client(),
+            frames: FrameWatch::of_client(std::time::Instant::now()),
         }
     }
 }
@@ -292,7 +292,10 @@ impl AsyncRead for Rewound {
             let n = this.front.len().min(buf.remaining());
             buf.put_slice(&this.front.split_to(n));
         }
-        if let Err(flood) = this.frames.read(&buf.filled()[before..]) {
+        if let Err(flood) = this
+            .frames
+            .read(&buf.filled()[before..], std::time::Instant::now)
+        {
             let digest = this.inner.get_socket_digest();
             let client = digest.as_ref().and_then(|d| d.peer_addr());
             match client {

@@ -511,7 +511,7 @@ impl Watched {
     fn new(inner: Conn, shard: SocketAddr) -> Watched {
         Watched {
             inner,
-            frames: FrameWatch::of_server(),
+            frames: FrameWatch::of_server(Instant::now()),
             shard,
         }
     }
@@ -526,7 +526,7 @@ impl AsyncRead for Watched {
         let this = self.get_mut();
         let before = buf.filled().len();
         ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
-        if let Err(flood) = this.frames.read(&buf.filled()[before..]) {
+        if let Err(flood) = this.frames.read(&buf.filled()[before..], Instant::now) {
             log::warn!("{flood} from shard {}: connection closed", this.shard);
             return Poll::Ready(Err(flood.into()));
         }
