@@ -547,7 +547,7 @@ fn under_flood(how: Misbehaviour) -> (Duration, u64, u16, Observed) {
 /// A PING flood and a SETTINGS flood (up to a million frames each, their
 /// answers left unread a while) leave the gateway responsive to the other
 /// shards' clients, and its memory bounded; the flooding shard is cut off
-/// near the allowance of frames carrying nothing (10 000, see
+/// once its credit for frames carrying nothing runs out (10 000, see
 /// `wire::h2_frames`), its call failed (502).
 #[test]
 fn floods_leave_the_gateway_responsive_and_bounded() {
@@ -559,7 +559,7 @@ fn floods_leave_the_gateway_responsive_and_bounded() {
         assert!(grown < 50 * 1024, "{how:?}: RSS grew {grown} KiB");
         assert_eq!(status, 502, "{how:?}");
         assert!(seen.closed, "{how:?}: not cut off: {seen:?}");
-        assert!(seen.answers <= 10_001, "{how:?}: {seen:?}");
+        assert!(seen.answers < 20_000, "{how:?}: {seen:?}");
     }
 }
 

@@ -516,9 +516,9 @@ fn http2_rapid_resets_get_goaway_and_neither_spend_a_token_nor_reach_a_shard() {
 }
 
 /// A client that floods PINGs (30 000, sent while their answers are read)
-/// is cut off near the allowance of frames carrying nothing (10 000, see
-/// `wire::h2_frames`): the gateway answers no more than that, closes the
-/// connection, says why in its log, and serves the next client.
+/// is cut off once its credit for frames carrying nothing runs out
+/// (10 000, see `wire::h2_frames`): the gateway answers about that many,
+/// closes the connection, says why in its log, and serves the next client.
 #[test]
 fn an_http2_ping_flood_from_a_client_is_cut_off() {
     use tokio::io::AsyncWriteExt;
@@ -549,7 +549,8 @@ fn an_http2_ping_flood_from_a_client_is_cut_off() {
         answers += usize::from(frames[at + 3] == 6 && frames[at + 4] & 1 == 1);
         at += 9 + len;
     }
-    assert!((1..=10_001).contains(&answers), "{answers} PINGs answered");
+    // 10 000 credits, and 100 a second: most of the 30 000 unanswered.
+    assert!((1..20_000).contains(&answers), "{answers} PINGs answered");
     assert!(
         eventually(Duration::from_secs(3), || gw.log().contains("HTTP/2 flood")),
         "{}",

@@ -164,6 +164,10 @@ impl AsyncRead for OneRequest {
 /// the wrapper's bytes out of order.
 macro_rules! forward_to_inner {
     ($wrapper:ty) => {
+        forward_to_inner!($wrapper, writes);
+        forward_to_inner!($wrapper, the rest);
+    };
+    ($wrapper:ty, writes) => {
         impl AsyncWrite for $wrapper {
             fn poll_write(
                 self: Pin<&mut Self>,
@@ -193,7 +197,8 @@ macro_rules! forward_to_inner {
                 Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
             }
         }
-
+    };
+    ($wrapper:ty, the rest) => {
         #[async_trait::async_trait]
         impl Shutdown for $wrapper {
             async fn shutdown(&mut self) {
@@ -258,7 +263,7 @@ forward_to_inner!(OneRequest);
 
 /// An HTTP/2 client's stream: the bytes already read from it (the first
 /// of the connection, read before the h2 crate's handshake takes its
-/// buffers) put back in front, and every byte it sends watched for a
+/// buffers) put back in front, and every byte both ways watched for a
 /// flood (`wire::h2_frames`): a flooding client's reads fail, and the
 /// connection closes.
 #[derive(Debug)]
@@ -308,7 +313,43 @@ impl AsyncRead for Rewound {
     }
 }
 
-forward_to_inner!(Rewound);
+impl AsyncWrite for Rewound {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let n = ready!(Pin::new(&mut this.inner).poll_write(cx, buf))?;
+        this.frames.wrote(&[io::IoSlice::new(buf)], n);
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let n = ready!(Pin::new(&mut this.inner).poll_write_vectored(cx, bufs))?;
+        this.frames.wrote(bufs, n);
+        Poll::Ready(Ok(n))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+forward_to_inner!(Rewound, the rest);
 
 /// Reads and drops what the client still sends (a body it is uploading)
 /// for a while after the answer, before the socket closes: closing with

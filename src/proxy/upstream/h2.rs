@@ -498,7 +498,7 @@ async fn drive(
     shared.closed.store(true, Ordering::SeqCst);
 }
 
-/// A shard's connection, every byte it sends watched for a flood
+/// A shard's connection, every byte both ways watched for a flood
 /// (`wire::h2_frames`): a flooding shard's reads fail, and the connection
 /// closes (its streams fail as a reset connection's do).
 pub(crate) struct Watched {
@@ -540,7 +540,10 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        let n = ready!(Pin::new(&mut this.inner).poll_write(cx, buf))?;
+        this.frames.wrote(&[std::io::IoSlice::new(buf)], n);
+        Poll::Ready(Ok(n))
     }
 
     fn poll_write_vectored(
@@ -548,7 +551,10 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let n = ready!(Pin::new(&mut this.inner).poll_write_vectored(cx, bufs))?;
+        this.frames.wrote(bufs, n);
+        Poll::Ready(Ok(n))
     }
 
     fn is_write_vectored(&self) -> bool {
