@@ -549,8 +549,9 @@ fn an_http2_ping_flood_from_a_client_is_cut_off() {
         answers += usize::from(frames[at + 3] == 6 && frames[at + 4] & 1 == 1);
         at += 9 + len;
     }
-    // 10 000 credits, and 100 a second: most of the 30 000 unanswered.
-    assert!((1..20_000).contains(&answers), "{answers} PINGs answered");
+    // 10 000 credits, and 100 a second (20 s at most): most of the
+    // 30 000 unanswered.
+    assert!((1..12_500).contains(&answers), "{answers} PINGs answered");
     assert!(
         eventually(Duration::from_secs(3), || gw.log().contains("HTTP/2 flood")),
         "{}",

@@ -16,20 +16,27 @@
 //!
 //! Each frame the peer sends carrying nothing spends a credit. The
 //! connection starts with [`MOST_CREDIT`]; each frame carrying something,
-//! sent either way, earns [`CREDIT_PER_FRAME`] (a gRPC peer that pings
-//! once per DATA frame it receives, to size its window, is answering the
-//! gateway's traffic); each PING or SETTINGS the gateway sends earns one
-//! (its acknowledgement); time earns [`CREDIT_PER_SECOND`]. Credit never
-//! exceeds [`MOST_CREDIT`]: an old connection has banked no flood. A
-//! frame carrying nothing that finds no credit is a flood.
+//! sent either way, earns some: a head [`CREDIT_PER_FRAME`], a DATA frame
+//! one and one per [`BYTES_PER_CREDIT`] up to as much (a gRPC peer that
+//! pings once per DATA frame it receives, to size its window, is
+//! answering the gateway's traffic; a peer that makes bodies go in tiny
+//! frames buys one idle frame with each); each PING or SETTINGS the
+//! gateway sends earns one (its acknowledgement); time earns
+//! [`CREDIT_PER_SECOND`], counted from when the credit was last full.
+//! Credit never exceeds [`MOST_CREDIT`]: an old connection has banked no
+//! flood. A frame carrying nothing that finds no credit is a flood.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The credit a connection starts with, and holds at most.
 pub const MOST_CREDIT: u64 = 10_000;
 
-/// What each frame carrying something, either way, earns.
+/// What each frame carrying something, either way, earns at most (a
+/// DATA frame: one, and one per [`BYTES_PER_CREDIT`] it carries).
 pub const CREDIT_PER_FRAME: u64 = 8;
+
+/// The bytes of DATA that earn one credit more.
+pub const BYTES_PER_CREDIT: usize = 2048;
 
 /// What each second earns: a long-lived connection's keep-alive PINGs, or
 /// a shard refusing streams now and then, never add up to a flood.
@@ -80,8 +87,8 @@ impl From<Flood> for std::io::Error {
 enum Kind {
     /// Carries nothing for a request.
     Idle,
-    /// Carries something.
-    Useful,
+    /// Carries something: earns this much credit.
+    Useful(u64),
     /// A PING or SETTINGS asking for an acknowledgement.
     Asking,
     /// Not counted.
@@ -123,7 +130,10 @@ impl Frames {
                 if let Some(length) = self.padded.take() {
                     // RFC 9113 §6.1: the pad length, then data, then padding.
                     let data = length.saturating_sub(1 + usize::from(first));
-                    seen(if data == 0 { Kind::Idle } else { Kind::Useful })?;
+                    seen(match data {
+                        0 => Kind::Idle,
+                        data => Kind::Useful(data_credit(data)),
+                    })?;
                 }
                 let n = self.skip.min(bytes.len());
                 self.skip -= n;
@@ -153,8 +163,8 @@ impl Frames {
 
 fn kind_of(kind: u8, flags: u8, length: usize) -> Kind {
     match kind {
-        DATA if flags & END_STREAM != 0 || length > 0 => Kind::Useful,
-        HEADERS | CONTINUATION | PUSH_PROMISE => Kind::Useful,
+        DATA if flags & END_STREAM != 0 || length > 0 => Kind::Useful(data_credit(length)),
+        HEADERS | CONTINUATION | PUSH_PROMISE => Kind::Useful(CREDIT_PER_FRAME),
         PING | SETTINGS if flags & ACK == 0 => Kind::Asking,
         WINDOW_UPDATE => Kind::Other,
         // Acknowledgements too: the gateway asks for few (each earns
@@ -162,6 +172,14 @@ fn kind_of(kind: u8, flags: u8, length: usize) -> Kind {
         // for.
         _ => Kind::Idle,
     }
+}
+
+/// What a DATA frame carrying `data` bytes earns: one, and one more per
+/// [`BYTES_PER_CREDIT`], up to [`CREDIT_PER_FRAME`]. A frame of a byte
+/// earns one, so a peer that makes either side cut a body into tiny
+/// frames (tiny windows) buys one idle frame with each, never more.
+fn data_credit(data: usize) -> u64 {
+    (1 + (data / BYTES_PER_CREDIT) as u64).min(CREDIT_PER_FRAME)
 }
 
 /// A connection's two directions, and the peer's credit.
@@ -235,9 +253,9 @@ impl FrameWatch {
 
     fn earn(&mut self, kind: Kind) {
         let earned = match kind {
-            Kind::Useful => {
+            Kind::Useful(earned) => {
                 self.useful += 1;
-                CREDIT_PER_FRAME
+                earned
             }
             Kind::Asking => 1,
             Kind::Idle | Kind::Other => 0,
@@ -247,18 +265,21 @@ impl FrameWatch {
 
     fn spend(&mut self, kind: Kind, now: &impl Fn() -> Instant) -> Result<(), Flood> {
         match kind {
-            Kind::Useful => {
+            Kind::Useful(_) => {
                 self.earn(kind);
                 return Ok(());
             }
             Kind::Idle | Kind::Asking => self.idle += 1,
             Kind::Other => return Ok(()),
         }
-        if self.credit == 0 {
-            let now = now();
-            let seconds = now.saturating_duration_since(self.refilled).as_secs();
+        if self.credit == MOST_CREDIT {
+            // Time earns from when the credit is first spent below full:
+            // a connection that sat full has banked nothing.
+            self.refilled = now();
+        } else if self.credit == 0 {
+            let seconds = now().saturating_duration_since(self.refilled).as_secs();
             if seconds > 0 {
-                self.refilled = now;
+                self.refilled += Duration::from_secs(seconds);
                 let earned = seconds.saturating_mul(CREDIT_PER_SECOND);
                 self.credit = earned.min(MOST_CREDIT);
             }
@@ -327,50 +348,99 @@ mod tests {
     }
 
     #[test]
-    fn time_earns_credit_up_to_the_most() {
+    fn time_earns_credit_from_when_it_was_last_full() {
         let t0 = Instant::now();
         let mut watch = FrameWatch::of_server(t0);
         assert_eq!(watch.read(&pings(MOST), || t0), Ok(()));
-        let later = || t0 + Duration::from_secs(60);
+        let later = || t0 + Duration::from_millis(60_500);
         let earned = 60 * CREDIT_PER_SECOND as usize;
         assert_eq!(watch.read(&pings(earned), later), Ok(()));
         assert!(watch.read(&pings(1), later).is_err());
-        // An hour earns no more than a full credit.
+        // A connection that sat full for an hour has banked nothing: its
+        // first idle frame starts the clock.
         let mut watch = FrameWatch::of_server(t0);
         let hour = || t0 + Duration::from_secs(3600);
-        assert_eq!(watch.read(&pings(2 * MOST), hour), Ok(()));
+        assert_eq!(watch.read(&pings(MOST), hour), Ok(()));
         assert!(watch.read(&pings(1), hour).is_err());
+    }
+
+    #[test]
+    fn the_clock_is_read_only_when_credit_leaves_full_or_runs_out() {
+        let t0 = Instant::now();
+        let reads = std::cell::Cell::new(0);
+        let now = || {
+            reads.set(reads.get() + 1);
+            t0
+        };
+        let mut watch = FrameWatch::of_server(t0);
+        assert_eq!(watch.read(&pings(MOST), now), Ok(()));
+        assert_eq!(reads.get(), 1, "when the first left full");
+        assert!(watch.read(&pings(1), now).is_err());
+        assert_eq!(reads.get(), 2, "when it ran out");
+    }
+
+    #[test]
+    fn a_tiny_data_frame_buys_one_idle_frame() {
+        let (mut watch, now) = watch(Instant::now());
+        assert_eq!(watch.read(&pings(MOST), &now), Ok(()));
+        let mut bytes = frame(DATA, 0, b"x").repeat(3);
+        bytes.extend(frame(DATA, 0, &[7; 4096]));
+        assert_eq!(watch.read(&bytes, &now), Ok(()));
+        assert_eq!(watch.read(&pings(3 + 3), &now), Ok(()));
+        assert!(watch.read(&pings(1), &now).is_err());
     }
 
     #[test]
     fn frames_carrying_something_either_way_earn_credit() {
         let (mut watch, now) = watch(Instant::now());
         assert_eq!(watch.read(&pings(MOST), &now), Ok(()));
-        // Received: 10 heads earn 80; written: 5 DATA frames (and the
-        // preface before them) earn 40, and a PING of the gateway's 1.
+        // Received: 10 heads earn 80; written: 5 heads (after the
+        // preface) earn 40, a PING of the gateway's 1, an acknowledgement
+        // of its none, and one DATA frame of 16 KiB 8.
         let mut bytes = frame(HEADERS, 0x4, b"\x88").repeat(10);
         assert_eq!(watch.read(&bytes, &now), Ok(()));
         bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-        bytes.extend(frame(DATA, 0, b"chunk").repeat(5));
+        bytes.extend(frame(HEADERS, 0x4, b"\x88").repeat(5));
         bytes.extend(frame(PING, 0, b"liveness"));
+        bytes.extend(frame(PING, ACK, b"answered"));
+        bytes.extend(frame(DATA, 0, &[7; 16384]));
         let (front, back) = bytes.split_at(30);
-        let slices = [IoSlice::new(front), IoSlice::new(back)];
+        let slices = [IoSlice::new(front), IoSlice::new(&[]), IoSlice::new(back)];
+        watch.wrote(&slices, 0);
         watch.wrote(&slices, bytes.len());
-        assert_eq!(watch.read(&pings(121), &now), Ok(()));
+        assert_eq!(watch.read(&pings(129), &now), Ok(()));
         assert!(watch.read(&pings(1), &now).is_err());
     }
 
     #[test]
-    fn only_what_was_written_is_watched() {
+    fn only_what_was_written_is_watched_and_the_rest_when_it_is() {
         let (mut watch, now) = watch(Instant::now());
         assert_eq!(watch.read(&pings(MOST), &now), Ok(()));
         let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-        bytes.extend(frame(DATA, 0, b"chunk").repeat(2));
-        // The second frame's head was not all written (yet): it earns
-        // nothing.
-        watch.wrote(&[IoSlice::new(&bytes)], bytes.len() - 6);
+        bytes.extend(frame(HEADERS, 0x4, b"\x88").repeat(2));
+        // The second frame's head was not all written: it earns nothing,
+        // until the rest is.
+        let first = bytes.len() - 4;
+        watch.wrote(&[IoSlice::new(&bytes)], first);
+        assert_eq!(watch.read(&pings(8), &now), Ok(()));
+        assert!(watch.clone().read(&pings(1), &now).is_err());
+        watch.wrote(&[IoSlice::new(&bytes[first..])], 4);
         assert_eq!(watch.read(&pings(8), &now), Ok(()));
         assert!(watch.read(&pings(1), &now).is_err());
+    }
+
+    #[test]
+    fn a_client_connections_written_frames_start_at_once() {
+        // The gateway is the server: it writes no preface.
+        let t0 = Instant::now();
+        let mut watch = FrameWatch::of_client(t0);
+        let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        bytes.extend(pings(MOST));
+        assert_eq!(watch.read(&bytes, || t0), Ok(()));
+        let head = frame(HEADERS, 0x4, b"\x88");
+        watch.wrote(&[IoSlice::new(&head)], head.len());
+        assert_eq!(watch.read(&pings(8), || t0), Ok(()));
+        assert!(watch.read(&pings(1), || t0).is_err());
     }
 
     #[test]
