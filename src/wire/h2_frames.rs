@@ -22,9 +22,9 @@
 //! answering the gateway's traffic; a peer that makes bodies go in tiny
 //! frames buys one idle frame with each); each PING or SETTINGS the
 //! gateway sends earns one (its acknowledgement); time earns
-//! [`CREDIT_PER_SECOND`], counted from when the credit was last full.
-//! Credit never exceeds [`MOST_CREDIT`]: an old connection has banked no
-//! flood. A frame carrying nothing that finds no credit is a flood.
+//! [`CREDIT_PER_SECOND`]. Credit never exceeds [`MOST_CREDIT`]: an old
+//! connection has banked no flood. A frame carrying nothing that finds no
+//! credit is a flood.
 
 use std::time::{Duration, Instant};
 
@@ -41,6 +41,9 @@ pub const BYTES_PER_CREDIT: usize = 2048;
 /// What each second earns: a long-lived connection's keep-alive PINGs, or
 /// a shard refusing streams now and then, never add up to a flood.
 pub const CREDIT_PER_SECOND: u64 = 100;
+
+/// Milliseconds that earn one credit.
+const MS_PER_CREDIT: u128 = 1000 / CREDIT_PER_SECOND as u128;
 
 /// The client connection preface (RFC 9113 §3.4), before a client's frames.
 pub const PREFACE_LEN: usize = 24;
@@ -188,7 +191,7 @@ pub struct FrameWatch {
     read: Frames,
     written: Frames,
     credit: u64,
-    /// When time last earned credit.
+    /// Until when time has earned credit.
     refilled: Instant,
     idle: u64,
     useful: u64,
@@ -219,8 +222,9 @@ impl FrameWatch {
         }
     }
 
-    /// Watches the next `bytes` the peer sent (`now` is asked only when
-    /// its credit ran out). `Err` once it flooded, and on every call after.
+    /// Watches the next `bytes` the peer sent (`now` is asked once per
+    /// frame carrying nothing, never for the others). `Err` once it
+    /// flooded, and on every call after.
     pub fn read(&mut self, bytes: &[u8], now: impl Fn() -> Instant) -> Result<(), Flood> {
         if let Some(flood) = self.flooded {
             return Err(flood);
@@ -272,16 +276,19 @@ impl FrameWatch {
             Kind::Idle | Kind::Asking => self.idle += 1,
             Kind::Other => return Ok(()),
         }
-        if self.credit == MOST_CREDIT {
-            // Time earns from when the credit is first spent below full:
-            // a connection that sat full has banked nothing.
-            self.refilled = now();
-        } else if self.credit == 0 {
-            let seconds = now().saturating_duration_since(self.refilled).as_secs();
-            if seconds > 0 {
-                self.refilled += Duration::from_secs(seconds);
-                let earned = seconds.saturating_mul(CREDIT_PER_SECOND);
-                self.credit = earned.min(MOST_CREDIT);
+        // What time earned since it last did, up to full: credit never
+        // exceeds the most, so a connection has banked nothing beyond it.
+        let now = now();
+        let elapsed = now.saturating_duration_since(self.refilled).as_millis();
+        let earned = u64::try_from(elapsed / MS_PER_CREDIT).unwrap_or(u64::MAX);
+        if earned > 0 {
+            self.credit = self.credit.saturating_add(earned);
+            if self.credit >= MOST_CREDIT {
+                self.credit = MOST_CREDIT;
+                self.refilled = now;
+            } else {
+                // Whole credits only: the rest of the time still counts.
+                self.refilled += Duration::from_millis(earned * MS_PER_CREDIT as u64);
             }
         }
         match self.credit.checked_sub(1) {
@@ -348,24 +355,29 @@ mod tests {
     }
 
     #[test]
-    fn time_earns_credit_from_when_it_was_last_full() {
+    fn time_earns_credit_up_to_the_most_never_beyond() {
         let t0 = Instant::now();
         let mut watch = FrameWatch::of_server(t0);
         assert_eq!(watch.read(&pings(MOST), || t0), Ok(()));
+        // 60.5 s earn 6 050, the half second included.
         let later = || t0 + Duration::from_millis(60_500);
-        let earned = 60 * CREDIT_PER_SECOND as usize;
+        let earned = 6_050;
         assert_eq!(watch.read(&pings(earned), later), Ok(()));
-        assert!(watch.read(&pings(1), later).is_err());
-        // A connection that sat full for an hour has banked nothing: its
-        // first idle frame starts the clock.
+        assert!(watch.clone().read(&pings(1), later).is_err());
+        let a_bit_later = || t0 + Duration::from_millis(60_510);
+        assert_eq!(watch.read(&pings(1), a_bit_later), Ok(()));
+        assert!(watch.read(&pings(1), a_bit_later).is_err());
+        // A connection that sat below full for an hour holds the most,
+        // no more.
         let mut watch = FrameWatch::of_server(t0);
+        assert_eq!(watch.read(&pings(1), || t0), Ok(()));
         let hour = || t0 + Duration::from_secs(3600);
         assert_eq!(watch.read(&pings(MOST), hour), Ok(()));
         assert!(watch.read(&pings(1), hour).is_err());
     }
 
     #[test]
-    fn the_clock_is_read_only_when_credit_leaves_full_or_runs_out() {
+    fn the_clock_is_read_for_frames_carrying_nothing_only() {
         let t0 = Instant::now();
         let reads = std::cell::Cell::new(0);
         let now = || {
@@ -373,10 +385,13 @@ mod tests {
             t0
         };
         let mut watch = FrameWatch::of_server(t0);
-        assert_eq!(watch.read(&pings(MOST), now), Ok(()));
-        assert_eq!(reads.get(), 1, "when the first left full");
-        assert!(watch.read(&pings(1), now).is_err());
-        assert_eq!(reads.get(), 2, "when it ran out");
+        let mut bytes = frame(HEADERS, 0x4, b"\x88").repeat(10);
+        bytes.extend(frame(DATA, END_STREAM, b"body"));
+        bytes.extend(frame(WINDOW_UPDATE, 0, &[0, 0, 0, 1]));
+        assert_eq!(watch.read(&bytes, now), Ok(()));
+        assert_eq!(reads.get(), 0);
+        assert_eq!(watch.read(&pings(3), now), Ok(()));
+        assert_eq!(reads.get(), 3);
     }
 
     #[test]
