@@ -614,6 +614,8 @@ mod tests {
         };
         let task = run_tunnel(tunnel, Duration::from_secs(1));
         let size = std::mem::size_of_val(&task);
-        assert!(size <= 1200, "{size} bytes");
+        // 1 224 in a debug build since the tunnel counts its bytes (16,
+        // and the relay's reference to them).
+        assert!(size <= 1280, "{size} bytes");
     }
 }
