@@ -8,11 +8,10 @@
 //! this bounds.
 //!
 //! Carrying nothing: PING and SETTINGS (and their acknowledgements),
-//! RST_STREAM, PRIORITY, GOAWAY, frames of unknown types, and DATA that
-//! carries no data (padding at most) without ending its stream. Carrying
-//! something: HEADERS, CONTINUATION and any other DATA. Not counted:
-//! WINDOW_UPDATE (a flood of them costs the h2 crate a window's
-//! arithmetic per frame).
+//! RST_STREAM, PRIORITY, GOAWAY, frames of unknown types, DATA that
+//! carries no data (padding at most) without ending its stream, and
+//! WINDOW_UPDATE. Carrying something: HEADERS, CONTINUATION and any other
+//! DATA.
 //!
 //! Each frame the peer sends carrying nothing spends a credit. The
 //! connection starts with [`MOST_CREDIT`]; each frame carrying something,
@@ -54,7 +53,6 @@ const HEADERS: u8 = 0x1;
 const SETTINGS: u8 = 0x4;
 const PUSH_PROMISE: u8 = 0x5;
 const PING: u8 = 0x6;
-const WINDOW_UPDATE: u8 = 0x8;
 const CONTINUATION: u8 = 0x9;
 const END_STREAM: u8 = 0x1;
 const ACK: u8 = 0x1;
@@ -94,8 +92,6 @@ enum Kind {
     Useful(u64),
     /// A PING or SETTINGS asking for an acknowledgement.
     Asking,
-    /// Not counted.
-    Other,
 }
 
 /// Where one direction's bytes stand in its frames.
@@ -169,8 +165,9 @@ fn kind_of(kind: u8, flags: u8, length: usize) -> Kind {
         DATA if flags & END_STREAM != 0 || length > 0 => Kind::Useful(data_credit(length)),
         HEADERS | CONTINUATION | PUSH_PROMISE => Kind::Useful(CREDIT_PER_FRAME),
         PING | SETTINGS if flags & ACK == 0 => Kind::Asking,
-        WINDOW_UPDATE => Kind::Other,
-        // Acknowledgements too: the gateway asks for few (each earns
+        // WINDOW_UPDATE too (a peer sends one per window's worth of the
+        // DATA the gateway sent it, which earned credit), and
+        // acknowledgements: the gateway asks for few (each earns
         // one), and the h2 crate reads (and drops) those it never asked
         // for.
         _ => Kind::Idle,
@@ -190,11 +187,7 @@ fn data_credit(data: usize) -> u64 {
 pub struct FrameWatch {
     read: Frames,
     written: Frames,
-    credit: u64,
-    /// Until when time has earned credit.
-    refilled: Instant,
-    idle: u64,
-    useful: u64,
+    credit: Credit,
     /// Once flooded, flooded for good.
     flooded: Option<Flood>,
 }
@@ -214,10 +207,12 @@ impl FrameWatch {
         FrameWatch {
             read,
             written,
-            credit: MOST_CREDIT,
-            refilled: opened,
-            idle: 0,
-            useful: 0,
+            credit: Credit {
+                left: MOST_CREDIT,
+                refilled: opened,
+                idle: 0,
+                useful: 0,
+            },
             flooded: None,
         }
     }
@@ -229,32 +224,47 @@ impl FrameWatch {
         if let Some(flood) = self.flooded {
             return Err(flood);
         }
-        let mut frames = std::mem::replace(&mut self.read, Frames::after(0));
-        let outcome = frames.read(bytes, |kind| self.spend(kind, &now));
-        self.read = frames;
+        let credit = &mut self.credit;
+        let outcome = self.read.read(bytes, |kind| credit.spend(kind, &now));
         if let Err(flood) = outcome {
             self.flooded = Some(flood);
         }
         outcome
     }
 
+    /// Whether the peer has flooded.
+    pub fn flooded(&self) -> bool {
+        self.flooded.is_some()
+    }
+
     /// Watches what the gateway wrote to the peer: `n` bytes of `bufs`.
     pub fn wrote(&mut self, bufs: &[std::io::IoSlice<'_>], mut n: usize) {
         for buf in bufs {
             let taken = n.min(buf.len());
-            let mut written = std::mem::replace(&mut self.written, Frames::after(0));
-            let _ = written.read::<()>(&buf[..taken], |kind| {
-                self.earn(kind);
+            let credit = &mut self.credit;
+            let _ = self.written.read::<()>(&buf[..taken], |kind| {
+                credit.earn(kind);
                 Ok(())
             });
-            self.written = written;
             n -= taken;
             if n == 0 {
                 break;
             }
         }
     }
+}
 
+/// The peer's credit, and the frames counted.
+#[derive(Debug, Clone)]
+struct Credit {
+    left: u64,
+    /// Until when time has earned credit.
+    refilled: Instant,
+    idle: u64,
+    useful: u64,
+}
+
+impl Credit {
     fn earn(&mut self, kind: Kind) {
         let earned = match kind {
             Kind::Useful(earned) => {
@@ -262,9 +272,9 @@ impl FrameWatch {
                 earned
             }
             Kind::Asking => 1,
-            Kind::Idle | Kind::Other => 0,
+            Kind::Idle => 0,
         };
-        self.credit = self.credit.saturating_add(earned).min(MOST_CREDIT);
+        self.left = self.left.saturating_add(earned).min(MOST_CREDIT);
     }
 
     fn spend(&mut self, kind: Kind, now: &impl Fn() -> Instant) -> Result<(), Flood> {
@@ -274,7 +284,6 @@ impl FrameWatch {
                 return Ok(());
             }
             Kind::Idle | Kind::Asking => self.idle += 1,
-            Kind::Other => return Ok(()),
         }
         // What time earned since it last did, up to full: credit never
         // exceeds the most, so a connection has banked nothing beyond it.
@@ -282,18 +291,18 @@ impl FrameWatch {
         let elapsed = now.saturating_duration_since(self.refilled).as_millis();
         let earned = u64::try_from(elapsed / MS_PER_CREDIT).unwrap_or(u64::MAX);
         if earned > 0 {
-            self.credit = self.credit.saturating_add(earned);
-            if self.credit >= MOST_CREDIT {
-                self.credit = MOST_CREDIT;
+            self.left = self.left.saturating_add(earned);
+            if self.left >= MOST_CREDIT {
+                self.left = MOST_CREDIT;
                 self.refilled = now;
             } else {
                 // Whole credits only: the rest of the time still counts.
                 self.refilled += Duration::from_millis(earned * MS_PER_CREDIT as u64);
             }
         }
-        match self.credit.checked_sub(1) {
+        match self.left.checked_sub(1) {
             Some(left) => {
-                self.credit = left;
+                self.left = left;
                 Ok(())
             }
             None => Err(Flood {
@@ -313,6 +322,7 @@ mod tests {
     const PRIORITY: u8 = 0x2;
     const RST_STREAM: u8 = 0x3;
     const GOAWAY: u8 = 0x7;
+    const WINDOW_UPDATE: u8 = 0x8;
 
     fn frame(kind: u8, flags: u8, payload: &[u8]) -> Vec<u8> {
         let len = payload.len() as u32;
@@ -387,11 +397,30 @@ mod tests {
         let mut watch = FrameWatch::of_server(t0);
         let mut bytes = frame(HEADERS, 0x4, b"\x88").repeat(10);
         bytes.extend(frame(DATA, END_STREAM, b"body"));
-        bytes.extend(frame(WINDOW_UPDATE, 0, &[0, 0, 0, 1]));
         assert_eq!(watch.read(&bytes, now), Ok(()));
         assert_eq!(reads.get(), 0);
         assert_eq!(watch.read(&pings(3), now), Ok(()));
         assert_eq!(reads.get(), 3);
+    }
+
+    #[test]
+    fn window_updates_answer_the_data_sent_and_a_flood_of_them_is_cut_off() {
+        let (mut watch, now) = watch(Instant::now());
+        let update = frame(WINDOW_UPDATE, 0, &[0, 0, 0x80, 0]);
+        // A download: a window's worth of DATA sent (two 16 KiB frames,
+        // 16 credits) for every update, connection's and stream's: the
+        // updates never run the credit down.
+        let mut sent = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        watch.wrote(&[IoSlice::new(&sent)], sent.len());
+        sent = frame(DATA, 0, &[7; 16384]).repeat(2);
+        for _ in 0..20_000 {
+            watch.wrote(&[IoSlice::new(&sent)], sent.len());
+            assert_eq!(watch.read(&update.repeat(2), &now), Ok(()));
+        }
+        assert_eq!(watch.credit.left, MOST_CREDIT - 2);
+        // Updates for nothing sent are a flood.
+        assert_eq!(watch.read(&update.repeat(MOST - 2), &now), Ok(()));
+        assert!(watch.read(&update, &now).is_err());
     }
 
     #[test]
@@ -474,37 +503,40 @@ mod tests {
                 assert_eq!(watch.read(piece, || t0), Ok(()));
             }
             let at = (watch.read.have, watch.read.skip);
-            assert_eq!((watch.idle, watch.useful, at), (7, 5, (0, 0)), "by {step}");
+            assert_eq!(
+                (watch.credit.idle, watch.credit.useful, at),
+                (7, 5, (0, 0)),
+                "by {step}"
+            );
         }
     }
 
     #[test]
     fn what_counts_as_carrying_nothing() {
-        let cases: [(Vec<u8>, Option<bool>); 16] = [
-            (frame(DATA, 0, b""), Some(true)),
-            (frame(DATA, END_STREAM, b""), Some(false)),
-            (frame(DATA, 0, b"x"), Some(false)),
-            (padded(0, 255), Some(true)),
-            (padded(1, 255), Some(false)),
-            (frame(DATA, PADDED, &[200]), Some(true)),
-            (frame(HEADERS, 0, b"\x88"), Some(false)),
-            (frame(CONTINUATION, 0, b"\x88"), Some(false)),
-            (frame(PING, 0, b"12345678"), Some(true)),
-            (frame(PING, ACK, b"12345678"), Some(true)),
-            (frame(SETTINGS, ACK, b""), Some(true)),
-            (frame(PRIORITY, 0, &[0, 0, 0, 0, 16]), Some(true)),
-            (frame(GOAWAY, 0, &[0; 8]), Some(true)),
-            (frame(WINDOW_UPDATE, 0, &[0, 0, 0, 1]), None),
-            (frame(RST_STREAM, 0, &[0, 0, 0, 8]), Some(true)),
-            (frame(0xfa, 0, b"unknown"), Some(true)),
+        let cases: [(Vec<u8>, bool); 16] = [
+            (frame(DATA, 0, b""), true),
+            (frame(DATA, END_STREAM, b""), false),
+            (frame(DATA, 0, b"x"), false),
+            (padded(0, 255), true),
+            (padded(1, 255), false),
+            (frame(DATA, PADDED, &[200]), true),
+            (frame(HEADERS, 0, b"\x88"), false),
+            (frame(CONTINUATION, 0, b"\x88"), false),
+            (frame(PING, 0, b"12345678"), true),
+            (frame(PING, ACK, b"12345678"), true),
+            (frame(SETTINGS, ACK, b""), true),
+            (frame(PRIORITY, 0, &[0, 0, 0, 0, 16]), true),
+            (frame(GOAWAY, 0, &[0; 8]), true),
+            (frame(WINDOW_UPDATE, 0, &[0, 0, 0, 1]), true),
+            (frame(RST_STREAM, 0, &[0, 0, 0, 8]), true),
+            (frame(0xfa, 0, b"unknown"), true),
         ];
         for (bytes, idle) in cases {
             let (mut watch, now) = watch(Instant::now());
             assert_eq!(watch.read(&bytes, now), Ok(()));
-            let counted = match (watch.idle, watch.useful) {
-                (0, 0) => None,
-                (1, 0) => Some(true),
-                (0, 1) => Some(false),
+            let counted = match (watch.credit.idle, watch.credit.useful) {
+                (1, 0) => true,
+                (0, 1) => false,
                 other => panic!("{other:?}"),
             };
             assert_eq!(counted, idle, "{bytes:?}");
@@ -518,6 +550,6 @@ mod tests {
         let mut bytes = frame(DATA, 0, &pings(MOST * 2));
         bytes.extend(frame(DATA, END_STREAM, b""));
         assert_eq!(watch.read(&bytes, now), Ok(()));
-        assert_eq!((watch.idle, watch.useful), (0, 2));
+        assert_eq!((watch.credit.idle, watch.credit.useful), (0, 2));
     }
 }
