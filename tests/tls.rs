@@ -521,27 +521,12 @@ fn http2_rapid_resets_get_goaway_and_neither_spend_a_token_nor_reach_a_shard() {
 /// closes the connection, says why in its log, and serves the next client.
 #[test]
 fn an_http2_ping_flood_from_a_client_is_cut_off() {
-    use tokio::io::AsyncWriteExt;
     let ca = Ca::new();
     let certs = tempfile::tempdir().expect("dir");
     ca.issue(certs.path(), "apps", &["*.apps.test"]);
     let backend = Backend::start("a");
     let (gw, _) = edge(&backend, certs.path(), "  default_cert: apps\n", "");
-    let (mut read, mut write) = tokio::io::split(h2_client(gw.port));
-    let (frames, closed) = runtime().block_on(async move {
-        let reader =
-            tokio::spawn(
-                async move { h2_read_until_closed(&mut read, Duration::from_secs(20)).await },
-            );
-        let batch = h2_frame(6, 0, 0, b"hostile!").repeat(1000);
-        for _ in 0..30 {
-            if write.write_all(&batch).await.is_err() {
-                break;
-            }
-        }
-        reader.await.expect("the reader")
-    });
-    assert!(closed, "the connection stayed open");
+    let frames = flood(gw.port, &h2_frame(6, 0, 0, b"hostile!"));
     let mut at = 0;
     let mut answers = 0;
     while at + 9 <= frames.len() {
@@ -550,8 +535,9 @@ fn an_http2_ping_flood_from_a_client_is_cut_off() {
         at += 9 + len;
     }
     // 10 000 credits, and 100 a second (20 s at most): most of the
-    // 30 000 unanswered.
+    // 30 000 unanswered; then GOAWAY.
     assert!((1..12_500).contains(&answers), "{answers} PINGs answered");
+    assert_eq!(goaway_code(&frames), Some(0xb), "GOAWAY(ENHANCE_YOUR_CALM)");
     assert!(
         eventually(Duration::from_secs(3), || gw.log().contains("HTTP/2 flood")),
         "{}",
@@ -560,6 +546,41 @@ fn an_http2_ping_flood_from_a_client_is_cut_off() {
     let ca_file = ca.pem_file(certs.path());
     let (status, _, body) = curl_h2(gw.port, "shop.apps.test", "/", &ca_file);
     assert_eq!(status, "200", "{body}");
+    // WINDOW_UPDATEs for nothing sent (the connection's window, a byte at
+    // a time): cut off as well.
+    let frames = flood(gw.port, &h2_frame(8, 0, 0, &[0, 0, 0, 1]));
+    assert_eq!(goaway_code(&frames), Some(0xb), "GOAWAY(ENHANCE_YOUR_CALM)");
+    assert!(
+        eventually(Duration::from_secs(3), || gw
+            .log()
+            .matches("HTTP/2 flood")
+            .count()
+            == 2),
+        "{}",
+        gw.log()
+    );
+}
+
+/// Sends 30 000 of `frame` on a new HTTP/2 connection, and what came back
+/// until the gateway closed it (within 20 s, or the test fails).
+fn flood(port: u16, frame: &[u8]) -> Vec<u8> {
+    use tokio::io::AsyncWriteExt;
+    let (mut read, mut write) = tokio::io::split(h2_client(port));
+    let batch = frame.repeat(1000);
+    let (frames, closed) = runtime().block_on(async move {
+        let reader =
+            tokio::spawn(
+                async move { h2_read_until_closed(&mut read, Duration::from_secs(20)).await },
+            );
+        for _ in 0..30 {
+            if write.write_all(&batch).await.is_err() {
+                break;
+            }
+        }
+        reader.await.expect("the reader")
+    });
+    assert!(closed, "the connection stayed open");
+    frames
 }
 
 #[test]

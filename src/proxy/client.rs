@@ -15,7 +15,7 @@
 //! while it waits for a shard.
 
 use super::pipeline::framing::{Framing, Part, MAX_SIZE_LINE};
-use crate::wire::h2_frames::FrameWatch;
+use super::watched::Watched;
 use bytes::BytesMut;
 use pingora::protocols::tls::TlsRef;
 use pingora::protocols::{
@@ -261,95 +261,8 @@ macro_rules! forward_to_inner {
 
 forward_to_inner!(OneRequest);
 
-/// An HTTP/2 client's stream: the bytes already read from it (the first
-/// of the connection, read before the h2 crate's handshake takes its
-/// buffers) put back in front, and every byte both ways watched for a
-/// flood (`wire::h2_frames`): a flooding client's reads fail, and the
-/// connection closes.
-#[derive(Debug)]
-pub struct Rewound {
-    front: bytes::Bytes,
-    inner: Stream,
-    frames: FrameWatch,
-}
-
-impl Rewound {
-    pub fn new(inner: Stream, front: &[u8]) -> Self {
-        Rewound {
-            front: bytes::Bytes::copy_from_slice(front),
-            inner,
-            frames: FrameWatch::of_client(std::time::Instant::now()),
-        }
-    }
-}
-
-impl AsyncRead for Rewound {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        if this.front.is_empty() {
-            ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
-        } else {
-            let n = this.front.len().min(buf.remaining());
-            buf.put_slice(&this.front.split_to(n));
-        }
-        if let Err(flood) = this
-            .frames
-            .read(&buf.filled()[before..], std::time::Instant::now)
-        {
-            let digest = this.inner.get_socket_digest();
-            let client = digest.as_ref().and_then(|d| d.peer_addr());
-            match client {
-                Some(client) => log::warn!("{flood} from client {client}: connection closed"),
-                None => log::warn!("{flood} from a client: connection closed"),
-            }
-            return Poll::Ready(Err(flood.into()));
-        }
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl AsyncWrite for Rewound {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let n = ready!(Pin::new(&mut this.inner).poll_write(cx, buf))?;
-        this.frames.wrote(&[io::IoSlice::new(buf)], n);
-        Poll::Ready(Ok(n))
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let n = ready!(Pin::new(&mut this.inner).poll_write_vectored(cx, bufs))?;
-        this.frames.wrote(bufs, n);
-        Poll::Ready(Ok(n))
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
-
-forward_to_inner!(Rewound, the rest);
+// An HTTP/2 client's stream (`super::watched`) is one to Pingora too.
+forward_to_inner!(Watched<Stream>, the rest);
 
 /// Reads and drops what the client still sends (a body it is uploading)
 /// for a while after the answer, before the socket closes: closing with

@@ -3,12 +3,12 @@
 //! connection's own task by the fast transport (or by Pingora's proxy
 //! when it is off).
 
-use super::client::Rewound;
 use super::ctx::RequestCtx;
 use super::fast::h2::Served;
 use super::fast::FastPath;
 use super::frontend::{peer, Frontend};
 use super::hooks::RequestLine;
+use super::watched::Watched;
 use futures_util::future::Either;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// The streams in flight on an HTTP/2 connection, and a wake-up when the
@@ -180,7 +181,12 @@ where
     ) {
         let digest = digest_of(&stream);
         let first_by = Instant::now() + self.limits.keepalive_timeout;
-        let Some(mut conn) = self.handshake_h2(stream, read, first_by).await else {
+        // Told if the client floods the connection (`super::watched`).
+        let alarm = Arc::new(Notify::new());
+        let Some(mut conn) = self
+            .handshake_h2(stream, read, first_by, Arc::clone(&alarm))
+            .await
+        else {
             return;
         };
         let idle_timeout = self.inner.server_options().and_then(|o| o.h2_idle_timeout);
@@ -210,6 +216,11 @@ where
                         break;
                     }
                     continue;
+                }
+                // Logged as it was found.
+                () = alarm.notified() => {
+                    goaway_calm(&mut conn).await;
+                    break;
                 }
                 accepted = H2Session::from_h2_conn(&mut conn, Arc::clone(&digest)) => accepted,
                 // Idle with nothing in flight, or no first request in time:
@@ -282,6 +293,7 @@ where
         stream: Stream,
         read: &[u8],
         first_by: Instant,
+        alarm: Arc<Notify>,
     ) -> Option<h2::server::Connection<Stream, bytes::Bytes>> {
         use pingora::protocols::http::v2::server::handshake;
         use pingora::ErrorType::ReadError;
@@ -291,9 +303,15 @@ where
         // connection's), put back in front, under the same deadline as
         // the handshake.
         let options = self.inner.h2_options();
+        let digest = stream.get_socket_digest();
+        let addr = digest
+            .as_ref()
+            .and_then(|d| d.peer_addr()?.as_inet().copied());
+        let flooded = Arc::clone(&alarm);
         let handshake = async move {
             if !read.is_empty() {
-                return handshake(Box::new(Rewound::new(stream, read)), options).await;
+                let watched = Watched::client(stream, read, addr, alarm);
+                return handshake(Box::new(watched), options).await;
             }
             let mut stream = stream;
             let mut start = [0u8; 24]; // a preface's length
@@ -303,9 +321,19 @@ where
             if n == 0 {
                 return pingora::Error::e_explain(ReadError, "closed before the preface");
             }
-            handshake(Box::new(Rewound::new(stream, &start[..n])), options).await
+            handshake(
+                Box::new(Watched::client(stream, &start[..n], addr, alarm)),
+                options,
+            )
+            .await
         };
-        match tokio::time::timeout_at(first_by, handshake).await {
+        let handshake = tokio::time::timeout_at(first_by, handshake);
+        let handshaken = tokio::select! {
+            handshaken = handshake => handshaken,
+            // Logged as it was found; its reads wait from then on.
+            () = flooded.notified() => return None,
+        };
+        match handshaken {
             Ok(Ok(conn)) => Some(conn),
             Ok(Err(e)) => {
                 log::debug!("HTTP/2 handshake with a client failed: {e}");
@@ -342,12 +370,18 @@ where
             resets.late,
             resets.accepted + resets.early,
         );
-        conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
-        // The GOAWAY goes out while the connection is driven: a second at
-        // most (a client that stopped reading does not hold the socket).
-        let flushed = std::future::poll_fn(|cx| conn.poll_closed(cx));
-        let _ = tokio::time::timeout(Duration::from_secs(1), flushed).await;
+        goaway_calm(conn).await;
     }
+}
+
+/// GOAWAY (`ENHANCE_YOUR_CALM`) to a client that abused its connection,
+/// which then closes.
+async fn goaway_calm(conn: &mut h2::server::Connection<Stream, bytes::Bytes>) {
+    conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
+    // The GOAWAY goes out while the connection is driven: a second at
+    // most (a client that stopped reading does not hold the socket).
+    let flushed = std::future::poll_fn(|cx| conn.poll_closed(cx));
+    let _ = tokio::time::timeout(Duration::from_secs(1), flushed).await;
 }
 
 /// How a stream's service ended; logs one that panicked (it was reset as

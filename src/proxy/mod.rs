@@ -34,6 +34,7 @@ pub mod pipeline;
 pub mod proxy_protocol;
 pub mod quic;
 pub(crate) mod upstream;
+pub mod watched;
 pub mod wrap;
 
 /// The hooks an embedder implements, at the path embedders name

@@ -17,7 +17,7 @@
 //! (stream and connection windows), server push (off). What the `h2`
 //! crate bounds itself: queued PING answers and SETTINGS acknowledgements
 //! (one at a time), CONTINUATION floods. What it does not: a flood's CPU,
-//! frame by frame; a shard that floods is cut off ([`Watched`]).
+//! frame by frame; a shard that floods is cut off (`proxy::watched`).
 
 use super::conn::{Alpn, Conn, UpstreamTls};
 pub(crate) use super::h2_message::FieldRules;
@@ -25,20 +25,17 @@ use super::h2_stream::ShardStream;
 use crate::control::{ShardPeer, UpstreamKey};
 use crate::proxy::hooks::UpstreamFailure;
 use crate::proxy::pipeline::failure::AttemptFailure;
+use crate::proxy::watched::Watched;
 use crate::routing::ShardProtocol;
-use crate::wire::h2_frames::FrameWatch;
 use bytes::Bytes;
 use h2::client::SendRequest;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::future::poll_fn;
-use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::Poll;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
@@ -296,7 +293,7 @@ impl H2Pool {
             .max_header_list_size(MAX_HEADER_LIST)
             .max_send_buffer_size(SEND_BUFFER)
             .enable_push(false)
-            .handshake::<_, Bytes>(Watched::new(io, peer.addr))
+            .handshake::<_, Bytes>(Watched::shard(io, peer.addr))
             .await
             .map_err(std::io::Error::other)?;
         let mut connection = connection;
@@ -430,7 +427,7 @@ enum Event {
 /// Drives one connection until it ends, is silent for a ping's round, or
 /// idles past `idle_timeout`; then marks it closed (and drops it).
 async fn drive(
-    mut connection: h2::client::Connection<Watched, Bytes>,
+    mut connection: h2::client::Connection<Watched<Conn>, Bytes>,
     mut ping: Option<h2::PingPong>,
     shared: Arc<Shared>,
     (ping_every, idle_timeout): (Duration, Duration),
@@ -496,76 +493,4 @@ async fn drive(
         }
     }
     shared.closed.store(true, Ordering::SeqCst);
-}
-
-/// A shard's connection, every byte both ways watched for a flood
-/// (`wire::h2_frames`): a flooding shard's reads fail, and the connection
-/// closes (its streams fail as a reset connection's do).
-pub(crate) struct Watched {
-    inner: Conn,
-    frames: FrameWatch,
-    shard: SocketAddr,
-}
-
-impl Watched {
-    fn new(inner: Conn, shard: SocketAddr) -> Watched {
-        Watched {
-            inner,
-            frames: FrameWatch::of_server(Instant::now()),
-            shard,
-        }
-    }
-}
-
-impl AsyncRead for Watched {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
-        if let Err(flood) = this.frames.read(&buf.filled()[before..], Instant::now) {
-            log::warn!("{flood} from shard {}: connection closed", this.shard);
-            return Poll::Ready(Err(flood.into()));
-        }
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl AsyncWrite for Watched {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        let n = ready!(Pin::new(&mut this.inner).poll_write(cx, buf))?;
-        this.frames.wrote(&[std::io::IoSlice::new(buf)], n);
-        Poll::Ready(Ok(n))
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        let n = ready!(Pin::new(&mut this.inner).poll_write_vectored(cx, bufs))?;
-        this.frames.wrote(bufs, n);
-        Poll::Ready(Ok(n))
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
 }
