@@ -304,10 +304,7 @@ where
         // the handshake.
         let options = self.inner.h2_options();
         let digest = stream.get_socket_digest();
-        let addr = digest
-            .as_ref()
-            .and_then(|d| d.peer_addr()?.as_inet().copied());
-        let flooded = Arc::clone(&alarm);
+        let addr = digest.as_ref().and_then(|d| d.peer_addr().cloned());
         let handshake = async move {
             if !read.is_empty() {
                 let watched = Watched::client(stream, read, addr, alarm);
@@ -327,13 +324,8 @@ where
             )
             .await
         };
-        let handshake = tokio::time::timeout_at(first_by, handshake);
-        let handshaken = tokio::select! {
-            handshaken = handshake => handshaken,
-            // Logged as it was found; its reads wait from then on.
-            () = flooded.notified() => return None,
-        };
-        match handshaken {
+        // (The handshake reads the preface only: no frame, no flood.)
+        match tokio::time::timeout_at(first_by, handshake).await {
             Ok(Ok(conn)) => Some(conn),
             Ok(Err(e)) => {
                 log::debug!("HTTP/2 handshake with a client failed: {e}");
@@ -378,10 +370,11 @@ where
 /// which then closes.
 async fn goaway_calm(conn: &mut h2::server::Connection<Stream, bytes::Bytes>) {
     conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
-    // The GOAWAY goes out while the connection is driven: a second at
-    // most (a client that stopped reading does not hold the socket).
+    // The GOAWAY goes out while the connection is driven, then (after a
+    // flood) the client is read a second more: two seconds at most (a
+    // client that stopped reading does not hold the socket).
     let flushed = std::future::poll_fn(|cx| conn.poll_closed(cx));
-    let _ = tokio::time::timeout(Duration::from_secs(1), flushed).await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), flushed).await;
 }
 
 /// How a stream's service ended; logs one that panicked (it was reset as

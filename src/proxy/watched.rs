@@ -1,27 +1,39 @@
 //! An HTTP/2 connection's stream, every byte both ways watched for a
 //! flood (`wire::h2_frames`): a client's (TLS or prior knowledge) and an
-//! `h2` shard's alike. The log says who flooded, and how. A client's
-//! reads then stop, and its server is alarmed: it sends GOAWAY
-//! (`ENHANCE_YOUR_CALM`, as to a rapid reset) and closes. A shard's reads
-//! fail: its connection closes, and its streams fail as a reset
-//! connection's do.
+//! `h2` shard's alike. The log says who flooded, and how.
+//!
+//! A flooding client's server is alarmed: it sends GOAWAY
+//! (`ENHANCE_YOUR_CALM`, as to a rapid reset) and closes the connection.
+//! From the flood on, what the client sends is read and dropped, until
+//! its write side is shut after the GOAWAY and for a while after (as
+//! nginx's lingering close): closed with unread bytes, the socket would
+//! be reset, and a reset can destroy the GOAWAY before the client reads
+//! it. A flooding shard's reads fail: its connection closes at once, and
+//! its streams fail as a reset connection's do.
 
 use crate::wire::h2_frames::FrameWatch;
 use bytes::Bytes;
+use pingora::protocols::l4::socket::SocketAddr as ClientAddr;
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 
+/// How long, and how many bytes, a flooding client is read after its
+/// connection's write side is shut (nginx's `lingering_time` is longer:
+/// this client is hostile).
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 1 << 20;
+
 /// Who is on the other end, as a flood's log line names it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Peer {
-    /// A client, at its address (none: a Unix socket's).
-    Client(Option<SocketAddr>),
+    Client(Option<ClientAddr>),
     Shard(SocketAddr),
 }
 
@@ -34,9 +46,18 @@ pub struct Watched<S> {
     pub(super) inner: S,
     frames: FrameWatch,
     peer: Peer,
-    /// Told when the peer floods, from then on its reads wait; `None`:
-    /// they fail.
+    /// Told when the peer floods (a client's server); `None`: its reads
+    /// fail then.
     alarm: Option<Arc<Notify>>,
+    /// After a client's flood: what is still dropped of what it sends,
+    /// and until when once the write side is shut.
+    linger: Option<Linger>,
+}
+
+#[derive(Debug)]
+struct Linger {
+    bytes: usize,
+    shut: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<S> Watched<S> {
@@ -45,7 +66,7 @@ impl<S> Watched<S> {
     pub fn client(
         inner: S,
         front: &[u8],
-        addr: Option<SocketAddr>,
+        addr: Option<ClientAddr>,
         alarm: Arc<Notify>,
     ) -> Watched<S> {
         Watched {
@@ -54,6 +75,7 @@ impl<S> Watched<S> {
             frames: FrameWatch::of_client(Instant::now()),
             peer: Peer::Client(addr),
             alarm: Some(alarm),
+            linger: None,
         }
     }
 
@@ -65,7 +87,31 @@ impl<S> Watched<S> {
             frames: FrameWatch::of_server(Instant::now()),
             peer: Peer::Shard(addr),
             alarm: None,
+            linger: None,
         }
+    }
+}
+
+impl<S: AsyncRead + Unpin> Watched<S> {
+    /// Reads and drops what a flooding client sends: ready once it closed
+    /// (or failed), or sent [`LINGER_BYTES`] since its flood.
+    fn poll_drop(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(linger) = self.linger.as_mut() else {
+            return Poll::Ready(());
+        };
+        let mut scratch = [0u8; 2048];
+        while linger.bytes > 0 {
+            let mut buf = ReadBuf::new(&mut scratch);
+            match Pin::new(&mut self.inner).poll_read(cx, &mut buf) {
+                Poll::Ready(Ok(())) if !buf.filled().is_empty() => {
+                    linger.bytes = linger.bytes.saturating_sub(buf.filled().len());
+                }
+                Poll::Ready(_) => break,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        linger.bytes = 0;
+        Poll::Ready(())
     }
 }
 
@@ -76,7 +122,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this.frames.flooded() && this.alarm.is_some() {
+        if this.linger.is_some() {
+            // Nothing more reaches the h2 crate: the GOAWAY goes out as
+            // the connection is driven (its writes wake it).
+            let _ = this.poll_drop(cx);
             return Poll::Pending;
         }
         let before = buf.filled().len();
@@ -89,26 +138,27 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         let Err(flood) = this.frames.read(&buf.filled()[before..], Instant::now) else {
             return Poll::Ready(Ok(()));
         };
-        match this.peer {
+        match &this.peer {
             Peer::Client(Some(addr)) => log::warn!("{flood} from client {addr}: GOAWAY"),
             Peer::Client(None) => log::warn!("{flood} from a client: GOAWAY"),
             Peer::Shard(addr) => log::warn!("{flood} from shard {addr}: connection closed"),
         }
-        match &this.alarm {
-            Some(alarm) => {
-                // Nothing more of the peer's is read (what came with the
-                // flood is dropped): the GOAWAY goes out, and the
-                // connection closes.
-                buf.set_filled(before);
-                alarm.notify_one();
-                Poll::Pending
-            }
-            None => Poll::Ready(Err(flood.into())),
-        }
+        let Some(alarm) = &this.alarm else {
+            return Poll::Ready(Err(flood.into()));
+        };
+        // What came with the flood is dropped too.
+        buf.set_filled(before);
+        alarm.notify_one();
+        this.linger = Some(Linger {
+            bytes: LINGER_BYTES,
+            shut: None,
+        });
+        let _ = this.poll_drop(cx);
+        Poll::Pending
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -139,7 +189,25 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         Pin::new(&mut self.get_mut().inner).poll_flush(cx)
     }
 
+    /// After a client's flood, the write side shut (the GOAWAY sent
+    /// before it), what the client still sends is read for [`LINGER`] at
+    /// most, and dropped.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        let this = self.get_mut();
+        let shut = match this.linger.as_mut() {
+            None => return Pin::new(&mut this.inner).poll_shutdown(cx),
+            Some(linger) => &mut linger.shut,
+        };
+        if shut.is_none() {
+            ready!(Pin::new(&mut this.inner).poll_shutdown(cx))?;
+            *shut = Some(Box::pin(tokio::time::sleep(LINGER)));
+        }
+        if this.poll_drop(cx).is_ready() {
+            return Poll::Ready(Ok(()));
+        }
+        match this.linger.as_mut().and_then(|l| l.shut.as_mut()) {
+            Some(sleep) => sleep.as_mut().poll(cx).map(Ok),
+            None => Poll::Ready(Ok(())),
+        }
     }
 }

@@ -21,7 +21,10 @@
 //! answering the gateway's traffic; a peer that makes bodies go in tiny
 //! frames buys one idle frame with each); each PING or SETTINGS the
 //! gateway sends earns one (its acknowledgement); time earns
-//! [`CREDIT_PER_SECOND`]. Credit never exceeds [`MOST_CREDIT`]: an old
+//! [`CREDIT_PER_SECOND`]. A WINDOW_UPDATE spends nothing while the DATA
+//! the gateway sent allows it ([`WINDOWS_PER_DATA`] per frame, and one
+//! per [`BYTES_PER_WINDOW`]; at most [`MOST_CREDIT`] banked), and a
+//! credit beyond. Credit never exceeds [`MOST_CREDIT`]: an old
 //! connection has banked no flood. A frame carrying nothing that finds no
 //! credit is a flood.
 
@@ -36,6 +39,14 @@ pub const CREDIT_PER_FRAME: u64 = 8;
 
 /// The bytes of DATA that earn one credit more.
 pub const BYTES_PER_CREDIT: usize = 2048;
+
+/// The WINDOW_UPDATEs each DATA frame the gateway sends lets its peer
+/// send, whatever its size, and the bytes of it that let one more: a
+/// grpc-go peer sends one with each BDP ping (as often as one per small
+/// DATA frame it receives), and a Go peer one for its connection and one
+/// for the stream per 4 KiB it reads.
+pub const WINDOWS_PER_DATA: u64 = 2;
+pub const BYTES_PER_WINDOW: usize = 2048;
 
 /// What each second earns: a long-lived connection's keep-alive PINGs, or
 /// a shard refusing streams now and then, never add up to a flood.
@@ -53,6 +64,7 @@ const HEADERS: u8 = 0x1;
 const SETTINGS: u8 = 0x4;
 const PUSH_PROMISE: u8 = 0x5;
 const PING: u8 = 0x6;
+const WINDOW_UPDATE: u8 = 0x8;
 const CONTINUATION: u8 = 0x9;
 const END_STREAM: u8 = 0x1;
 const ACK: u8 = 0x1;
@@ -88,10 +100,15 @@ impl From<Flood> for std::io::Error {
 enum Kind {
     /// Carries nothing for a request.
     Idle,
-    /// Carries something: earns this much credit.
-    Useful(u64),
+    /// A head (HEADERS, CONTINUATION, PUSH_PROMISE): earns
+    /// [`CREDIT_PER_FRAME`].
+    Head,
+    /// DATA carrying this many bytes of data (none: it ends its stream).
+    Data(usize),
     /// A PING or SETTINGS asking for an acknowledgement.
     Asking,
+    /// A WINDOW_UPDATE.
+    Window,
 }
 
 /// Where one direction's bytes stand in its frames.
@@ -131,7 +148,7 @@ impl Frames {
                     let data = length.saturating_sub(1 + usize::from(first));
                     seen(match data {
                         0 => Kind::Idle,
-                        data => Kind::Useful(data_credit(data)),
+                        data => Kind::Data(data),
                     })?;
                 }
                 let n = self.skip.min(bytes.len());
@@ -162,12 +179,11 @@ impl Frames {
 
 fn kind_of(kind: u8, flags: u8, length: usize) -> Kind {
     match kind {
-        DATA if flags & END_STREAM != 0 || length > 0 => Kind::Useful(data_credit(length)),
-        HEADERS | CONTINUATION | PUSH_PROMISE => Kind::Useful(CREDIT_PER_FRAME),
+        DATA if flags & END_STREAM != 0 || length > 0 => Kind::Data(length),
+        HEADERS | CONTINUATION | PUSH_PROMISE => Kind::Head,
         PING | SETTINGS if flags & ACK == 0 => Kind::Asking,
-        // WINDOW_UPDATE too (a peer sends one per window's worth of the
-        // DATA the gateway sent it, which earned credit), and
-        // acknowledgements: the gateway asks for few (each earns
+        WINDOW_UPDATE => Kind::Window,
+        // Acknowledgements too: the gateway asks for few (each earns
         // one), and the h2 crate reads (and drops) those it never asked
         // for.
         _ => Kind::Idle,
@@ -180,6 +196,12 @@ fn kind_of(kind: u8, flags: u8, length: usize) -> Kind {
 /// frames (tiny windows) buys one idle frame with each, never more.
 fn data_credit(data: usize) -> u64 {
     (1 + (data / BYTES_PER_CREDIT) as u64).min(CREDIT_PER_FRAME)
+}
+
+/// The WINDOW_UPDATEs a DATA frame of `data` bytes the gateway sent lets
+/// its peer send: [`WINDOWS_PER_DATA`], and one per [`BYTES_PER_WINDOW`].
+fn data_windows(data: usize) -> u64 {
+    WINDOWS_PER_DATA + (data / BYTES_PER_WINDOW) as u64
 }
 
 /// A connection's two directions, and the peer's credit.
@@ -209,6 +231,7 @@ impl FrameWatch {
             written,
             credit: Credit {
                 left: MOST_CREDIT,
+                windows: 0,
                 refilled: opened,
                 idle: 0,
                 useful: 0,
@@ -258,6 +281,9 @@ impl FrameWatch {
 #[derive(Debug, Clone)]
 struct Credit {
     left: u64,
+    /// WINDOW_UPDATEs the DATA the gateway sent lets the peer send (at
+    /// most [`MOST_CREDIT`]), before they spend credit.
+    windows: u64,
     /// Until when time has earned credit.
     refilled: Instant,
     idle: u64,
@@ -265,25 +291,41 @@ struct Credit {
 }
 
 impl Credit {
+    /// A frame the gateway wrote.
     fn earn(&mut self, kind: Kind) {
+        if let Kind::Data(data) = kind {
+            self.windows = (self.windows + data_windows(data)).min(MOST_CREDIT);
+        }
         let earned = match kind {
-            Kind::Useful(earned) => {
-                self.useful += 1;
-                earned
-            }
+            Kind::Head | Kind::Data(_) => self.useful(kind),
             Kind::Asking => 1,
-            Kind::Idle => 0,
+            Kind::Idle | Kind::Window => 0,
         };
         self.left = self.left.saturating_add(earned).min(MOST_CREDIT);
     }
 
+    /// A frame carrying something, either way: what it earns.
+    fn useful(&mut self, kind: Kind) -> u64 {
+        self.useful += 1;
+        match kind {
+            Kind::Data(data) => data_credit(data),
+            _ => CREDIT_PER_FRAME,
+        }
+    }
+
+    /// A frame the peer sent.
     fn spend(&mut self, kind: Kind, now: &impl Fn() -> Instant) -> Result<(), Flood> {
         match kind {
-            Kind::Useful(_) => {
-                self.earn(kind);
+            Kind::Head | Kind::Data(_) => {
+                let earned = self.useful(kind);
+                self.left = self.left.saturating_add(earned).min(MOST_CREDIT);
                 return Ok(());
             }
-            Kind::Idle | Kind::Asking => self.idle += 1,
+            Kind::Window if self.windows > 0 => {
+                self.windows -= 1;
+                return Ok(());
+            }
+            Kind::Idle | Kind::Asking | Kind::Window => self.idle += 1,
         }
         // What time earned since it last did, up to full: credit never
         // exceeds the most, so a connection has banked nothing beyond it.
@@ -322,7 +364,6 @@ mod tests {
     const PRIORITY: u8 = 0x2;
     const RST_STREAM: u8 = 0x3;
     const GOAWAY: u8 = 0x7;
-    const WINDOW_UPDATE: u8 = 0x8;
 
     fn frame(kind: u8, flags: u8, payload: &[u8]) -> Vec<u8> {
         let len = payload.len() as u32;
@@ -403,24 +444,74 @@ mod tests {
         assert_eq!(reads.get(), 3);
     }
 
+    /// A server's connection whose preface the gateway wrote.
+    fn opened(t0: Instant) -> (FrameWatch, impl Fn() -> Instant) {
+        let (mut watch, now) = watch(t0);
+        let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        watch.wrote(&[IoSlice::new(preface)], preface.len());
+        (watch, now)
+    }
+
+    fn updates(n: usize) -> Vec<u8> {
+        frame(WINDOW_UPDATE, 0, &[0, 0, 0x10, 0]).repeat(n)
+    }
+
     #[test]
-    fn window_updates_answer_the_data_sent_and_a_flood_of_them_is_cut_off() {
-        let (mut watch, now) = watch(Instant::now());
-        let update = frame(WINDOW_UPDATE, 0, &[0, 0, 0x80, 0]);
-        // A download: a window's worth of DATA sent (two 16 KiB frames,
-        // 16 credits) for every update, connection's and stream's: the
-        // updates never run the credit down.
-        let mut sent = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-        watch.wrote(&[IoSlice::new(&sent)], sent.len());
-        sent = frame(DATA, 0, &[7; 16384]).repeat(2);
+    fn a_go_peer_updating_windows_every_4_kib_is_no_flood() {
+        // Go's HTTP/2 reads in 4 KiB and updates its connection's window
+        // and the stream's each time: 32 updates for a 64 KiB frame.
+        let (mut watch, now) = opened(Instant::now());
+        let sent = frame(DATA, 0, &[7; 65536]);
+        for _ in 0..1_000 {
+            watch.wrote(&[IoSlice::new(&sent)], sent.len());
+            assert_eq!(watch.read(&updates(32), &now), Ok(()));
+        }
+        // And downloads in 16 KiB frames: 8 each.
+        let sent = frame(DATA, 0, &[7; 16384]);
         for _ in 0..20_000 {
             watch.wrote(&[IoSlice::new(&sent)], sent.len());
-            assert_eq!(watch.read(&update.repeat(2), &now), Ok(()));
+            assert_eq!(watch.read(&updates(8), &now), Ok(()));
         }
-        assert_eq!(watch.credit.left, MOST_CREDIT - 2);
-        // Updates for nothing sent are a flood.
-        assert_eq!(watch.read(&update.repeat(MOST - 2), &now), Ok(()));
-        assert!(watch.read(&update, &now).is_err());
+        assert_eq!(watch.credit.left, MOST_CREDIT);
+    }
+
+    #[test]
+    fn a_grpc_go_peer_pinging_and_updating_per_small_message_is_no_flood() {
+        // grpc-go's BDP estimate: a connection WINDOW_UPDATE and a PING
+        // for a DATA frame it received, as often as once per message.
+        let (mut watch, now) = opened(Instant::now());
+        let sent = frame(DATA, 0, &[7; 100]);
+        let mut answer = updates(1);
+        answer.extend(pings(1));
+        for _ in 0..50_000 {
+            watch.wrote(&[IoSlice::new(&sent)], sent.len());
+            assert_eq!(watch.read(&answer, &now), Ok(()));
+        }
+        // The PING spent what the DATA earned; the update, what it allows.
+        assert_eq!(watch.credit.left, MOST_CREDIT - 1);
+    }
+
+    #[test]
+    fn window_updates_beyond_what_was_sent_are_a_flood() {
+        // What DATA sent allows is banked up to the most, then credit.
+        let (mut watch, now) = opened(Instant::now());
+        let sent = frame(DATA, 0, &[7; 16384]);
+        for _ in 0..5_000 {
+            watch.wrote(&[IoSlice::new(&sent)], sent.len());
+        }
+        assert_eq!(watch.read(&updates(MOST * 2), &now), Ok(()));
+        assert!(watch.read(&updates(1), &now).is_err());
+        // With nothing sent, the credit alone.
+        let (mut watch, now) = opened(Instant::now());
+        assert_eq!(watch.read(&updates(MOST), &now), Ok(()));
+        assert!(watch.read(&updates(1), &now).is_err());
+        // The peer's DATA lets it send none (the gateway updates windows
+        // for what it receives).
+        let (mut watch, now) = opened(Instant::now());
+        let mut bytes = frame(DATA, 0, &[7; 16384]).repeat(100);
+        bytes.extend(updates(MOST));
+        assert_eq!(watch.read(&bytes, &now), Ok(()));
+        assert!(watch.read(&updates(1), &now).is_err());
     }
 
     #[test]
