@@ -163,35 +163,51 @@ pub(super) fn h2_response_head(
     edit: Option<&ResponseEdit>,
     id: IdField<'_>,
 ) -> Result<ResponseHeader, ()> {
-    // No case map: HTTP/2 sends field names in lower case anyway.
-    let mut head =
-        ResponseHeader::build_no_case(parsed.status, Some(parsed.headers.len())).map_err(|_| ())?;
+    // The header map is filled as it is, and becomes the response head
+    // without a case map (HTTP/2 sends names in lower case): Pingora's
+    // `append_header` would turn each name back into bytes (copied, for
+    // any name beyond a dozen) and parse it again.
+    let (mut parts, ()) = http::Response::new(()).into_parts();
+    parts.status = http::StatusCode::from_u16(parsed.status).map_err(|_| ())?;
+    parts.headers.reserve(parsed.headers.len() + 2);
+    let fields = &mut parts.headers;
     let hops = parsed.hops(buf);
     for (name, value) in &parsed.headers {
         let (name, value) = (&buf[name.clone()], &buf[value.clone()]);
         if parsed.keeps(&hops, name) {
             let name = field_name(name).map_err(|_| ())?;
-            head.append_header(name, value).map_err(|_| ())?;
+            let value = http::HeaderValue::from_bytes(value).map_err(|_| ())?;
+            fields.try_append(name, value).map_err(|_| ())?;
         }
     }
     if let Some(length) = parsed.length() {
-        head.insert_header(http::header::CONTENT_LENGTH, length)
+        let length = http::HeaderValue::from(length);
+        fields
+            .try_insert(http::header::CONTENT_LENGTH, length)
             .map_err(|_| ())?;
     }
     for (name, value) in parsed.compression_fields(buf) {
-        head.append_header(name, value).map_err(|_| ())?;
+        let name = field_name(name.as_bytes()).map_err(|_| ())?;
+        let value = http::HeaderValue::from_bytes(&value).map_err(|_| ())?;
+        fields.try_append(name, value).map_err(|_| ())?;
     }
     if let Some(edit) = edit {
+        // Without a case map both ways: nothing is lost.
+        let mut head = ResponseHeader::from(parts);
         edit.apply(&mut head).map_err(|_| ())?;
+        parts = head.into();
     }
     if let Some((name, value)) = id {
         // Over the shard's and the edit's; never indexed (HPACK), being
         // new with each response (as an HTTP/2 shard is sent it).
         let mut value = http::HeaderValue::from_str(value).map_err(|_| ())?;
         value.set_sensitive(true);
-        head.insert_header(name.clone(), value).map_err(|_| ())?;
+        parts
+            .headers
+            .try_insert(name.clone(), value)
+            .map_err(|_| ())?;
     }
-    Ok(head)
+    Ok(ResponseHeader::from(parts))
 }
 
 /// A response head, as ranges into the buffer it was read in.
