@@ -108,6 +108,20 @@ impl<'a> RequestView<'a> {
         }
     }
 
+    /// [`Self::values`] of a name known as a `HeaderName` (an HTTP/2 or
+    /// HTTP/3 head's map then finds it without reading the name again).
+    pub(crate) fn values_of<'s>(&'s self, name: &'s HeaderName) -> Values<'a, 's> {
+        match self.fields {
+            Fields::Raw(fields) => Values::Raw(fields.iter(), name.as_str()),
+            Fields::Map(map) => Values::Map(map.get_all(name).into_iter()),
+        }
+    }
+
+    /// The first value of the field `name`, known as a `HeaderName`.
+    pub(crate) fn header_of(&self, name: &HeaderName) -> Option<&'a [u8]> {
+        self.values_of(name).next()
+    }
+
     /// The first value of the field `name`.
     pub fn header(&self, name: &str) -> Option<&'a [u8]> {
         match self.fields {

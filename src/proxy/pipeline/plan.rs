@@ -18,9 +18,13 @@ use crate::proxy::hooks::{
 use crate::proxy::Gateway;
 use crate::routing::{Decision, RouteRequest, ShardId};
 use crate::trace::{AttemptSpan, Finished};
-use http::header::HOST;
+use http::header::{HeaderName, ACCEPT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, HOST};
 use pingora::protocols::l4::socket::SocketAddr;
 use std::sync::Arc;
+
+/// Fields the plan reads, as names an HTTP/2 head's map finds at once.
+const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// The longest channel id (DESIGN §2 "Bounded by design"): what the router
 /// keys on and a log line shows of a client's string is bounded in bytes.
@@ -38,21 +42,21 @@ impl Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<&'r str, Refusal> {
         ctx.client = client.and_then(|a| a.as_inet()).map(|a| a.ip());
-        ctx.grpc = req.header("content-type").is_some_and(grpc::is_grpc);
+        ctx.grpc = req.header_of(&CONTENT_TYPE).is_some_and(grpc::is_grpc);
         if ctx.grpc {
-            ctx.grpc_timeout = req.header("grpc-timeout").and_then(grpc::timeout);
+            ctx.grpc_timeout = req.header_of(&GRPC_TIMEOUT).and_then(grpc::timeout);
         }
         if self.control.tracer.is_on() {
-            ctx.trace = self.control.tracer.start(req.values("traceparent"));
+            ctx.trace = self.control.tracer.start(req.values_of(&TRACEPARENT));
         }
         let ids = &self.control.config.request_id;
         if ids.trust_incoming {
-            let incoming = req.header(ids.header.as_str());
+            let incoming = req.header_of(&ids.header);
             if let Some(id) = incoming.and_then(request_id::trusted) {
                 ctx.request_id = id;
             }
         }
-        let host = host_from(req.authority, req.values(HOST.as_str()))
+        let host = host_from(req.authority, req.values_of(&HOST))
             .map_err(|what| Refusal::error(400, what))?;
         let resolved = self
             .control
@@ -72,14 +76,14 @@ impl Gateway {
         // length that is no length is 400 here too, for every protocol
         // and transport (the h2 crate reads only an HTTP/2 request's
         // first `Content-Length`, and Pingora's path reads none).
-        match content_length(req.values("content-length")) {
+        match content_length(req.values_of(&CONTENT_LENGTH)) {
             Err(_) => return Err(Refusal::error(400, "invalid-content-length")),
             Ok(Some(length)) if ctx.max_body.is_some_and(|max| length > max) => {
                 return Err(Refusal::error(413, "body-too-large"))
             }
             Ok(_) => {}
         }
-        self.negotiate_coding(ctx, req.values("accept-encoding"));
+        self.negotiate_coding(ctx, req.values_of(&ACCEPT_ENCODING));
         ctx.route = self.routes.route_for(req.path);
         ctx.channel = self.channel_of(req)?;
         if let (Some(directory), Some(tenant)) = (&self.control.regions, &ctx.tenant) {
@@ -118,7 +122,7 @@ impl Gateway {
     /// text, at most [`MAX_CHANNEL`] bytes; an empty one is none.
     fn channel_of(&self, req: &RequestView<'_>) -> Result<Option<String>, Refusal> {
         let mut channels = (self.control.config.routing.channel_header.as_ref())
-            .map(|name| req.values(name.as_str()))
+            .map(|name| req.values_of(name))
             .into_iter()
             .flatten();
         let channel = channels.next();
