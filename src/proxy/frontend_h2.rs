@@ -8,7 +8,7 @@ use super::fast::h2::Served;
 use super::fast::FastPath;
 use super::frontend::{peer, Frontend};
 use super::hooks::RequestLine;
-use super::watched::Watched;
+use super::watched::{Alarm, Watched};
 use futures_util::future::Either;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
@@ -22,7 +22,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// The streams in flight on an HTTP/2 connection, and a wake-up when the
@@ -182,7 +181,7 @@ where
         let digest = digest_of(&stream);
         let first_by = Instant::now() + self.limits.keepalive_timeout;
         // Told if the client floods the connection (`super::watched`).
-        let alarm = Arc::new(Notify::new());
+        let alarm = Arc::new(Alarm::default());
         let Some(mut conn) = self
             .handshake_h2(stream, read, first_by, Arc::clone(&alarm))
             .await
@@ -212,14 +211,14 @@ where
                 }
                 Some(done) = local.next(), if !local.is_empty() => {
                     if report(done) == Served::Reset && resets.reset(true) {
-                        self.calm(&mut conn, &resets).await;
+                        self.calm(&mut conn, &resets, &alarm).await;
                         break;
                     }
                     continue;
                 }
                 // Logged as it was found.
-                () = alarm.notified() => {
-                    goaway_calm(&mut conn).await;
+                () = alarm.flooded.notified() => {
+                    goaway_calm(&mut conn, &alarm).await;
                     break;
                 }
                 accepted = H2Session::from_h2_conn(&mut conn, Arc::clone(&digest)) => accepted,
@@ -245,7 +244,7 @@ where
             if session.idle().now_or_never().is_some() {
                 self.log_unserved(&session, &digest);
                 if resets.reset(false) {
-                    self.calm(&mut conn, &resets).await;
+                    self.calm(&mut conn, &resets, &alarm).await;
                     break;
                 }
                 continue;
@@ -293,7 +292,7 @@ where
         stream: Stream,
         read: &[u8],
         first_by: Instant,
-        alarm: Arc<Notify>,
+        alarm: Arc<Alarm>,
     ) -> Option<h2::server::Connection<Stream, bytes::Bytes>> {
         use pingora::protocols::http::v2::server::handshake;
         use pingora::ErrorType::ReadError;
@@ -354,7 +353,12 @@ where
 
     /// Ends a connection whose client resets streams faster than it lets
     /// them be served: GOAWAY (`ENHANCE_YOUR_CALM`).
-    async fn calm(&self, conn: &mut h2::server::Connection<Stream, bytes::Bytes>, resets: &Resets) {
+    async fn calm(
+        &self,
+        conn: &mut h2::server::Connection<Stream, bytes::Bytes>,
+        resets: &Resets,
+        alarm: &Alarm,
+    ) {
         log::warn!(
             "an HTTP/2 client reset {} streams before they were served and {} while served, \
              of {} (rapid reset): GOAWAY",
@@ -362,17 +366,19 @@ where
             resets.late,
             resets.accepted + resets.early,
         );
-        goaway_calm(conn).await;
+        goaway_calm(conn, alarm).await;
     }
 }
 
 /// GOAWAY (`ENHANCE_YOUR_CALM`) to a client that abused its connection,
 /// which then closes.
-async fn goaway_calm(conn: &mut h2::server::Connection<Stream, bytes::Bytes>) {
+async fn goaway_calm(conn: &mut h2::server::Connection<Stream, bytes::Bytes>, alarm: &Alarm) {
+    // What the client sends is dropped from now on (`super::watched`).
+    alarm.calm();
     conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
-    // The GOAWAY goes out while the connection is driven, then (after a
-    // flood) the client is read a second more: two seconds at most (a
-    // client that stopped reading does not hold the socket).
+    // The GOAWAY goes out while the connection is driven, then the
+    // client is read a second more: two seconds at most (a client that
+    // stopped reading does not hold the socket).
     let flushed = std::future::poll_fn(|cx| conn.poll_closed(cx));
     let _ = tokio::time::timeout(Duration::from_secs(2), flushed).await;
 }

@@ -4,12 +4,13 @@
 //!
 //! A flooding client's server is alarmed: it sends GOAWAY
 //! (`ENHANCE_YOUR_CALM`, as to a rapid reset) and closes the connection.
-//! From the flood on, what the client sends is read and dropped, until
-//! its write side is shut after the GOAWAY and for a while after (as
-//! nginx's lingering close): closed with unread bytes, the socket would
-//! be reset, and a reset can destroy the GOAWAY before the client reads
-//! it. A flooding shard's reads fail: its connection closes at once, and
-//! its streams fail as a reset connection's do.
+//! From the flood on (or from a GOAWAY for a rapid reset), what the
+//! client sends is read and dropped, and for a second more once the
+//! write side is shut after the GOAWAY (as nginx's lingering close):
+//! closed with unread bytes, the socket would be reset, and a reset can
+//! destroy the GOAWAY before the client reads it. A flooding shard's
+//! reads fail: its connection closes at once, and its streams fail as a
+//! reset connection's do.
 
 use crate::wire::h2_frames::FrameWatch;
 use bytes::Bytes;
@@ -18,6 +19,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
@@ -29,6 +31,24 @@ use tokio::sync::Notify;
 /// this client is hostile).
 const LINGER: Duration = Duration::from_secs(1);
 const LINGER_BYTES: usize = 1 << 20;
+
+/// Between a client's connection and its server: the flood told, and
+/// the GOAWAY that closes the connection.
+#[derive(Debug, Default)]
+pub struct Alarm {
+    /// Told when the client floods.
+    pub flooded: Notify,
+    /// The server sent GOAWAY to end the connection (a flood, a rapid
+    /// reset): what the client sends is dropped from then on.
+    calmed: AtomicBool,
+}
+
+impl Alarm {
+    /// The server is ending the connection with a GOAWAY.
+    pub fn calm(&self) {
+        self.calmed.store(true, Ordering::Relaxed);
+    }
+}
 
 /// Who is on the other end, as a flood's log line names it.
 #[derive(Debug, Clone)]
@@ -46,9 +66,8 @@ pub struct Watched<S> {
     pub(super) inner: S,
     frames: FrameWatch,
     peer: Peer,
-    /// Told when the peer floods (a client's server); `None`: its reads
-    /// fail then.
-    alarm: Option<Arc<Notify>>,
+    /// A client's server's; `None`: a flood fails the reads.
+    alarm: Option<Arc<Alarm>>,
     /// After a client's flood: what is still dropped of what it sends,
     /// and until when once the write side is shut.
     linger: Option<Linger>,
@@ -67,7 +86,7 @@ impl<S> Watched<S> {
         inner: S,
         front: &[u8],
         addr: Option<ClientAddr>,
-        alarm: Arc<Notify>,
+        alarm: Arc<Alarm>,
     ) -> Watched<S> {
         Watched {
             front: Bytes::copy_from_slice(front),
@@ -93,13 +112,26 @@ impl<S> Watched<S> {
 }
 
 impl<S: AsyncRead + Unpin> Watched<S> {
-    /// Reads and drops what a flooding client sends: ready once it closed
-    /// (or failed), or sent [`LINGER_BYTES`] since its flood.
+    /// Whether what the client sends is dropped now: it flooded, or its
+    /// server sent GOAWAY.
+    fn lingers(&mut self) -> bool {
+        let calmed = (self.alarm.as_ref()).is_some_and(|a| a.calmed.load(Ordering::Relaxed));
+        if calmed && self.linger.is_none() {
+            self.linger = Some(Linger {
+                bytes: LINGER_BYTES,
+                shut: None,
+            });
+        }
+        self.linger.is_some()
+    }
+
+    /// Reads and drops what the client sends: ready once it closed (or
+    /// failed), or sent [`LINGER_BYTES`] since it was first dropped.
     fn poll_drop(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let Some(linger) = self.linger.as_mut() else {
             return Poll::Ready(());
         };
-        let mut scratch = [0u8; 2048];
+        let mut scratch = [0u8; 4096];
         while linger.bytes > 0 {
             let mut buf = ReadBuf::new(&mut scratch);
             match Pin::new(&mut self.inner).poll_read(cx, &mut buf) {
@@ -122,9 +154,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this.linger.is_some() {
-            // Nothing more reaches the h2 crate: the GOAWAY goes out as
-            // the connection is driven (its writes wake it).
+        if this.lingers() {
+            // Nothing more reaches the h2 crate, which reads no more once
+            // it sends its GOAWAY (ready, this registered no waker: the
+            // alarm and the connection's writes wake its task).
             let _ = this.poll_drop(cx);
             return Poll::Pending;
         }
@@ -148,7 +181,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         };
         // What came with the flood is dropped too.
         buf.set_filled(before);
-        alarm.notify_one();
+        alarm.flooded.notify_one();
         this.linger = Some(Linger {
             bytes: LINGER_BYTES,
             shut: None,
@@ -189,18 +222,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         Pin::new(&mut self.get_mut().inner).poll_flush(cx)
     }
 
-    /// After a client's flood, the write side shut (the GOAWAY sent
-    /// before it), what the client still sends is read for [`LINGER`] at
-    /// most, and dropped.
+    /// After a client's flood or a GOAWAY to it, the write side shut
+    /// (the GOAWAY sent before it), what the client still sends is read
+    /// for [`LINGER`] at most, and dropped.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let shut = match this.linger.as_mut() {
-            None => return Pin::new(&mut this.inner).poll_shutdown(cx),
-            Some(linger) => &mut linger.shut,
+        if !this.lingers() {
+            return Pin::new(&mut this.inner).poll_shutdown(cx);
+        }
+        let Some(linger) = this.linger.as_mut() else {
+            return Poll::Ready(Ok(()));
         };
-        if shut.is_none() {
+        if linger.shut.is_none() {
             ready!(Pin::new(&mut this.inner).poll_shutdown(cx))?;
-            *shut = Some(Box::pin(tokio::time::sleep(LINGER)));
+            if linger.bytes == 0 {
+                return Poll::Ready(Ok(()));
+            }
+            linger.shut = Some(Box::pin(tokio::time::sleep(LINGER)));
         }
         if this.poll_drop(cx).is_ready() {
             return Poll::Ready(Ok(()));

@@ -21,10 +21,11 @@
 //! answering the gateway's traffic; a peer that makes bodies go in tiny
 //! frames buys one idle frame with each); each PING or SETTINGS the
 //! gateway sends earns one (its acknowledgement); time earns
-//! [`CREDIT_PER_SECOND`]. A WINDOW_UPDATE spends nothing while the DATA
-//! the gateway sent allows it ([`WINDOWS_PER_DATA`] per frame, and one
-//! per [`BYTES_PER_WINDOW`]; at most [`MOST_CREDIT`] banked), and a
-//! credit beyond. Credit never exceeds [`MOST_CREDIT`]: an old
+//! [`CREDIT_PER_SECOND`]. A WINDOW_UPDATE spends no credit while the DATA
+//! the gateway sent allows it ([`WINDOWS_PER_DATA`] per frame carrying
+//! data, and one per [`BYTES_PER_WINDOW`]; at most [`MOST_CREDIT`]
+//! banked), and a credit beyond: at worst, after a long download, a
+//! peer sends 20 000 frames carrying nothing before it is cut off. Credit never exceeds [`MOST_CREDIT`]: an old
 //! connection has banked no flood. A frame carrying nothing that finds no
 //! credit is a flood.
 
@@ -40,12 +41,12 @@ pub const CREDIT_PER_FRAME: u64 = 8;
 /// The bytes of DATA that earn one credit more.
 pub const BYTES_PER_CREDIT: usize = 2048;
 
-/// The WINDOW_UPDATEs each DATA frame the gateway sends lets its peer
-/// send, whatever its size, and the bytes of it that let one more: a
-/// grpc-go peer sends one with each BDP ping (as often as one per small
-/// DATA frame it receives), and a Go peer one for its connection and one
-/// for the stream per 4 KiB it reads.
-pub const WINDOWS_PER_DATA: u64 = 2;
+/// The WINDOW_UPDATEs each DATA frame carrying data the gateway sends
+/// lets its peer send, whatever its size, and the bytes of it that let
+/// one more: a grpc-go peer sends one with each BDP ping (as often as one
+/// per small DATA frame it receives), and a Go peer one for its
+/// connection and one for the stream per 4 KiB it reads.
+pub const WINDOWS_PER_DATA: u64 = 1;
 pub const BYTES_PER_WINDOW: usize = 2048;
 
 /// What each second earns: a long-lived connection's keep-alive PINGs, or
@@ -201,7 +202,10 @@ fn data_credit(data: usize) -> u64 {
 /// The WINDOW_UPDATEs a DATA frame of `data` bytes the gateway sent lets
 /// its peer send: [`WINDOWS_PER_DATA`], and one per [`BYTES_PER_WINDOW`].
 fn data_windows(data: usize) -> u64 {
-    WINDOWS_PER_DATA + (data / BYTES_PER_WINDOW) as u64
+    match data {
+        0 => 0,
+        data => WINDOWS_PER_DATA + (data / BYTES_PER_WINDOW) as u64,
+    }
 }
 
 /// A connection's two directions, and the peer's credit.
@@ -241,7 +245,7 @@ impl FrameWatch {
     }
 
     /// Watches the next `bytes` the peer sent (`now` is asked once per
-    /// frame carrying nothing, never for the others). `Err` once it
+    /// frame that spends credit, never for the others). `Err` once it
     /// flooded, and on every call after.
     pub fn read(&mut self, bytes: &[u8], now: impl Fn() -> Instant) -> Result<(), Flood> {
         if let Some(flood) = self.flooded {
@@ -322,6 +326,7 @@ impl Credit {
                 return Ok(());
             }
             Kind::Window if self.windows > 0 => {
+                self.idle += 1;
                 self.windows -= 1;
                 return Ok(());
             }
@@ -501,8 +506,11 @@ mod tests {
         }
         assert_eq!(watch.read(&updates(MOST * 2), &now), Ok(()));
         assert!(watch.read(&updates(1), &now).is_err());
-        // With nothing sent, the credit alone.
+        // With nothing sent (or DATA ending streams, carrying nothing),
+        // the credit alone.
         let (mut watch, now) = opened(Instant::now());
+        let ends = frame(DATA, END_STREAM, b"").repeat(100);
+        watch.wrote(&[IoSlice::new(&ends)], ends.len());
         assert_eq!(watch.read(&updates(MOST), &now), Ok(()));
         assert!(watch.read(&updates(1), &now).is_err());
         // The peer's DATA lets it send none (the gateway updates windows
