@@ -180,12 +180,7 @@ where
     ) {
         let digest = digest_of(&stream);
         let first_by = Instant::now() + self.limits.keepalive_timeout;
-        // Told if the client floods the connection (`super::watched`).
-        let alarm = Arc::new(Alarm::default());
-        let Some(mut conn) = self
-            .handshake_h2(stream, read, first_by, Arc::clone(&alarm))
-            .await
-        else {
+        let Some((mut conn, alarm)) = self.handshake_h2(stream, read, first_by).await else {
             return;
         };
         let idle_timeout = self.inner.server_options().and_then(|o| o.h2_idle_timeout);
@@ -216,11 +211,7 @@ where
                     }
                     continue;
                 }
-                // Logged as it was found.
-                () = alarm.flooded.notified() => {
-                    goaway_calm(&mut conn, &alarm).await;
-                    break;
-                }
+                () = alarm.flooded.notified() => break goaway_calm(&mut conn, &alarm).await,
                 accepted = H2Session::from_h2_conn(&mut conn, Arc::clone(&digest)) => accepted,
                 // Idle with nothing in flight, or no first request in time:
                 // the socket closes now.
@@ -286,14 +277,14 @@ where
     }
 
     /// The connection's HTTP/2 handshake, by `first_by` (`None`: failed,
-    /// or no preface in time; the socket closes).
+    /// or no preface in time; the socket closes), and the alarm its
+    /// stream tells if the client floods (`super::watched`).
     async fn handshake_h2(
         &self,
         stream: Stream,
         read: &[u8],
         first_by: Instant,
-        alarm: Arc<Alarm>,
-    ) -> Option<h2::server::Connection<Stream, bytes::Bytes>> {
+    ) -> Option<(H2Connection, Arc<Alarm>)> {
         use pingora::protocols::http::v2::server::handshake;
         use pingora::ErrorType::ReadError;
         // The h2 crate's handshake takes about 28 KiB of buffers: a client
@@ -302,6 +293,8 @@ where
         // connection's), put back in front, under the same deadline as
         // the handshake.
         let options = self.inner.h2_options();
+        let alarm = Arc::new(Alarm::default());
+        let told = Arc::clone(&alarm);
         let digest = stream.get_socket_digest();
         let addr = digest.as_ref().and_then(|d| d.peer_addr().cloned());
         let handshake = async move {
@@ -325,7 +318,7 @@ where
         };
         // (The handshake reads the preface only: no frame, no flood.)
         match tokio::time::timeout_at(first_by, handshake).await {
-            Ok(Ok(conn)) => Some(conn),
+            Ok(Ok(conn)) => Some((conn, told)),
             Ok(Err(e)) => {
                 log::debug!("HTTP/2 handshake with a client failed: {e}");
                 None
@@ -353,12 +346,7 @@ where
 
     /// Ends a connection whose client resets streams faster than it lets
     /// them be served: GOAWAY (`ENHANCE_YOUR_CALM`).
-    async fn calm(
-        &self,
-        conn: &mut h2::server::Connection<Stream, bytes::Bytes>,
-        resets: &Resets,
-        alarm: &Alarm,
-    ) {
+    async fn calm(&self, conn: &mut H2Connection, resets: &Resets, alarm: &Alarm) {
         log::warn!(
             "an HTTP/2 client reset {} streams before they were served and {} while served, \
              of {} (rapid reset): GOAWAY",
@@ -370,9 +358,12 @@ where
     }
 }
 
+/// A client's HTTP/2 connection, as the h2 crate serves it.
+type H2Connection = h2::server::Connection<Stream, bytes::Bytes>;
+
 /// GOAWAY (`ENHANCE_YOUR_CALM`) to a client that abused its connection,
 /// which then closes.
-async fn goaway_calm(conn: &mut h2::server::Connection<Stream, bytes::Bytes>, alarm: &Alarm) {
+async fn goaway_calm(conn: &mut H2Connection, alarm: &Alarm) {
     // What the client sends is dropped from now on (`super::watched`).
     alarm.calm();
     conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
