@@ -38,13 +38,14 @@ const LINGER_BYTES: usize = 1 << 20;
 pub struct Alarm {
     /// Told when the client floods.
     pub flooded: Notify,
-    /// The server sent GOAWAY to end the connection (a flood, a rapid
-    /// reset): what the client sends is dropped from then on.
+    /// The client flooded, or its server sent GOAWAY to end the
+    /// connection (a rapid reset): what it sends is dropped from then on.
     calmed: AtomicBool,
 }
 
 impl Alarm {
-    /// The server is ending the connection with a GOAWAY.
+    /// The client's bytes are dropped from now on: it flooded, or its
+    /// server is ending the connection with a GOAWAY.
     pub fn calm(&self) {
         self.calmed.store(true, Ordering::Relaxed);
     }
@@ -112,8 +113,7 @@ impl<S> Watched<S> {
 }
 
 impl<S: AsyncRead + Unpin> Watched<S> {
-    /// Whether what the client sends is dropped now: it flooded, or its
-    /// server sent GOAWAY.
+    /// Whether what the client sends is dropped now (the alarm says so).
     fn lingers(&mut self) -> bool {
         let calmed = (self.alarm.as_ref()).is_some_and(|a| a.calmed.load(Ordering::Relaxed));
         if calmed && self.linger.is_none() {
@@ -179,14 +179,13 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         let Some(alarm) = &this.alarm else {
             return Poll::Ready(Err(flood.into()));
         };
-        // What came with the flood is dropped too.
+        // What came with the flood is dropped too, and all that follows.
         buf.set_filled(before);
+        alarm.calm();
         alarm.flooded.notify_one();
-        this.linger = Some(Linger {
-            bytes: LINGER_BYTES,
-            shut: None,
-        });
-        let _ = this.poll_drop(cx);
+        if this.lingers() {
+            let _ = this.poll_drop(cx);
+        }
         Poll::Pending
     }
 }

@@ -25,9 +25,9 @@
 //! the gateway sent allows it ([`WINDOWS_PER_DATA`] per frame carrying
 //! data, and one per [`BYTES_PER_WINDOW`]; at most [`MOST_CREDIT`]
 //! banked), and a credit beyond: at worst, after a long download, a
-//! peer sends 20 000 frames carrying nothing before it is cut off. Credit never exceeds [`MOST_CREDIT`]: an old
-//! connection has banked no flood. A frame carrying nothing that finds no
-//! credit is a flood.
+//! peer sends 20 000 frames carrying nothing before it is cut off.
+//! Credit never exceeds [`MOST_CREDIT`]: an old connection has banked no
+//! flood. A frame carrying nothing that finds no credit is a flood.
 
 use std::time::{Duration, Instant};
 
@@ -259,11 +259,6 @@ impl FrameWatch {
         outcome
     }
 
-    /// Whether the peer has flooded.
-    pub fn flooded(&self) -> bool {
-        self.flooded.is_some()
-    }
-
     /// Watches what the gateway wrote to the peer: `n` bytes of `bufs`.
     pub fn wrote(&mut self, bufs: &[std::io::IoSlice<'_>], mut n: usize) {
         for buf in bufs {
@@ -300,29 +295,31 @@ impl Credit {
         if let Kind::Data(data) = kind {
             self.windows = (self.windows + data_windows(data)).min(MOST_CREDIT);
         }
-        let earned = match kind {
+        match kind {
             Kind::Head | Kind::Data(_) => self.useful(kind),
-            Kind::Asking => 1,
-            Kind::Idle | Kind::Window => 0,
-        };
-        self.left = self.left.saturating_add(earned).min(MOST_CREDIT);
+            Kind::Asking => self.gain(1),
+            Kind::Idle | Kind::Window => {}
+        }
     }
 
-    /// A frame carrying something, either way: what it earns.
-    fn useful(&mut self, kind: Kind) -> u64 {
+    /// A frame carrying something, either way: counted, and what it earns.
+    fn useful(&mut self, kind: Kind) {
         self.useful += 1;
-        match kind {
+        self.gain(match kind {
             Kind::Data(data) => data_credit(data),
             _ => CREDIT_PER_FRAME,
-        }
+        });
+    }
+
+    fn gain(&mut self, earned: u64) {
+        self.left = self.left.saturating_add(earned).min(MOST_CREDIT);
     }
 
     /// A frame the peer sent.
     fn spend(&mut self, kind: Kind, now: &impl Fn() -> Instant) -> Result<(), Flood> {
         match kind {
             Kind::Head | Kind::Data(_) => {
-                let earned = self.useful(kind);
-                self.left = self.left.saturating_add(earned).min(MOST_CREDIT);
+                self.useful(kind);
                 return Ok(());
             }
             Kind::Window if self.windows > 0 => {
