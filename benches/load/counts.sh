@@ -29,6 +29,12 @@
 #   grpc   gRPC unary over h2c on 1 connection, 32 calls in flight, to an
 #          HTTP/2 backend (examples/grpc_echo.rs; `protocol: h2` shard,
 #          nginx grpc_pass, HAProxy proto h2: benches/load/grpc.sh's setup)
+#   h1grpc the same calls from HTTP/1.1 clients (h2load --h1, C
+#          connections) to that HTTP/2 backend (grpc.sh's CLIENT=h1;
+#          nginx cannot: grpc_pass takes HTTP/2 clients only, and is
+#          skipped). HAProxy's HTTP/1.1 status line is given a reason
+#          phrase (`http-response set-status 200 reason OK`: the backend
+#          answers 200 only), which h2load --h1 requires.
 # Features (FEATURES, default none; e.g. FEATURES="base plans-unused plans
 # tracing-unsampled tracing compression access-log"): shardgate's GETs
 # counted again with each feature configured alone (base: none of them),
@@ -73,7 +79,7 @@ check_ports_free $BACKEND $GRPC_BACKEND $PORT $ADMIN
 write_backend_conf "$SG_WORK/backend.conf" $BACKEND
 spawn backend TERM nginx -p "$SG_WORK/" -c "$SG_WORK/backend.conf" -e "$SG_WORK/backend-error.log"
 wait_tcp $BACKEND "$SPAWNED" backend
-if [[ " $SHAPES " == *" grpc "* ]]; then
+if [[ " $SHAPES " == *" grpc "* || " $SHAPES " == *" h1grpc "* ]]; then
   [[ -x $ECHO_BIN ]] || die "no gRPC backend at $ECHO_BIN (cargo build --release --example grpc_echo, or --build)"
   spawn grpc-backend TERM "$ECHO_BIN" 127.0.0.1:$GRPC_BACKEND 1
   wait_tcp $GRPC_BACKEND "$SPAWNED" grpc-backend
@@ -88,6 +94,10 @@ confs_of() {
   mkdir -p "$dir"
   case $1 in
     grpc) write_grpc_confs "$dir" $PORT $ADMIN $GRPC_BACKEND h2 ;;
+    h1grpc)
+      write_grpc_confs "$dir" $PORT $ADMIN $GRPC_BACKEND h1
+      sed -i 's/^    http-reuse always$/&\n    http-response set-status 200 reason OK/' "$dir/haproxy.cfg"
+      ;;
     *)
       write_shardgate_conf "$dir/shardgate.yaml" $PORT $ADMIN $BACKEND
       write_nginx_proxy_conf "$dir/nginx.conf" http $PORT 1024 $BACKEND
@@ -138,6 +148,10 @@ load() {
     h2get) out=$(h2load -n "$n" -c "$C" -m 4 -H "$HOST" "http://localhost:$PORT/" 2>&1) ;;
     grpc)
       out=$(h2load -n "$n" -c 1 -m 32 -d "$SG_WORK/call.bin" -H 'content-type: application/grpc' \
+        -H 'te: trailers' "http://localhost:$PORT/test.Echo/Unary" 2>&1)
+      ;;
+    h1grpc)
+      out=$(h2load --h1 -n "$n" -c "$C" -d "$SG_WORK/call.bin" -H 'content-type: application/grpc' \
         -H 'te: trailers' "http://localhost:$PORT/test.Echo/Unary" 2>&1)
       ;;
     *) die "unknown shape $shape" ;;
@@ -263,6 +277,7 @@ read -r -a proxies <<<"$PROXIES"
 for shape in $SHAPES; do
   dir=$(confs_of "$shape")
   for proxy in "${proxies[@]}"; do
+    [[ $shape != h1grpc || $proxy != nginx ]] || continue
     callgrind_counts "$proxy" "$shape" "$dir"
     if [[ $SYSCALLS == 1 ]]; then syscall_counts "$proxy" "$shape" "$dir"; else ROWS["$proxy $shape"]+=" - -"; fi
   done
@@ -272,6 +287,7 @@ done
 printf '\n%-6s %-10s %14s %12s %12s %16s\n' shape proxy instructions allocations syscalls "failed syscalls"
 for shape in $SHAPES; do
   for proxy in "${proxies[@]}"; do
+    [[ -n ${ROWS["$proxy $shape"]:-} ]] || continue
     read -r instr allocs calls errors <<<"${ROWS["$proxy $shape"]}"
     printf '%-6s %-10s %14s %12s %12s %16s\n' "$shape" "$proxy" "$instr" "$allocs" "$calls" "$errors"
   done

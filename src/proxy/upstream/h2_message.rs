@@ -11,11 +11,6 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Request};
 use std::io;
 
-/// The most fields a request head carries here (the front end's own
-/// bound is lower), and how many are looked for on the stack first.
-const MAX_FIELDS: usize = 256;
-const FEW_FIELDS: usize = 32;
-
 /// Fields an HTTP/2 message may not carry (RFC 9113 §8.2.2): the
 /// connection's, not the request's. (`te` is sent anew, as `trailers`.)
 pub(super) const CONNECTION_SPECIFIC: [&str; 7] = [
@@ -68,50 +63,40 @@ pub(super) fn request_of(
     rules: &FieldRules,
 ) -> io::Result<Outgoing> {
     let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
-    // Most heads fit on the stack; a longer one is parsed again.
-    let mut few = [httparse::EMPTY_HEADER; FEW_FIELDS];
-    let mut many;
-    let mut parsed = httparse::Request::new(&mut few);
-    let mut read = parsed.parse(head);
-    if let Err(httparse::Error::TooManyHeaders) = read {
-        many = vec![httparse::EMPTY_HEADER; MAX_FIELDS];
-        parsed = httparse::Request::new(&mut many);
-        read = parsed.parse(head);
-    }
-    if !matches!(read, Ok(httparse::Status::Complete(_))) {
-        return Err(invalid("an unreadable request head"));
-    }
-    let (Some(method), Some(target)) = (parsed.method, parsed.path) else {
-        return Err(invalid("an unreadable request line"));
-    };
+    let (method, target, lines) = written_head(head).ok_or_else(|| invalid("an unreadable request line"))?;
     let mut framing = Framing::Length(0);
     let mut authority = None;
     let mut websocket_key = None;
-    let mut headers = HeaderMap::with_capacity(parsed.headers.len() + 1);
-    for field in parsed.headers.iter() {
-        let name = field.name;
-        if name.eq_ignore_ascii_case("host") {
-            authority = Some(field.value);
-        } else if name.eq_ignore_ascii_case("sec-websocket-key") {
+    let mut upgrade = false;
+    // Room for every line (one counting pass): the map is not regrown.
+    let mut headers = HeaderMap::with_capacity(memchr::memchr_iter(b'\n', head).count());
+    for line in lines {
+        let (name, value) = line.ok_or_else(|| invalid("an unreadable request head"))?;
+        if name.eq_ignore_ascii_case(b"host") {
+            authority = Some(value);
+        } else if name.eq_ignore_ascii_case(b"sec-websocket-key") {
             // RFC 8441 §5: an extended CONNECT carries no key.
-            websocket_key = std::str::from_utf8(field.value).ok().map(Box::from);
+            websocket_key = std::str::from_utf8(value).ok().map(Box::from);
             continue;
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             framing = Framing::chunked();
-        } else if name.eq_ignore_ascii_case("content-length") {
-            let length = std::str::from_utf8(field.value)
+        } else if name.eq_ignore_ascii_case(b"content-length") {
+            let length = std::str::from_utf8(value)
                 .ok()
                 .and_then(|v| v.parse().ok());
             framing = Framing::Length(length.ok_or_else(|| invalid("a bad length"))?);
+        } else if name.eq_ignore_ascii_case(b"upgrade") {
+            // The transport writes an Upgrade for WebSocket handshakes only.
+            upgrade = true;
         }
         if CONNECTION_SPECIFIC
             .iter()
-            .any(|c| name.eq_ignore_ascii_case(c))
+            .any(|c| name.eq_ignore_ascii_case(c.as_bytes()))
         {
             continue;
         }
-        let name = field_name(name.as_bytes()).map_err(|_| invalid("a field name"))?;
-        let value = HeaderValue::from_maybe_shared(head.slice_ref(field.value));
+        let name = field_name(name).map_err(|_| invalid("a field name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice_ref(value));
         let mut value = value.map_err(|_| invalid("a field value"))?;
         value.set_sensitive(rules.unique(&name));
         headers.append(name, value);
@@ -120,10 +105,10 @@ pub(super) fn request_of(
         headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
     }
     let authority = authority.ok_or_else(|| invalid("no Host"))?;
+    let target = std::str::from_utf8(target).map_err(|_| invalid("a request target"))?;
     let uri = uri_of(scheme, authority, target).map_err(|_| invalid("a request target"))?;
     let mut request = Request::new(());
-    *request.method_mut() =
-        http::Method::from_bytes(method.as_bytes()).map_err(|_| invalid("a method"))?;
+    *request.method_mut() = http::Method::from_bytes(method).map_err(|_| invalid("a method"))?;
     *request.uri_mut() = uri;
     *request.headers_mut() = headers;
     let outgoing = Outgoing {
@@ -131,12 +116,49 @@ pub(super) fn request_of(
         framing,
         websocket_key,
     };
-    // The transport writes an Upgrade for WebSocket handshakes only.
-    let upgrade = parsed
-        .headers
-        .iter()
-        .any(|f| f.name.eq_ignore_ascii_case("upgrade"));
     Ok(outgoing.upgraded(upgrade))
+}
+
+/// A head the transport wrote (`UpstreamHead::write`'s grammar: a
+/// request line, `name: value` lines, each ended by CRLF, then a blank
+/// line), split at its line ends and colons, not parsed again: its parts
+/// were checked as they came in, and are checked again as HTTP/2's
+/// (`field_name`, `HeaderValue`, `Uri`). The method, the target, and the
+/// field lines (`None`: a line that is no field).
+fn written_head(head: &[u8]) -> Option<(&[u8], &[u8], FieldLines<'_>)> {
+    let end = memchr::memchr(b'\n', head)?;
+    let line = head[..end].strip_suffix(b"\r")?;
+    let mut parts = line.splitn(3, |&b| b == b' ');
+    let (method, target) = (parts.next()?, parts.next()?);
+    parts.next().filter(|version| version.starts_with(b"HTTP/"))?;
+    let rest = &head[end + 1..];
+    Some((method, target, FieldLines { rest }))
+}
+
+/// The field lines of a written head, up to its blank line.
+#[derive(Clone)]
+struct FieldLines<'h> {
+    rest: &'h [u8],
+}
+
+impl<'h> Iterator for FieldLines<'h> {
+    type Item = Option<(&'h [u8], &'h [u8])>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let end = memchr::memchr(b'\n', self.rest)?;
+        let line = &self.rest[..end];
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        self.rest = &self.rest[end + 1..];
+        if line.is_empty() {
+            self.rest = &[];
+            return None;
+        }
+        let field = memchr::memchr(b':', line).map(|colon| {
+            let (name, value) = line.split_at(colon);
+            (name, value[1..].trim_ascii())
+        });
+        Some(field)
+    }
 }
 
 impl Outgoing {
@@ -333,6 +355,19 @@ Transfer-Encoding: chunked\r\nTE: gzip\r\nX-Forwarded-For: 1.2.3.4\r\nContent-Ty
         let request = plain(head);
         let sensitive = |name: &str| request.headers()[name].is_sensitive();
         assert!(sensitive("x-request-id") && sensitive("traceparent") && !sensitive("accept"));
+        // A line that is no field, or no request line: refused, not sent.
+        for head in [
+            &b"GET / HTTP/1.1\r\nHost: a\r\nno colon\r\n\r\n"[..],
+            b"GET /\r\nHost: a\r\n\r\n",
+            b"GET / HTTP/1.1",
+        ] {
+            let head = Bytes::from_static(head);
+            assert!(request_of(&head, &http::uri::Scheme::HTTP, &rules(false)).is_err());
+        }
+        // Values trimmed as HTTP/1.1 reads them; an empty one kept.
+        let request = plain(b"GET / HTTP/1.1\r\nHost: a\r\nX-A:  1 \t\r\nX-B:\r\n\r\n");
+        assert_eq!(request.headers()["x-a"], "1");
+        assert_eq!(request.headers()["x-b"], "");
         // No Host: no authority to give.
         assert!(request_of(
             &Bytes::from_static(b"GET / HTTP/1.1\r\n\r\n"),
