@@ -60,6 +60,15 @@ pub(super) struct TunnelLog {
     pub line: (&'static str, &'static str, u16),
 }
 
+impl TunnelLog {
+    /// A handshake the client got no answer to (its stream reset): logged
+    /// with status 0, as any request that went unanswered.
+    pub(super) fn unanswered(mut self) -> TunnelLog {
+        self.line.2 = 0;
+        self
+    }
+}
+
 /// What a tunnel's end reports (the access line, the hooks' logging
 /// phase, the request's span) and the admission it holds, taken out of
 /// its request's context: an idle tunnel keeps this for hours, not the

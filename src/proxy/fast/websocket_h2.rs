@@ -132,17 +132,18 @@ impl FastPath {
         });
         let writer = session.take_response_body_writer();
         let (Ok(()), Some(mut send)) = (started, writer) else {
-            // The client cannot be told: its stream is reset (and the
-            // request logged, as the tunnel's end would).
+            // The client cannot be told: its stream is reset, and the
+            // request logged as the tunnel's end would, with no answer sent.
             session.shutdown();
-            self.not_opened(conn, ctx, log);
+            self.not_opened(conn, ctx, log.unanswered());
             return Served::Done;
         };
         // Bytes the shard sent right after its 101 are tunnel data.
         let early = Bytes::copy_from_slice(&buf[parsed.head_len..]);
         let sent = early.len() as u64;
         if !early.is_empty() && send.send_data(early, false).is_err() {
-            self.not_opened(conn, ctx, log);
+            // The 200 was queued, never flushed: the client is gone.
+            self.not_opened(conn, ctx, log.unanswered());
             return Served::Done;
         }
         ctx.bytes_out = sent;
