@@ -63,7 +63,8 @@ pub(super) fn request_of(
     rules: &FieldRules,
 ) -> io::Result<Outgoing> {
     let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
-    let (method, target, lines) = written_head(head).ok_or_else(|| invalid("an unreadable request line"))?;
+    let (method, target, lines) =
+        written_head(head).ok_or_else(|| invalid("an unreadable request line"))?;
     let mut framing = Framing::Length(0);
     let mut authority = None;
     let mut websocket_key = None;
@@ -81,9 +82,7 @@ pub(super) fn request_of(
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             framing = Framing::chunked();
         } else if name.eq_ignore_ascii_case(b"content-length") {
-            let length = std::str::from_utf8(value)
-                .ok()
-                .and_then(|v| v.parse().ok());
+            let length = std::str::from_utf8(value).ok().and_then(|v| v.parse().ok());
             framing = Framing::Length(length.ok_or_else(|| invalid("a bad length"))?);
         } else if name.eq_ignore_ascii_case(b"upgrade") {
             // The transport writes an Upgrade for WebSocket handshakes only.
@@ -130,7 +129,9 @@ fn written_head(head: &[u8]) -> Option<(&[u8], &[u8], FieldLines<'_>)> {
     let line = head[..end].strip_suffix(b"\r")?;
     let mut parts = line.splitn(3, |&b| b == b' ');
     let (method, target) = (parts.next()?, parts.next()?);
-    parts.next().filter(|version| version.starts_with(b"HTTP/"))?;
+    parts
+        .next()
+        .filter(|version| version.starts_with(b"HTTP/"))?;
     let rest = &head[end + 1..];
     Some((method, target, FieldLines { rest }))
 }
