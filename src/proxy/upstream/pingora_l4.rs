@@ -18,10 +18,7 @@ use pingora::protocols::l4::stream::Stream;
 use pingora::protocols::l4::virt::{VirtualSockOpt, VirtualSocket, VirtualSocketStream};
 use pingora::{Error, ErrorType, OrErr, Result};
 use std::io;
-use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 /// The one connector (it holds nothing): what a cleartext `h2` shard's
@@ -48,18 +45,15 @@ impl L4Connect for WatchedConnect {
             .or_err_with(ErrorType::ConnectRefused, || {
                 format!("connecting to {inet}")
             })?;
-        let socket = WatchedSocket(Watched::shard(tcp, inet));
-        Ok(Stream::from(VirtualSocketStream::new(Box::new(socket))))
+        let watched = Box::new(Watched::shard(tcp, inet));
+        Ok(Stream::from(VirtualSocketStream::new(watched)))
     }
 }
 
 /// A shard's watched TCP connection, as Pingora's virtual socket.
-#[derive(Debug)]
-struct WatchedSocket(Watched<TcpStream>);
-
-impl VirtualSocket for WatchedSocket {
+impl VirtualSocket for Watched<TcpStream> {
     fn set_socket_option(&self, opt: VirtualSockOpt) -> io::Result<()> {
-        let tcp = &self.0.inner;
+        let tcp = &self.inner;
         match opt {
             VirtualSockOpt::NoDelay => tcp.set_nodelay(true),
             VirtualSockOpt::KeepAlive(ka) => {
@@ -67,45 +61,5 @@ impl VirtualSocket for WatchedSocket {
             }
             _ => Ok(()),
         }
-    }
-}
-
-impl AsyncRead for WatchedSocket {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for WatchedSocket {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().0).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.0.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
     }
 }
