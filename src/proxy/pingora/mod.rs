@@ -130,21 +130,12 @@ impl ProxyHttp for Gateway {
             }
             Some(peer) => {
                 let h2 = peer.protocol.may_be_h2();
-                let prior_knowledge =
-                    peer.protocol == crate::routing::ShardProtocol::H2 && peer.key.tls.is_none();
                 let mut peer = peer.peer.clone();
                 if h2 {
                     // Its connection is shared: a deadline is the stream's
                     // own (Pingora's read timeout resets the stream), never
                     // the socket's (the watch would shut it for all).
                     peer.options.read_timeout = Some(self.stream_deadline(ctx));
-                }
-                if prior_knowledge {
-                    // HTTP/2 from the first byte: its frames are watched
-                    // for floods (an `auto` shard's first bytes may be
-                    // HTTP/1.1's).
-                    peer.options.custom_l4 =
-                        Some(crate::proxy::upstream::pingora_l4::watched_connector());
                 }
                 if std::mem::take(&mut ctx.fresh_connection) {
                     // A group of its own: no pooled connection matches.
