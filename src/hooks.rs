@@ -122,6 +122,14 @@ impl<'a> RequestView<'a> {
         self.values_of(name).next()
     }
 
+    /// How many fields the head has (each value of a field counted).
+    pub fn field_count(&self) -> usize {
+        match self.fields {
+            Fields::Raw(fields) => fields.len(),
+            Fields::Map(map) => map.len(),
+        }
+    }
+
     /// The first value of the field `name`.
     pub fn header(&self, name: &str) -> Option<&'a [u8]> {
         match self.fields {

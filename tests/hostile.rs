@@ -335,7 +335,21 @@ fn too_many_or_too_large_headers_are_431() {
         Duration::from_millis(800),
     );
     assert_eq!(statuses, vec![431]);
+    // Over HTTP/2 (with prior knowledge), the same bound on fields.
+    let h2 = |fields: usize| {
+        let mut curl = std::process::Command::new("curl");
+        curl.args(["-s", "--http2-prior-knowledge", "--max-time", "10"]);
+        curl.args(["-o", "/dev/null", "-w", "%{http_version} %{http_code}"]);
+        curl.args(["-H", "Host: t.localhost"]);
+        for i in 0..fields {
+            curl.args(["-H", &format!("X-H{i}: v")]);
+        }
+        let out = curl.arg(format!("http://127.0.0.1:{}/", gw.port)).output();
+        String::from_utf8_lossy(&out.expect("curl").stdout).into_owned()
+    };
+    assert_eq!(h2(30), "2 431");
     assert!(backend.seen().is_empty());
+    assert_eq!(h2(10), "2 200");
 }
 
 /// Sends `first` at once, then `rest` a byte every 40 ms until the

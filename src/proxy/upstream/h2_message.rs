@@ -11,6 +11,13 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Request};
 use std::io;
 
+/// The most fields a request head carries here: the client's (the plan
+/// holds every protocol's to `limits.max_headers`, 256 at most), with
+/// room for the gateway's own and an embedder's. A head beyond it (never
+/// written) is refused, not sized into a header map (which panics past
+/// 24 576 fields).
+const MAX_FIELDS: usize = 1024;
+
 /// Fields an HTTP/2 message may not carry (RFC 9113 §8.2.2): the
 /// connection's, not the request's. (`te` is sent anew, as `trailers`.)
 pub(super) const CONNECTION_SPECIFIC: [&str; 7] = [
@@ -70,7 +77,12 @@ pub(super) fn request_of(
     let mut websocket_key = None;
     let mut upgrade = false;
     // Room for every line (one counting pass): the map is not regrown.
-    let mut headers = HeaderMap::with_capacity(memchr::memchr_iter(b'\n', head).count());
+    // The request line and the blank one are lines too.
+    let lines_in = memchr::memchr_iter(b'\n', head).count();
+    if lines_in > MAX_FIELDS + 2 {
+        return Err(invalid("too many fields"));
+    }
+    let mut headers = HeaderMap::with_capacity(lines_in);
     for line in lines {
         let (name, value) = line.ok_or_else(|| invalid("an unreadable request head"))?;
         if name.eq_ignore_ascii_case(b"host") {
@@ -129,15 +141,12 @@ fn written_head(head: &[u8]) -> Option<(&[u8], &[u8], FieldLines<'_>)> {
     let line = head[..end].strip_suffix(b"\r")?;
     let mut parts = line.splitn(3, |&b| b == b' ');
     let (method, target) = (parts.next()?, parts.next()?);
-    parts
-        .next()
-        .filter(|version| version.starts_with(b"HTTP/"))?;
+    parts.next().filter(|version| *version == b"HTTP/1.1")?;
     let rest = &head[end + 1..];
     Some((method, target, FieldLines { rest }))
 }
 
 /// The field lines of a written head, up to its blank line.
-#[derive(Clone)]
 struct FieldLines<'h> {
     rest: &'h [u8],
 }
@@ -340,13 +349,14 @@ Transfer-Encoding: chunked\r\nTE: gzip\r\nX-Forwarded-For: 1.2.3.4\r\nContent-Ty
         assert_eq!(request.uri(), "https://a/");
         assert!(request.headers().get("te").is_none());
         assert!(matches!(framing, Framing::Length(7)));
-        // More fields than the stack holds: parsed all the same.
-        let many: String = (0..40).map(|i| format!("X-F{i}: {i}\r\n")).collect();
-        let head = format!("GET / HTTP/1.1\r\nHost: a\r\n{many}\r\n");
-        let request = request_of(&Bytes::from(head), &http::uri::Scheme::HTTP, &rules(false))
-            .unwrap()
-            .request;
-        assert_eq!(request.headers().len(), 40);
+        // Many fields: all of them; beyond the bound: refused.
+        let many = |n: usize| {
+            let fields: String = (0..n).map(|i| format!("X-F{i}: {i}\r\n")).collect();
+            let head = format!("GET / HTTP/1.1\r\nHost: a\r\n{fields}\r\n");
+            request_of(&Bytes::from(head), &http::uri::Scheme::HTTP, &rules(false))
+        };
+        assert_eq!(many(300).unwrap().request.headers().len(), 300);
+        assert!(many(MAX_FIELDS).is_err() && many(30_000).is_err());
         // Bytes a URI may not hold, percent-encoded.
         let head = b"GET /a?q=<b>`c`{d} HTTP/1.1\r\nHost: a\r\n\r\n";
         let request = plain(head);
