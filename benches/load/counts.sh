@@ -32,9 +32,9 @@
 #   h1grpc the same calls from HTTP/1.1 clients (h2load --h1, C
 #          connections) to that HTTP/2 backend (grpc.sh's CLIENT=h1;
 #          nginx cannot: grpc_pass takes HTTP/2 clients only, and is
-#          skipped). HAProxy's HTTP/1.1 status line is given a reason
-#          phrase (`http-response set-status 200 reason OK`: the backend
-#          answers 200 only), which h2load --h1 requires.
+#          skipped). HAProxy's HTTP/1.1 status line of a 200 is given a
+#          reason phrase (`http-response set-status 200 reason OK if {
+#          status 200 }`), which h2load --h1 requires.
 # Features (FEATURES, default none; e.g. FEATURES="base plans-unused plans
 # tracing-unsampled tracing compression access-log"): shardgate's GETs
 # counted again with each feature configured alone (base: none of them),
@@ -96,7 +96,7 @@ confs_of() {
     grpc) write_grpc_confs "$dir" $PORT $ADMIN $GRPC_BACKEND h2 ;;
     h1grpc)
       write_grpc_confs "$dir" $PORT $ADMIN $GRPC_BACKEND h1
-      sed -i 's/^    http-reuse always$/&\n    http-response set-status 200 reason OK/' "$dir/haproxy.cfg"
+      sed -i 's/^    http-reuse always$/&\n    http-response set-status 200 reason OK if { status 200 }/' "$dir/haproxy.cfg"
       ;;
     *)
       write_shardgate_conf "$dir/shardgate.yaml" $PORT $ADMIN $BACKEND

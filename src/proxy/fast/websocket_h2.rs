@@ -142,7 +142,8 @@ impl FastPath {
         let early = Bytes::copy_from_slice(&buf[parsed.head_len..]);
         let sent = early.len() as u64;
         if !early.is_empty() && send.send_data(early, false).is_err() {
-            // The 200 was queued, never flushed: the client is gone.
+            // The 200 was queued, and the client is gone (it may have
+            // got the 200 just before: logged as unanswered all the same).
             self.not_opened(conn, ctx, log.unanswered());
             return Served::Done;
         }
