@@ -122,11 +122,17 @@ impl<'a> RequestView<'a> {
         self.values_of(name).next()
     }
 
-    /// How many fields the head has (each value of a field counted).
+    /// How many fields the head has, as an HTTP/1 head would: each value
+    /// of a field counted, but `Cookie`'s as one (HTTP/2 and HTTP/3 may
+    /// split it into a field per cookie, RFC 9113 §8.2.3, and browsers
+    /// do; it is sent on joined).
     pub fn field_count(&self) -> usize {
         match self.fields {
             Fields::Raw(fields) => fields.len(),
-            Fields::Map(map) => map.len(),
+            Fields::Map(map) => {
+                let cookies = map.get_all(http::header::COOKIE).iter().count();
+                map.len() - cookies.saturating_sub(1)
+            }
         }
     }
 

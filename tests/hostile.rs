@@ -335,21 +335,41 @@ fn too_many_or_too_large_headers_are_431() {
         Duration::from_millis(800),
     );
     assert_eq!(statuses, vec![431]);
-    // Over HTTP/2 (with prior knowledge), the same bound on fields.
-    let h2 = |fields: usize| {
+    // Over HTTP/2 (with prior knowledge), the same bound on fields: the
+    // response's head and status line, for `fields` lines of `field`
+    // (numbered) after `first`.
+    let h2 = |first: &[&str], fields: usize, field: &str| {
         let mut curl = std::process::Command::new("curl");
         curl.args(["-s", "--http2-prior-knowledge", "--max-time", "10"]);
-        curl.args(["-o", "/dev/null", "-w", "%{http_version} %{http_code}"]);
+        curl.args([
+            "-o",
+            "/dev/null",
+            "-D",
+            "-",
+            "-w",
+            "%{http_version} %{http_code}",
+        ]);
         curl.args(["-H", "Host: t.localhost"]);
+        for line in first {
+            curl.args(["-H", line]);
+        }
         for i in 0..fields {
-            curl.args(["-H", &format!("X-H{i}: v")]);
+            curl.args(["-H", &format!("{field}{i}")]);
         }
         let out = curl.arg(format!("http://127.0.0.1:{}/", gw.port)).output();
         String::from_utf8_lossy(&out.expect("curl").stdout).into_owned()
     };
-    assert_eq!(h2(30), "2 431");
+    assert!(h2(&[], 30, "X-H: v").ends_with("2 431"));
+    // A gRPC call refused so is told in gRPC's terms (INTERNAL, named).
+    let grpc = h2(&["Content-Type: application/grpc"], 30, "X-H: v");
+    assert!(grpc.ends_with("2 200"), "{grpc}");
+    assert!(grpc.contains("grpc-status: 13"), "{grpc}");
+    assert!(grpc.contains("header-too-large"), "{grpc}");
     assert!(backend.seen().is_empty());
-    assert_eq!(h2(10), "2 200");
+    assert!(h2(&[], 10, "X-H: v").ends_with("2 200"));
+    // Cookies split into a field each (as browsers send them over
+    // HTTP/2) count as one field, as their one HTTP/1 line would.
+    assert!(h2(&[], 30, "Cookie: c=").ends_with("2 200"));
 }
 
 /// Sends `first` at once, then `rest` a byte every 40 ms until the

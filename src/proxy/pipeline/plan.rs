@@ -42,15 +42,16 @@ impl Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<&'r str, Refusal> {
         ctx.client = client.and_then(|a| a.as_inet()).map(|a| a.ip());
-        // `limits.max_headers`, for every protocol: an HTTP/1 head's
-        // reader counts as it reads, an HTTP/2 or HTTP/3 head is bounded
-        // only in bytes by its decoder (a field costs 32 of them).
-        if req.field_count() > self.control.config.limits.max_headers {
-            return Err(Refusal::error(431, "header-too-large"));
-        }
         ctx.grpc = req.header_of(&CONTENT_TYPE).is_some_and(grpc::is_grpc);
         if ctx.grpc {
             ctx.grpc_timeout = req.header_of(&GRPC_TIMEOUT).and_then(grpc::timeout);
+        }
+        // `limits.max_headers`, for every protocol: an HTTP/1 head's
+        // reader counts as it reads, an HTTP/2 or HTTP/3 head is bounded
+        // only in bytes by its decoder (a field costs 32 of them). (After
+        // the gRPC look: a gRPC call is refused in gRPC's terms.)
+        if req.field_count() > self.control.config.limits.max_headers {
+            return Err(Refusal::error(431, "header-too-large"));
         }
         if self.control.tracer.is_on() {
             ctx.trace = self.control.tracer.start(req.values_of(&TRACEPARENT));

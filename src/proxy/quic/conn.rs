@@ -16,6 +16,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::time::Instant;
 
+/// The largest field section an HTTP/3 client may send, whatever
+/// `limits.max_header_bytes` says (see where it is set).
+const MAX_FIELD_SECTION: usize = 768 * 1024;
+
 /// The code a connection closes with: HTTP/3's `H3_NO_ERROR`.
 pub(super) const NO_ERROR: u32 = 0x100;
 
@@ -51,7 +55,10 @@ pub(super) async fn serve(
         local: (conn.local_ip()).map(|ip| std::net::SocketAddr::new(ip, port)),
     };
     let mut builder = h3::server::builder();
-    builder.max_field_section_size(shared.max_header_bytes as u64);
+    // At most 768 KiB: the h3 crate sizes a header map to a head's field
+    // count before the plan counts them, and that map panics past 24 576
+    // fields (QPACK charges 32 bytes a field and then some).
+    builder.max_field_section_size(shared.max_header_bytes.min(MAX_FIELD_SECTION) as u64);
     let h3 = builder.build::<_, bytes::Bytes>(h3_quinn::Connection::new(conn.clone()));
     let mut h3 = match tokio::time::timeout(shared.handshake_timeout, h3).await {
         Ok(Ok(h3)) => h3,

@@ -356,6 +356,11 @@ Transfer-Encoding: chunked\r\nTE: gzip\r\nX-Forwarded-For: 1.2.3.4\r\nContent-Ty
             request_of(&Bytes::from(head), &http::uri::Scheme::HTTP, &rules(false))
         };
         assert_eq!(many(300).unwrap().request.headers().len(), 300);
+        // (The Host line is one of them.)
+        assert_eq!(
+            many(MAX_FIELDS - 1).unwrap().request.headers().len(),
+            MAX_FIELDS - 1
+        );
         assert!(many(MAX_FIELDS).is_err() && many(30_000).is_err());
         // Bytes a URI may not hold, percent-encoded.
         let head = b"GET /a?q=<b>`c`{d} HTTP/1.1\r\nHost: a\r\n\r\n";
