@@ -125,7 +125,9 @@ impl<'a> RequestView<'a> {
     /// How many fields the head has, as an HTTP/1 head would: each value
     /// of a field counted, but `Cookie`'s as one (HTTP/2 and HTTP/3 may
     /// split it into a field per cookie, RFC 9113 §8.2.3, and browsers
-    /// do; it is sent on joined).
+    /// do; it is sent on joined). A head held as a map counts so whatever
+    /// its protocol: an HTTP/1 head on Pingora's path with two `Cookie`
+    /// lines counts one less than the same head on the fast transport.
     pub fn field_count(&self) -> usize {
         match self.fields {
             Fields::Raw(fields) => fields.len(),

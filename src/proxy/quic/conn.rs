@@ -57,7 +57,8 @@ pub(super) async fn serve(
     let mut builder = h3::server::builder();
     // At most 768 KiB: the h3 crate sizes a header map to a head's field
     // count before the plan counts them, and that map panics past 24 576
-    // fields (QPACK charges 32 bytes a field and then some).
+    // fields; h3 charges each field its name, its value and 32 bytes, so
+    // 768 KiB holds 24 576 empty ones at most.
     builder.max_field_section_size(shared.max_header_bytes.min(MAX_FIELD_SECTION) as u64);
     let h3 = builder.build::<_, bytes::Bytes>(h3_quinn::Connection::new(conn.clone()));
     let mut h3 = match tokio::time::timeout(shared.handshake_timeout, h3).await {
