@@ -288,6 +288,9 @@ impl ShardStream {
                 return Err(io::Error::other("a request body that breaks its framing"));
             }
         }
+        // A body with no trailer section ends on its last DATA frame, not
+        // on an empty one after it (one frame less for both ends).
+        let ends_with_data = framing.is_done() && self.trailers.is_empty();
         while let Some(front) = self.data.front_mut() {
             if front.is_empty() {
                 self.data.pop_front();
@@ -299,8 +302,18 @@ impl ShardStream {
                 Poll::Ready(Err(Some(e))) => return Err(self.fail_up(e)),
                 Poll::Ready(Err(None)) => return Err(self.broken_up()),
             };
-            if let Err(e) = send.send_data(front.split_to(n), false) {
+            let piece = front.split_to(n);
+            if front.is_empty() {
+                self.data.pop_front();
+            }
+            let last = ends_with_data && self.data.iter().all(Bytes::is_empty);
+            if let Err(e) = send.send_data(piece, last) {
                 return Err(self.fail_up(e));
+            }
+            if last {
+                self.data.clear();
+                self.up = Up::Done;
+                return Ok(());
             }
         }
         if !framing.is_done() {
