@@ -34,7 +34,7 @@ cargo test --locked "$@"
 SHARDGATE_TEST_FAST_PATH=off cargo test --locked --test gateway --test hostile \
   --test framing --test operations --test faults --test hooks --test embed \
   --test conformance --test tls --test bodies --test observability --test tracing \
-  --test proxy_protocol --test per_client --test compression --test grpc "$@"
+  --test proxy_protocol --test per_client --test compression --test grpc --test h2_shards "$@"
 if [ "$fuzz_seconds" != 0 ]; then
   built=0
   wait "$fuzz_build" || built=$?

@@ -338,8 +338,14 @@ fn an_early_answer_is_relayed_whole_after_the_shard_stops_the_upload() {
     let mut answer = first[..n].to_vec();
     let _ = tcp.read_to_end(&mut answer);
     let answer = String::from_utf8_lossy(&answer).to_lowercase();
+    // Pingora's path forwards no response trailers (security-and-bounds.md):
+    // there the answer ends with an empty trailer section, whole all the same.
+    let end = match fast_path_on() {
+        true => "\r\n0\r\nx-answer-sum: 7\r\n\r\n",
+        false => "\r\n0\r\n\r\n",
+    };
     assert!(
-        answer.ends_with("\r\n0\r\nx-answer-sum: 7\r\n\r\n"),
+        answer.ends_with(end),
         "{}",
         &answer[answer.len().saturating_sub(200)..]
     );
@@ -551,6 +557,11 @@ fn under_flood(how: Misbehaviour) -> (Duration, u64, u16, Observed) {
 /// `wire::h2_frames`), its call failed (502).
 #[test]
 fn floods_leave_the_gateway_responsive_and_bounded() {
+    if !fast_path_on() {
+        return eprintln!(
+            "skipped: Pingora's own path to h2 shards is not watched for floods (security-and-bounds.md)"
+        );
+    }
     for how in [Misbehaviour::PingFlood, Misbehaviour::SettingsFlood] {
         let (slowest, grown, status, seen) = under_flood(how);
         eprintln!("{how:?}: slowest {slowest:?}, RSS +{grown} KiB, the call {status}, {seen:?}");
