@@ -7,14 +7,14 @@
 //! allocates none (it was the last allocation of a GET: mimalloc's slower
 //! path, for a block over 1 KiB, and its free).
 //!
-//! Bounded as the buffers are: at most [`KEPT`] blocks of [`BLOCK`]'s
-//! 8 KiB per thread (256 KiB). A future that does not fit one is
+//! Bounded as the buffers are ([`FreeList`]): at most 256 blocks of
+//! [`BLOCK`]'s 8 KiB per thread (2 MiB), freed as the load stops needing
+//! them. A future that does not fit one is
 //! allocated on its own, as a `Box` would. A block is not cleared: the
 //! bytes a future leaves unwritten in it are the last one's, unreadable
 //! (a future reads only what it wrote).
 
-// Blocks kept per thread: as many as buffers are.
-use super::buffers::KEPT;
+use super::buffers::FreeList;
 use std::alloc::{alloc, dealloc, handle_alloc_error, Layout};
 use std::cell::RefCell;
 use std::future::Future;
@@ -53,8 +53,11 @@ impl Drop for Block {
     }
 }
 
+/// Bytes of blocks kept per thread at most: 256 blocks.
+const KEPT_BYTES: usize = 2 << 20;
+
 thread_local! {
-    static FREE: RefCell<Vec<Block>> = const { RefCell::new(Vec::new()) };
+    static FREE: RefCell<FreeList<Block>> = const { RefCell::new(FreeList::new(KEPT_BYTES)) };
 }
 
 /// A future pinned in a block: as `Box::pin`, from this thread's free
@@ -81,7 +84,10 @@ impl<F> InBlock<F> {
         let pooled = own.size() <= BLOCK.size() && own.align() <= BLOCK.align();
         let at = match pooled {
             true => {
-                let kept = FREE.try_with(|free| free.borrow_mut().pop()).ok().flatten();
+                let kept = FREE
+                    .try_with(|free| free.borrow_mut().take())
+                    .ok()
+                    .flatten();
                 let block = kept.unwrap_or_else(Block::new);
                 let at = block.0.cast::<F>();
                 std::mem::forget(block); // its memory is the InBlock's now
@@ -130,12 +136,7 @@ impl<F> Drop for InBlock<F> {
         }
         // Its F gone, the block is a block again: kept, or freed.
         let block = Block(self.at.cast());
-        let _ = FREE.try_with(|free| {
-            let mut free = free.borrow_mut();
-            if free.len() < KEPT {
-                free.push(block);
-            }
-        });
+        let _ = FREE.try_with(|free| free.borrow_mut().keep(block, BLOCK.size()));
     }
 }
 
@@ -212,9 +213,10 @@ mod tests {
     #[test]
     fn a_thread_keeps_at_most_kept_blocks() {
         std::thread::spawn(|| {
-            let many: Vec<_> = (0..KEPT + 8).map(|_| InBlock::new(async {})).collect();
+            let most = KEPT_BYTES / BLOCK.size();
+            let many: Vec<_> = (0..most + 8).map(|_| InBlock::new(async {})).collect();
             drop(many);
-            assert_eq!(kept(), KEPT);
+            assert_eq!(kept(), most);
         })
         .join()
         .expect("the thread");

@@ -7,21 +7,35 @@
 //! allocations, over 1 KiB, with their frees). A connection idle between requests holds none: the
 //! lists are the thread's.
 //!
-//! Bounded: at most [`KEPT`] buffers per list and thread, each of at most
-//! [`LARGEST`] bytes (one that grew past it, for a long head or a large
-//! body read, is freed), and 32 field lists of at most 256 fields (8 KiB
-//! each), so a thread keeps at most 2.25 MiB here, beside
-//! blocks a kept view shares with a part still alive elsewhere (see
-//! [`give`]).
+//! Bounded ([`FreeList`]): a list keeps at most [`KEPT`] items per thread,
+//! and at most 8 MiB of buffers, 1 MiB of head vectors, 1 MiB of field
+//! lists and 2 MiB of request blocks (`blocks.rs`): 12 MiB a thread at
+//! most, beside blocks a kept view shares with a part still alive
+//! elsewhere (see [`give`]). A buffer is of at most [`LARGEST`] bytes (one
+//! that grew past it, for a long head or a large body read, is freed), a
+//! field list of at most 256 fields. The bounds are what one thread's
+//! requests hold at once at 256 connections (with 32 buffers and blocks
+//! kept, a thread at that load allocated again: 4.4 allocations a GET);
+//! what a burst left and the load since has not needed is freed as the
+//! lists are used ([`FreeList::take`]).
 
 use bytes::{Bytes, BytesMut};
 use std::cell::RefCell;
 use std::ops::Range;
 use std::thread::LocalKey;
 
-/// Buffers kept per thread: more than the requests one thread has in
-/// flight between two looks at its list, under any load the rig makes.
-pub(crate) const KEPT: usize = 32;
+/// Items a list keeps per thread at most: what the requests one thread
+/// has in flight at once at 256 connections (the rig's most) hold, three
+/// buffers each at most.
+pub(crate) const KEPT: usize = 1024;
+
+/// Bytes the buffer list keeps per thread at most (1 024 of 8 KiB, a
+/// shard's response read buffer); the other lists keep less
+/// ([`FreeList::new`]'s bound).
+pub(crate) const KEPT_BYTES: usize = 8 << 20;
+
+/// Takes from a list between two looks at what it did not need.
+const TRIM_EVERY: u32 = 4096;
 
 /// The largest buffer kept, in bytes.
 const LARGEST: usize = 32 * 1024;
@@ -32,25 +46,83 @@ pub type FieldRanges = Vec<(Range<usize>, Range<usize>)>;
 /// The most fields a kept list has room for (a response head's limit).
 const MOST_FIELDS: usize = 256;
 
+/// A thread's list of items to reuse, the last kept first: at most
+/// [`KEPT`] items, of a bound's bytes in all. Every [`TRIM_EVERY`]
+/// takes, the items none of them reached (the list never got that short)
+/// are freed: after a burst, what the load no longer needs goes back to
+/// the allocator (a thread that serves nothing more keeps what it holds,
+/// within the bounds).
+pub(crate) struct FreeList<T> {
+    items: Vec<(T, usize)>,
+    bytes: usize,
+    /// The most bytes kept.
+    most: usize,
+    /// The fewest items the list held since the last trim.
+    low: usize,
+    takes: u32,
+}
+
+impl<T> FreeList<T> {
+    /// A list that keeps at most `most` bytes (and [`KEPT`] items).
+    pub(crate) const fn new(most: usize) -> FreeList<T> {
+        FreeList {
+            items: Vec::new(),
+            bytes: 0,
+            most,
+            low: 0,
+            takes: 0,
+        }
+    }
+
+    /// The item kept last, if any.
+    pub(crate) fn take(&mut self) -> Option<T> {
+        let item = self.items.pop().map(|(item, size)| {
+            self.bytes -= size;
+            item
+        });
+        self.low = self.low.min(self.items.len());
+        self.takes += 1;
+        if self.takes >= TRIM_EVERY {
+            // The oldest `low` were not needed since the last trim.
+            let spare = self.items.drain(..self.low);
+            self.bytes -= spare.map(|(_, size)| size).sum::<usize>();
+            (self.low, self.takes) = (self.items.len(), 0);
+        }
+        item
+    }
+
+    /// Keeps `item` of `size` bytes if the list has room (else drops it).
+    pub(crate) fn keep(&mut self, item: T, size: usize) {
+        if self.items.len() < KEPT && self.bytes + size <= self.most {
+            self.bytes += size;
+            self.items.push((item, size));
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.items.len()
+    }
+}
+
 thread_local! {
-    static FREE: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
-    static FREE_VECS: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
-    static FREE_FIELDS: RefCell<Vec<FieldRanges>> = const { RefCell::new(Vec::new()) };
+    static FREE: RefCell<FreeList<BytesMut>> = const { RefCell::new(FreeList::new(KEPT_BYTES)) };
+    // Heads written for shards and clients: 512 bytes, nearly always.
+    static FREE_VECS: RefCell<FreeList<Vec<u8>>> = const { RefCell::new(FreeList::new(1 << 20)) };
+    // A response head's field ranges: 32 bytes a field.
+    static FREE_FIELDS: RefCell<FreeList<FieldRanges>> = const { RefCell::new(FreeList::new(1 << 20)) };
 }
 
 /// The last buffer kept in `list`, if any.
-fn reuse<T>(list: &'static LocalKey<RefCell<Vec<T>>>) -> Option<T> {
-    list.try_with(|free| free.borrow_mut().pop()).ok().flatten()
+fn reuse<T>(list: &'static LocalKey<RefCell<FreeList<T>>>) -> Option<T> {
+    list.try_with(|free| free.borrow_mut().take())
+        .ok()
+        .flatten()
 }
 
-/// Keeps `buf` in `list`, if it has room.
-fn keep<T>(list: &'static LocalKey<RefCell<Vec<T>>>, buf: T) {
-    let _ = list.try_with(|free| {
-        let mut free = free.borrow_mut();
-        if free.len() < KEPT {
-            free.push(buf);
-        }
-    });
+/// Keeps `buf` of `size` bytes in `list`, if it has room.
+fn keep<T>(list: &'static LocalKey<RefCell<FreeList<T>>>, buf: T, size: usize) {
+    let _ = list.try_with(|free| free.borrow_mut().keep(buf, size));
 }
 
 /// An empty buffer with room for at least `room` bytes: a kept one when
@@ -75,7 +147,8 @@ pub fn give(mut buf: BytesMut) {
     if buf.capacity() == 0 || buf.try_reclaim(LARGEST + 1) {
         return;
     }
-    keep(&FREE, buf);
+    let size = buf.capacity();
+    keep(&FREE, buf, size);
 }
 
 /// An empty `Vec` with room for at least `room` bytes, for a head written
@@ -92,17 +165,22 @@ pub fn give_vec(out: Vec<u8>) {
 }
 
 /// An empty `Vec` from `list` (or a new one) with room for `room` items.
-fn take_list<T>(list: &'static LocalKey<RefCell<Vec<Vec<T>>>>, room: usize) -> Vec<T> {
+fn take_list<T>(list: &'static LocalKey<RefCell<FreeList<Vec<T>>>>, room: usize) -> Vec<T> {
     let mut items = reuse(list).unwrap_or_default();
     items.reserve(room);
     items
 }
 
 /// Keeps `items` in `list`, emptied, if it has room for 1 to `most`.
-fn give_list<T>(list: &'static LocalKey<RefCell<Vec<Vec<T>>>>, mut items: Vec<T>, most: usize) {
+fn give_list<T>(
+    list: &'static LocalKey<RefCell<FreeList<Vec<T>>>>,
+    mut items: Vec<T>,
+    most: usize,
+) {
     items.clear();
     if (1..=most).contains(&items.capacity()) {
-        keep(list, items);
+        let size = items.capacity() * std::mem::size_of::<T>();
+        keep(list, items, size);
     }
 }
 
@@ -136,6 +214,53 @@ pub fn share(buf: &mut BytesMut) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_list_keeps_within_its_bounds() {
+        let mut list = FreeList::new(KEPT_BYTES);
+        for i in 0..KEPT + 10 {
+            list.keep(i, 8);
+        }
+        assert_eq!(list.len(), KEPT);
+        assert_eq!(list.take(), Some(KEPT - 1));
+        let mut list = FreeList::new(KEPT_BYTES);
+        for i in 0..10 {
+            list.keep(i, KEPT_BYTES / 4);
+        }
+        assert_eq!(list.len(), 4);
+        list.keep(99, 1);
+        assert_eq!(list.len(), 4, "no byte left");
+        assert_eq!(list.take(), Some(3));
+        list.keep(98, KEPT_BYTES / 4);
+        assert_eq!(list.len(), 4, "a taken item's bytes are free again");
+    }
+
+    #[test]
+    fn what_the_load_did_not_need_is_freed() {
+        let mut list = FreeList::new(KEPT_BYTES);
+        // A burst left 100 items; then the load needs 3 at a time.
+        for i in 0..100 {
+            list.keep(i, 64);
+        }
+        let mut rounds = 0;
+        while list.len() > 3 {
+            let held: Vec<_> = (0..3).filter_map(|_| list.take()).collect();
+            assert_eq!(held.len(), 3, "taken from the list, not made");
+            for item in held {
+                list.keep(item, 64);
+            }
+            rounds += 1;
+            assert!(rounds <= 2 * TRIM_EVERY as usize, "never trimmed");
+        }
+        assert_eq!(list.len(), 3);
+        // The busiest stretch sets what stays: a burst of 50 again.
+        let held: Vec<_> = (0..50).map(|i| list.take().unwrap_or(1000 + i)).collect();
+        for item in held {
+            list.keep(item, 64);
+        }
+        assert_eq!(list.len(), 50);
+        assert_eq!(list.bytes, 50 * 64);
+    }
 
     #[test]
     fn a_buffer_given_back_is_the_next_one_taken() {
