@@ -124,10 +124,13 @@ pub async fn read_head(
 ) -> Result<Option<Head>, HeadFailure> {
     let mut deadline =
         (!buf.is_empty()).then(|| tokio::time::Instant::now() + limits.header_timeout);
+    // A byte came: the deadline is set if the head needs another read (one
+    // that came whole, nearly every one, costs no clock read for it).
+    let mut begun = false;
     let mut scan = Scan::default();
     loop {
-        // Once a byte came, the deadline is set: the head began before it
-        // by the timeout.
+        // A deadline set is the timeout after the head began (its first
+        // bytes, give or take a parse of them); none set, it began now.
         let failed = move |error| {
             let began = deadline.map_or_else(std::time::Instant::now, |d| {
                 (d - limits.header_timeout).into_std()
@@ -145,6 +148,9 @@ pub async fn read_head(
                 }
                 Parsed::Partial => {}
             }
+        }
+        if begun && deadline.is_none() {
+            deadline = Some(tokio::time::Instant::now() + limits.header_timeout);
         }
         let wait = match (deadline, shutdown.as_deref_mut()) {
             (Some(d), _) => tokio::time::timeout_at(d, read_some(stream, buf)).await,
@@ -168,9 +174,7 @@ pub async fn read_head(
             Err(_) if deadline.is_some() => return failed(HeadError::Timeout),
             Err(_) => return Ok(None), // idle keep-alive: close quietly
             Ok(Err(_)) | Ok(Ok(0)) => return Ok(None),
-            Ok(Ok(_)) => {
-                deadline.get_or_insert_with(|| tokio::time::Instant::now() + limits.header_timeout);
-            }
+            Ok(Ok(_)) => begun = true,
         }
     }
 }
