@@ -37,7 +37,7 @@ impl<'h> Logged<'h> {
             client,
             method: head.method,
             target: head.target,
-            host: host.and_then(|h| std::str::from_utf8(h).ok()),
+            host: host.and_then(crate::wire::text::text),
             http10: head.http10,
         }
     }

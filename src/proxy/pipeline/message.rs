@@ -110,7 +110,7 @@ pub fn check_authority<'a>(
     let authority = target.authority.unwrap_or_default();
     for name in [host, authority.as_bytes()] {
         if !name.is_empty() {
-            let name = std::str::from_utf8(name).map_err(|_| refused(400, "invalid-host"))?;
+            let name = crate::wire::text::text(name).ok_or_else(|| refused(400, "invalid-host"))?;
             check_host(name).map_err(|code| refused(400, code))?;
         }
     }
@@ -188,7 +188,7 @@ pub fn content_length<'a>(
             if text.is_empty() || !text.iter().all(u8::is_ascii_digit) {
                 return Err(FramingFault::Length);
             }
-            let n = (std::str::from_utf8(text).ok())
+            let n = (crate::wire::text::text(text))
                 .and_then(|t| t.parse::<u64>().ok())
                 .ok_or(FramingFault::Length)?;
             if length.is_some_and(|l| l != n) {

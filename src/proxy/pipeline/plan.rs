@@ -470,7 +470,7 @@ pub(crate) fn host_from<'a>(
     let host = match (hosts.next(), hosts.next()) {
         (None, _) => return Err("missing-host"),
         (Some(_), Some(_)) => return Err("duplicate-host"),
-        (Some(h), None) => std::str::from_utf8(h).map_err(|_| "invalid-host")?,
+        (Some(h), None) => crate::wire::text::text(h).ok_or("invalid-host")?,
     };
     if host.is_empty() {
         return Err("missing-host");

@@ -95,7 +95,7 @@ fn encode(mut x: u128) -> RequestId {
         x >>= 6;
     }
     // The alphabet is ASCII.
-    CompactString::from(std::str::from_utf8(&out).unwrap_or_default())
+    CompactString::from(crate::wire::text::text(&out).unwrap_or_default())
 }
 
 #[cfg(test)]
