@@ -304,8 +304,10 @@ fn trailers_pass_between_an_http1_client_and_an_http2_shard() {
 
 /// A shard that answers before the body ended, then resets the request's
 /// side (`NO_ERROR`): the client still gets the whole answer and its
-/// trailers, though the rest of its body can no longer go up (a review
-/// finding: that failed write once threw away the response it was reading).
+/// trailers (on Pingora's path, which forwards no response trailers, the
+/// whole answer), though the rest of its body can no longer go up (a
+/// review finding: that failed write once threw away the response it was
+/// reading).
 #[test]
 fn an_early_answer_is_relayed_whole_after_the_shard_stops_the_upload() {
     let shard = H2Shard::start(Duration::ZERO);

@@ -8,16 +8,18 @@
 //! lists are the thread's.
 //!
 //! Bounded ([`FreeList`]): a list keeps at most [`KEPT`] items per thread,
-//! and at most 8 MiB of buffers, 1 MiB of head vectors, 1 MiB of field
-//! lists and 2 MiB of request blocks (`blocks.rs`): 12 MiB a thread at
-//! most, beside blocks a kept view shares with a part still alive
-//! elsewhere (see [`give`]). A buffer is of at most [`LARGEST`] bytes (one
-//! that grew past it, for a long head or a large body read, is freed), a
-//! field list of at most 256 fields. The bounds are what one thread's
-//! requests hold at once at 256 connections (with 32 buffers and blocks
-//! kept, a thread at that load allocated again: 4.4 allocations a GET);
-//! what a burst left and the load since has not needed is freed as the
-//! lists are used ([`FreeList::take`]).
+//! and at most [`KEPT_BYTES`] of buffers (each counted as the largest
+//! kept, [`LARGEST`]: a view's own room does not tell its block's size,
+//! so 512 buffers), [`KEPT_VEC_BYTES`] of head vectors and of field lists
+//! (each counted at its size) and 2 MiB of request blocks (`blocks.rs`):
+//! 12 MiB a thread at most, beside blocks a kept view shares with a part
+//! still alive elsewhere (see [`give`]). A buffer or head vector that
+//! grew past [`LARGEST`] (a long head, a large body read) is freed, as a
+//! field list of more than 256 fields is. The bounds are what one
+//! thread's requests hold at once at 256 connections (with 32 buffers
+//! and blocks kept, a thread at that load allocated again: 4.4
+//! allocations a GET); what a burst left and the load since has not
+//! needed is freed as the lists are used ([`FreeList::take`]).
 
 use bytes::{Bytes, BytesMut};
 use std::cell::RefCell;
@@ -29,16 +31,19 @@ use std::thread::LocalKey;
 /// buffers each at most.
 pub(crate) const KEPT: usize = 1024;
 
-/// Bytes the buffer list keeps per thread at most (1 024 of 8 KiB, a
-/// shard's response read buffer); the other lists keep less
-/// ([`FreeList::new`]'s bound).
+/// Bytes the buffer list keeps per thread at most: 512 buffers, each
+/// counted as [`LARGEST`].
 pub(crate) const KEPT_BYTES: usize = 8 << 20;
+
+/// Bytes the head vectors, and the field lists, keep per thread at most.
+const KEPT_VEC_BYTES: usize = 1 << 20;
 
 /// Takes from a list between two looks at what it did not need.
 const TRIM_EVERY: u32 = 4096;
 
-/// The largest buffer kept, in bytes.
-const LARGEST: usize = 32 * 1024;
+/// The largest buffer kept, in bytes (a head read takes 4 KiB, a
+/// shard's response 8 KiB).
+const LARGEST: usize = 16 * 1024;
 
 /// A response head's fields, as ranges of its name and value in the head.
 pub type FieldRanges = Vec<(Range<usize>, Range<usize>)>;
@@ -108,9 +113,9 @@ impl<T> FreeList<T> {
 thread_local! {
     static FREE: RefCell<FreeList<BytesMut>> = const { RefCell::new(FreeList::new(KEPT_BYTES)) };
     // Heads written for shards and clients: 512 bytes, nearly always.
-    static FREE_VECS: RefCell<FreeList<Vec<u8>>> = const { RefCell::new(FreeList::new(1 << 20)) };
+    static FREE_VECS: RefCell<FreeList<Vec<u8>>> = const { RefCell::new(FreeList::new(KEPT_VEC_BYTES)) };
     // A response head's field ranges: 32 bytes a field.
-    static FREE_FIELDS: RefCell<FreeList<FieldRanges>> = const { RefCell::new(FreeList::new(1 << 20)) };
+    static FREE_FIELDS: RefCell<FreeList<FieldRanges>> = const { RefCell::new(FreeList::new(KEPT_VEC_BYTES)) };
 }
 
 /// The last buffer kept in `list`, if any.
@@ -147,8 +152,9 @@ pub fn give(mut buf: BytesMut) {
     if buf.capacity() == 0 || buf.try_reclaim(LARGEST + 1) {
         return;
     }
-    let size = buf.capacity();
-    keep(&FREE, buf, size);
+    // Its block is at most LARGEST, unless a part alive elsewhere shares
+    // it: its own room says less.
+    keep(&FREE, buf, LARGEST);
 }
 
 /// An empty `Vec` with room for at least `room` bytes, for a head written
@@ -349,12 +355,22 @@ mod tests {
     fn a_thread_keeps_at_most_kept_buffers() {
         // On a fresh thread, so that no other test's buffers are counted.
         let kept = std::thread::spawn(|| {
-            let bufs: Vec<BytesMut> = (0..KEPT * 2).map(|_| take(1024)).collect();
+            // Small views count as the largest block they might be a view of.
+            let bufs: Vec<BytesMut> = (0..KEPT * 2).map(|_| take(100)).collect();
             bufs.into_iter().for_each(give);
             kept()
         })
         .join()
         .unwrap_or_default();
-        assert_eq!(kept, KEPT);
+        assert_eq!(kept, KEPT_BYTES / LARGEST);
+        let vecs = std::thread::spawn(|| {
+            (0..KEPT * 2).for_each(|_| give_vec(take_vec(100)));
+            let vecs: Vec<Vec<u8>> = (0..KEPT * 2).map(|_| take_vec(100)).collect();
+            vecs.into_iter().for_each(give_vec);
+            FREE_VECS.with(|free| free.borrow().len())
+        })
+        .join()
+        .unwrap_or_default();
+        assert_eq!(vecs, KEPT, "100-byte vectors: the item bound");
     }
 }

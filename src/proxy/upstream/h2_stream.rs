@@ -269,7 +269,8 @@ impl ShardStream {
     }
 
     /// The body's bytes decoded and sent as the window allows; its end
-    /// (trailers or an empty last DATA) once the framing says so.
+    /// once the framing says so: on its last DATA, or its trailers (or an
+    /// empty DATA, when the trailers held no field HTTP/2 carries).
     fn send_body(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
         let Up::Body(send, framing) = &mut self.up else {
             return Ok(());
